@@ -1,0 +1,31 @@
+# Sourced by scripts/pgferry and scripts/test: make sure .venv holds pgferry
+# (and, with PGFERRY_DEV=1, its development tools) and that PostgreSQL's
+# server binaries are on this machine.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+
+have_postgres() {
+    command -v initdb >/dev/null 2>&1 || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null
+}
+
+if ! have_postgres; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "PostgreSQL server binaries not found; installing them with apt-get" >&2
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql postgresql-contrib >/dev/null
+    else
+        echo "PostgreSQL server binaries (initdb, pg_ctl) are needed: install PostgreSQL >= 14" >&2
+        exit 1
+    fi
+fi
+
+extras=""
+[ "${PGFERRY_DEV:-0}" = 1 ] && extras="[dev]"
+stamp="$VENV/.installed$extras"
+if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV"
+fi
+if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
+    "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT$extras"
+    touch "$stamp"
+fi

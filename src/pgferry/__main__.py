@@ -1,0 +1,3 @@
+from pgferry.cli import main
+
+main()

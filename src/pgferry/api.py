@@ -1,0 +1,188 @@
+"""The public Python API: publish events and read consumers' batches.
+
+async with pgferry.connect(url) as ferry:
+    await ferry.publish("orders", {"id": 1}, key="1")
+    async for batch in ferry.read(consumer="mailer", streams=["orders"]):
+        ...
+        await batch.ack()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable, Mapping, Sequence
+from typing import Any
+
+import asyncpg
+import orjson
+
+from pgferry import db, sql
+from pgferry.errors import InvalidEvent
+from pgferry.log.reader import ReaderSettings, StreamReader
+from pgferry.schema import check_installed
+
+#: SQLSTATEs our SQL functions use for bad arguments.
+_BAD_INPUT = {"22023", "22004"}
+
+
+def _json(value: Any, what: str) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        raise InvalidEvent(f"{what} is not JSON-serializable: {exc}") from exc
+
+
+def _headers(value: Mapping[str, Any] | None, what: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidEvent(f"{what} must be a mapping of header names to strings, got {type(value).__name__}")
+    return _json(dict(value), what)
+
+
+class Ferry:
+    """A handle on one pgferry database: a small connection pool plus the API."""
+
+    def __init__(self, url: str | None = None, *, pool_size: int = 10) -> None:
+        resolved = url or db.url_from_env()
+        if not resolved:
+            raise ValueError(f"no database URL: pass one or set {db.URL_ENV_VAR}")
+        self.url = resolved
+        self.pool_size = pool_size
+        self._pool: asyncpg.Pool | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def open(self) -> Ferry:
+        if self._pool is None:
+            pool = await db.create_pool(self.url, min_size=1, max_size=self.pool_size)
+            try:
+                async with pool.acquire() as conn:
+                    await check_installed(conn)
+            except BaseException:
+                await pool.close()
+                raise
+            self._pool = pool
+        return self
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def __aenter__(self) -> Ferry:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __await__(self) -> Generator[Any, None, Ferry]:
+        return self.open().__await__()
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise RuntimeError(
+                "Ferry is not open: use `async with pgferry.connect(url)` or `await pgferry.connect(url)`"
+            )
+        return self._pool
+
+    # -- producing ---------------------------------------------------------
+
+    async def publish(
+        self,
+        stream: str,
+        payload: Any,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+        conn: asyncpg.Connection | None = None,
+    ) -> int:
+        """Append one event; return its id.
+
+        With ``conn`` (a connection inside your transaction) the event commits
+        or rolls back with your transaction; otherwise it commits at once.
+        """
+        args = (stream, _json(payload, "payload"), key, _headers(headers, "headers"))
+        return int(await self._call(sql.query("publish"), args, conn))
+
+    async def publish_many(
+        self, events: Iterable[Mapping[str, Any]], *, conn: asyncpg.Connection | None = None
+    ) -> list[int]:
+        """Append many events in one round trip; return their ids in order.
+
+        Each event is a mapping with ``stream`` and ``payload`` and optionally
+        ``key`` and ``headers``.
+        """
+        streams: list[Any] = []
+        payloads: list[str] = []
+        keys: list[str | None] = []
+        headers: list[str | None] = []
+        for i, event in enumerate(events):
+            if not isinstance(event, Mapping) or "stream" not in event or "payload" not in event:
+                raise InvalidEvent(f"event #{i} must be a mapping with 'stream' and 'payload' keys, got {event!r:.100}")
+            streams.append(event["stream"])
+            payloads.append(_json(event["payload"], f"payload of event #{i}"))
+            keys.append(event.get("key"))
+            headers.append(_headers(event.get("headers"), f"headers of event #{i}"))
+        if not payloads:
+            return []
+        has_headers = any(h is not None for h in headers)
+        args = (streams, payloads, keys, headers if has_headers else None)
+        ids = await self._call(sql.query("publish_many"), args, conn, many=True)
+        return [int(row[0]) for row in ids]
+
+    async def _call(self, query: str, args: Sequence[Any], conn: asyncpg.Connection | None, many: bool = False) -> Any:
+        try:
+            if conn is not None:
+                return await (conn.fetch(query, *args) if many else conn.fetchval(query, *args))
+            async with self.pool.acquire() as pooled:
+                return await (pooled.fetch(query, *args) if many else pooled.fetchval(query, *args))
+        except asyncpg.PostgresError as exc:
+            if exc.sqlstate in _BAD_INPUT:
+                raise InvalidEvent(str(exc)) from exc
+            raise
+
+    # -- consuming ---------------------------------------------------------
+
+    async def register_consumer(self, name: str, streams: Sequence[str] | None = None, start_at: str = "now") -> None:
+        """Create (or change the streams of) a consumer. ``start_at``: 'now' or 'beginning'."""
+        async with self.pool.acquire() as conn:
+            await conn.execute(sql.query("register_consumer"), name, list(streams) if streams else None, start_at)
+
+    async def unregister_consumer(self, name: str) -> bool:
+        async with self.pool.acquire() as conn:
+            return bool(await conn.fetchval(sql.query("unregister_consumer"), name))
+
+    async def consumers(self) -> list[dict[str, Any]]:
+        async with self.pool.acquire() as conn:
+            return [dict(r) for r in await conn.fetch(sql.query("list_consumers"))]
+
+    def read(
+        self,
+        consumer: str,
+        streams: Sequence[str] | None = None,
+        *,
+        start_at: str = "now",
+        max_events: int | None = None,
+        poll_interval: float = 1.0,
+    ) -> StreamReader:
+        """Iterate over the consumer's batches; create the consumer if needed.
+
+        ``start_at`` applies only when the consumer is created: 'now' reads
+        what commits from now on, 'beginning' everything still retained.
+        """
+        return StreamReader(
+            self.url,
+            ReaderSettings(
+                consumer=consumer,
+                streams=streams,
+                start_at=start_at,
+                max_events=max_events,
+                poll_interval=poll_interval,
+            ),
+        )
+
+
+def connect(url: str | None = None, *, pool_size: int = 10) -> Ferry:
+    """``async with pgferry.connect(url) as ferry`` or ``ferry = await pgferry.connect(url)``."""
+    return Ferry(url, pool_size=pool_size)

@@ -1,0 +1,171 @@
+"""The `pgferry` command."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Coroutine
+from typing import Any
+
+import click
+
+from pgferry import db
+from pgferry.errors import PgferryError
+
+log = logging.getLogger("pgferry")
+
+database_url_option = click.option(
+    "--database-url",
+    envvar=db.URL_ENV_VAR,
+    metavar="URL",
+    help=f"PostgreSQL URL (or set {db.URL_ENV_VAR}).",
+)
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("asyncio").setLevel(logging.WARNING)
+
+
+def _run(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine on uvloop, turning pgferry's own errors into a clean exit."""
+    try:
+        import uvloop
+
+        runner: Any = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency, but stay usable without it
+        runner = asyncio.run
+    try:
+        return runner(coro)
+    except PgferryError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+
+    def request_stop(signame: str) -> None:
+        if stop.is_set():
+            log.warning("second %s: exiting now", signame)
+            raise SystemExit(130)
+        log.info("%s received: shutting down (again to force)", signame)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, request_stop, sig.name)
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+@click.version_option(package_name="pgferry")
+def main(verbose: bool) -> None:
+    """pgferry: events out of PostgreSQL, reliably and in real time."""
+    _setup_logging(verbose)
+
+
+@main.command()
+@database_url_option
+def install(database_url: str | None) -> None:
+    """Install or upgrade the ferry schema (safe to run twice or concurrently)."""
+    from pgferry.schema import install as install_schema
+
+    if not database_url:
+        raise click.UsageError(f"give --database-url or set {db.URL_ENV_VAR}")
+
+    async def go() -> list[str]:
+        conn = await db.connect(database_url)
+        try:
+            return await install_schema(conn)
+        finally:
+            await conn.close()
+
+    applied = _run(go())
+    if applied:
+        click.echo(f"installed: {', '.join(applied)}")
+    else:
+        click.echo("already up to date")
+
+
+@main.command()
+@database_url_option
+@click.option("--tick-interval", default=0.01, show_default=True, help="Seconds between tick checks while busy.")
+@click.option("--idle-tick-interval", default=0.5, show_default=True, help="Longest wait between tick checks.")
+@click.option("--exit-after", type=float, help="Stop by itself after this many seconds.")
+def run(database_url: str | None, tick_interval: float, idle_tick_interval: float, exit_after: float | None) -> None:
+    """Run the relay. Without a database URL: a throwaway PostgreSQL and a demo."""
+    from pgferry.log.ticker import TickerSettings
+    from pgferry.relay.process import Relay, RelaySettings
+
+    settings = RelaySettings(ticker=TickerSettings(busy_interval=tick_interval, idle_interval=idle_tick_interval))
+
+    async def go(url: str, demo: bool) -> None:
+        stop = asyncio.Event()
+        _stop_on_signals(stop)
+        if exit_after is not None:
+            asyncio.get_running_loop().call_later(exit_after, stop.set)
+        relay = Relay(url, settings)
+        tasks = [asyncio.create_task(relay.run(stop))]
+        if demo:
+            from pgferry.demo import run_demo
+
+            tasks.append(asyncio.create_task(run_demo(url, stop)))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    if database_url:
+        _run(go(database_url, demo=False))
+        return
+
+    from pgferry.embedded import embedded_postgres
+    from pgferry.schema import install as install_schema
+
+    async def install_into(url: str) -> None:
+        conn = await db.connect(url)
+        try:
+            await install_schema(conn)
+        finally:
+            await conn.close()
+
+    click.echo("no --database-url given: starting a throwaway PostgreSQL for a demo ...")
+    try:
+        with embedded_postgres() as pg:
+            click.echo(f"PostgreSQL is up at {pg.url} (removed on exit); try: psql {pg.url}")
+            _run(install_into(pg.url))
+            _run(go(pg.url, demo=True))
+    except PgferryError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@main.command()
+@database_url_option
+def consumers(database_url: str | None) -> None:
+    """List consumers and their positions."""
+    import pgferry
+
+    if not database_url:
+        raise click.UsageError(f"give --database-url or set {db.URL_ENV_VAR}")
+
+    async def go() -> list[dict[str, Any]]:
+        async with pgferry.connect(database_url) as ferry:
+            return await ferry.consumers()
+
+    rows = _run(go())
+    if not rows:
+        click.echo("no consumers")
+    for row in rows:
+        streams = ",".join(row["streams"]) if row["streams"] else "*"
+        pending = f" batch {row['batch_id']} open" if row["batch_id"] else ""
+        click.echo(
+            f"{row['name']:<24} streams={streams:<30} tick={row['tick_id']:<8} "
+            f"lag~{row['approx_lag_events']} events{pending}"
+        )

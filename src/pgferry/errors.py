@@ -1,0 +1,23 @@
+"""Errors pgferry raises on purpose. Each message says what went wrong and what to do."""
+
+from __future__ import annotations
+
+
+class PgferryError(Exception):
+    """Base class for every error pgferry raises deliberately."""
+
+
+class DatabaseUnreachable(PgferryError):
+    """The database URL is malformed, or PostgreSQL cannot be reached with it."""
+
+
+class SchemaMissing(PgferryError):
+    """The ferry schema is not installed, or is older than this pgferry."""
+
+
+class InvalidEvent(PgferryError, ValueError):
+    """An event given to publish() cannot be stored (e.g. payload is not JSON)."""
+
+
+class EmbeddedPostgresError(PgferryError):
+    """The throwaway local PostgreSQL could not be started."""

@@ -1,0 +1,1 @@
+"""The event log: ticks (ticker), batches and cursors (reader), retention (maintenance)."""

@@ -1,0 +1,64 @@
+"""The ticker: turns "something committed" into ticks, at most one NOTIFY each.
+
+Writers never notify. The ticker polls ``ferry.tick()``, which records a
+snapshot only when an event committed since the previous tick. Polling is
+fast while events flow and backs off while idle, so an idle relay costs a
+couple of queries per second and a busy one ticks every few milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import asyncpg
+
+from pgferry import sql
+from pgferry.aio import wait_for_event
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TickerSettings:
+    busy_interval: float = 0.01
+    idle_interval: float = 0.5
+    backoff: float = 1.5
+    maintain_every: float = 2.0
+
+
+class Ticker:
+    """Runs on the leader's connection until ``stop`` is set or the connection fails."""
+
+    def __init__(self, conn: asyncpg.Connection, settings: TickerSettings | None = None) -> None:
+        self.conn = conn
+        self.settings = settings or TickerSettings()
+        self.ticks = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        s = self.settings
+        # A lost tick is harmless (the next one covers its events) and every
+        # consumer ack is a synchronous commit that flushes earlier ticks, so
+        # ticks need not wait for their own WAL flush.
+        await self.conn.execute("set synchronous_commit = off")
+        interval = s.busy_interval
+        next_maintenance = 0.0
+        while not stop.is_set():
+            now = time.monotonic()
+            if now >= next_maintenance:
+                await self.maintain()
+                next_maintenance = now + s.maintain_every
+            tick_id = await self.conn.fetchval(sql.query("tick"))
+            if tick_id is not None:
+                self.ticks += 1
+                interval = s.busy_interval
+            else:
+                interval = min(interval * s.backoff, s.idle_interval)
+            await wait_for_event(stop, interval)
+
+    async def maintain(self) -> None:
+        done = await self.conn.fetchval(sql.query("maintain"))
+        for what in done or ():
+            log.info("retention: %s", what)

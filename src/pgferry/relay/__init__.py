@@ -1,0 +1,1 @@
+"""The relay process: leadership, the ticker, and (later) delivery consumers."""

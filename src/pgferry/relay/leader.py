@@ -1,0 +1,86 @@
+"""Leader election for singleton jobs (the ticker and retention).
+
+The leader is whoever holds a session advisory lock. PostgreSQL releases it
+the moment the holder's connection ends, so a SIGKILLed leader is replaced
+by a standby within one retry interval. The job runs on the very connection
+that holds the lock: if that connection is lost, so is the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+
+from pgferry import db, sql
+from pgferry.aio import backoff_delay, wait_for_event
+from pgferry.errors import DatabaseUnreachable
+from pgferry.schema import LOCK_CLASS
+
+log = logging.getLogger(__name__)
+
+TICKER_LOCK = 2
+
+CONNECTION_ERRORS = (
+    OSError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CannotConnectNowError,
+    DatabaseUnreachable,
+)
+
+
+async def lead(
+    url: str,
+    lock_id: int,
+    job: Callable[[asyncpg.Connection, asyncio.Event], Awaitable[None]],
+    stop: asyncio.Event,
+    *,
+    name: str,
+    retry_interval: float = 1.0,
+    on_change: Callable[[bool], None] | None = None,
+) -> None:
+    """Run ``job`` whenever this process holds leadership, until ``stop`` is set."""
+    failures = 0
+    while not stop.is_set():
+        try:
+            conn = await db.connect(url, server_settings={"application_name": f"pgferry {name}"})
+        except DatabaseUnreachable as exc:
+            failures += 1
+            delay = backoff_delay(failures, base=0.2)
+            log.warning("%s: %s; retrying in %.1f s", name, exc, delay)
+            await wait_for_event(stop, delay)
+            continue
+        leading = False
+        try:
+            failures = 0
+            waiting_logged = False
+            while not stop.is_set():
+                if await conn.fetchval(sql.query("try_advisory_lock"), LOCK_CLASS, lock_id):
+                    leading = True
+                    log.info("%s: this relay is now the leader", name)
+                    if on_change:
+                        on_change(True)
+                    await job(conn, stop)
+                    break
+                if not waiting_logged:
+                    log.info("%s: another relay leads; standing by", name)
+                    waiting_logged = True
+                await wait_for_event(stop, retry_interval)
+        except CONNECTION_ERRORS as exc:
+            log.warning("%s: lost the database connection (%s); reconnecting", name, exc)
+            await wait_for_event(stop, retry_interval * random.uniform(0.5, 1.0))
+        finally:
+            if leading:
+                log.info("%s: stepped down", name)
+                if on_change:
+                    on_change(False)
+            if not conn.is_closed():
+                try:
+                    await asyncio.wait_for(conn.close(), 5)
+                except Exception:  # noqa: BLE001 - closing a broken connection may fail any way it likes
+                    conn.terminate()

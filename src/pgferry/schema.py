@@ -1,0 +1,55 @@
+"""Installing and checking the ferry schema.
+
+``install`` applies the versioned migrations in one transaction under an
+advisory lock, so running it twice, or from two processes at once, is safe.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import asyncpg
+
+from pgferry import sql
+from pgferry.errors import SchemaMissing
+
+log = logging.getLogger(__name__)
+
+#: classid of every advisory lock pgferry takes ("pf").
+LOCK_CLASS = 0x7066
+INSTALL_LOCK = 1
+
+
+async def install(conn: asyncpg.Connection) -> list[str]:
+    """Apply every migration not yet applied; return the names applied."""
+    applied_now: list[str] = []
+    async with conn.transaction():
+        await conn.execute(sql.query("install_lock"), LOCK_CLASS, INSTALL_LOCK)
+        await conn.execute(sql.query("create_migrations_table"))
+        done = {row["version"] for row in await conn.fetch(sql.query("applied_migrations"))}
+        for migration in sql.migrations():
+            if migration.version in done:
+                continue
+            log.info("applying migration %04d_%s", migration.version, migration.name)
+            await conn.execute(migration.sql)
+            await conn.execute(sql.query("record_migration"), migration.version, migration.name)
+            applied_now.append(f"{migration.version:04d}_{migration.name}")
+    return applied_now
+
+
+async def check_installed(conn: asyncpg.Connection) -> int:
+    """Return the installed schema version, or raise SchemaMissing with the fix."""
+    installed = await conn.fetchval(sql.query("schema_installed"))
+    version = await conn.fetchval(sql.query("schema_version")) if installed else None
+    database = await conn.fetchval(sql.query("current_database"))
+    if version is None:
+        raise SchemaMissing(
+            f"the pgferry schema is not installed in database {database!r}; "
+            "run `pgferry install --database-url URL` first"
+        )
+    if version < sql.latest_version():
+        raise SchemaMissing(
+            f"the pgferry schema in database {database!r} is at version {version}, "
+            f"this pgferry needs {sql.latest_version()}; run `pgferry install --database-url URL` to upgrade"
+        )
+    return int(version)

@@ -1,0 +1,104 @@
+"""Test fixtures: one real PostgreSQL cluster per session, a fresh database per test."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+import pgferry
+from pgferry import db
+from pgferry.embedded import EmbeddedPostgres
+from pgferry.schema import install
+
+TEMPLATE = "pgferry_template"
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[EmbeddedPostgres]:
+    # fsync off: the tests are about ordering and loss across processes, not disk durability.
+    server = EmbeddedPostgres(settings={"fsync": "off", "full_page_writes": "off"})
+    server.start()
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+def url_for(pg: EmbeddedPostgres, database: str) -> str:
+    return pg.url.rsplit("/", 1)[0] + "/" + database
+
+
+@pytest.fixture(scope="session")
+async def template_db(pg: EmbeddedPostgres) -> str:
+    admin = await asyncpg.connect(pg.url)
+    try:
+        await admin.execute(f"create database {TEMPLATE}")
+    finally:
+        await admin.close()
+    conn = await db.connect(url_for(pg, TEMPLATE))
+    try:
+        await install(conn)
+    finally:
+        await conn.close()
+    return TEMPLATE
+
+
+async def _create_db(pg: EmbeddedPostgres, template: str) -> str:
+    name = f"t_{os.getpid()}_{next(_counter)}"
+    admin = await asyncpg.connect(pg.url)
+    try:
+        await admin.execute(f"create database {name} template {template}")
+    finally:
+        await admin.close()
+    return name
+
+
+async def _drop_db(pg: EmbeddedPostgres, name: str) -> None:
+    admin = await asyncpg.connect(pg.url)
+    try:
+        await admin.execute(f"drop database if exists {name} with (force)")
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+async def db_url(pg: EmbeddedPostgres, template_db: str) -> AsyncIterator[str]:
+    """A new database with the ferry schema installed."""
+    name = await _create_db(pg, template_db)
+    yield url_for(pg, name)
+    await _drop_db(pg, name)
+
+
+@pytest.fixture
+async def empty_db_url(pg: EmbeddedPostgres) -> AsyncIterator[str]:
+    """A new database without the ferry schema."""
+    name = await _create_db(pg, "template1")
+    yield url_for(pg, name)
+    await _drop_db(pg, name)
+
+
+@pytest.fixture
+async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
+    connection = await db.connect(db_url)
+    yield connection
+    await connection.close()
+
+
+@pytest.fixture
+async def ferry(db_url: str) -> AsyncIterator[pgferry.Ferry]:
+    async with pgferry.connect(db_url) as handle:
+        yield handle
+
+
+@pytest.fixture
+def pgferry_cmd() -> list[str]:
+    """How to run the installed `pgferry` command in a subprocess."""
+    exe = Path(sys.executable).with_name("pgferry")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "pgferry"]

@@ -1,0 +1,44 @@
+"""Helpers shared by the tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+
+import pgferry
+
+
+async def tick(conn: asyncpg.Connection) -> int | None:
+    """Take a tick now, as the relay's ticker would."""
+    return await conn.fetchval("select ferry.tick()")  # type: ignore[no-any-return]
+
+
+async def read_all(ferry: pgferry.Ferry, conn: asyncpg.Connection, consumer: str, **kwargs: Any) -> list[pgferry.Event]:
+    """Tick, then read and ack every batch the consumer has right now."""
+    await tick(conn)
+    events: list[pgferry.Event] = []
+    reader = ferry.read(consumer, poll_interval=0.05, **kwargs)
+    it = aiter(reader)
+    try:
+        while True:
+            try:
+                batch = await asyncio.wait_for(anext(it), 0.5)
+            except TimeoutError:
+                return events
+            events.extend(batch.events)
+            await batch.ack()
+    finally:
+        await it.aclose()  # type: ignore[attr-defined]
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

@@ -1,0 +1,82 @@
+"""Publishing from SQL and from Python, and the errors for bad input."""
+
+import asyncpg
+import pytest
+
+import pgferry
+from tests.helpers import read_all
+
+
+async def test_publish_from_sql_and_python(ferry: pgferry.Ferry, conn: asyncpg.Connection) -> None:
+    await ferry.register_consumer("c")
+    sql_id = await conn.fetchval("""select ferry.publish('orders', '{"id": 1}', key => '1', headers => '{"x-a": "b"}')""")
+    py_id = await ferry.publish("orders", {"id": 2, "tags": ["a", "ü"]}, key="2", headers={"x-a": "c"})
+    many = await ferry.publish_many(
+        [{"stream": "orders", "payload": {"id": i}, "key": str(i)} for i in range(3, 6)]
+        + [{"stream": "audit", "payload": [1, 2], "headers": {"h": "v"}}]
+    )
+    assert sql_id < py_id < many[0] and many == sorted(many) and len(many) == 4
+    events = await read_all(ferry, conn, "c")
+    assert [e.id for e in events] == [sql_id, py_id, *many]
+    assert events[1].payload == {"id": 2, "tags": ["a", "ü"]} and events[1].headers == {"x-a": "c"}
+    assert [e.key for e in events] == ["1", "2", "3", "4", "5", None]
+    assert events[-1].stream == "audit" and events[-1].headers == {"h": "v"}
+
+
+async def test_publish_joins_the_callers_transaction(ferry: pgferry.Ferry, conn: asyncpg.Connection) -> None:
+    await ferry.register_consumer("c")
+    async with conn.transaction():
+        kept = await ferry.publish("s", {"n": 1}, conn=conn)
+    with pytest.raises(RuntimeError):
+        async with conn.transaction():
+            await ferry.publish("s", {"n": 2}, conn=conn)
+            await ferry.publish_many([{"stream": "s", "payload": {"n": 3}}], conn=conn)
+            raise RuntimeError("roll back")
+    events = await read_all(ferry, conn, "c")
+    assert [e.id for e in events] == [kept]
+
+
+@pytest.mark.parametrize("stream", [None, "", "   "])
+async def test_publish_rejects_missing_stream_in_sql(conn: asyncpg.Connection, stream: str | None) -> None:
+    with pytest.raises(asyncpg.PostgresError, match="stream must be a non-empty name"):
+        await conn.execute("select ferry.publish($1, '{}')", stream)
+
+
+async def test_publish_rejects_bad_input(ferry: pgferry.Ferry, conn: asyncpg.Connection) -> None:
+    with pytest.raises(pgferry.InvalidEvent, match="stream must be a non-empty name"):
+        await ferry.publish("", {})
+    with pytest.raises(pgferry.InvalidEvent, match="payload is not JSON-serializable"):
+        await ferry.publish("s", {"when": object()})
+    with pytest.raises(pgferry.InvalidEvent, match="payload of event #1 is not JSON-serializable"):
+        await ferry.publish_many([{"stream": "s", "payload": 1}, {"stream": "s", "payload": {1, 2}}])
+    with pytest.raises(pgferry.InvalidEvent, match="must be a mapping with 'stream' and 'payload'"):
+        await ferry.publish_many([{"payload": 1}])
+    with pytest.raises(pgferry.InvalidEvent, match="headers must be a mapping"):
+        await ferry.publish("s", {}, headers=["x"])  # type: ignore[arg-type]
+    with pytest.raises(asyncpg.PostgresError, match="headers must be a JSON object"):
+        await conn.execute("""select ferry.publish('s', '{}', headers => '[1]')""")
+    with pytest.raises(asyncpg.PostgresError, match="payload must not be NULL"):
+        await conn.execute("select ferry.publish('s', null)")
+    with pytest.raises(asyncpg.PostgresError, match="same length"):
+        await conn.execute("select ferry.publish_many(array['a','b'], array['{}'::jsonb])")
+    with pytest.raises(asyncpg.PostgresError, match="invalid input syntax for type json"):
+        await conn.execute("select ferry.publish('s', 'not json')")
+    assert await conn.fetchval("select count(*) from ferry.events") == 0
+
+
+async def test_wrong_database_url_gets_a_clear_error(empty_db_url: str) -> None:
+    with pytest.raises(pgferry.DatabaseUnreachable, match="not a PostgreSQL URL"):
+        await pgferry.connect("mysql://localhost/x").open()
+    with pytest.raises(pgferry.DatabaseUnreachable, match=r"cannot connect to PostgreSQL at .*127\.0\.0\.1:1/"):
+        await pgferry.connect("postgresql://u:secret@127.0.0.1:1/db").open()
+    with pytest.raises(pgferry.DatabaseUnreachable, match="database does not exist") as err:
+        await pgferry.connect(empty_db_url.rsplit("/", 1)[0] + "/no_such_db").open()
+    assert "secret" not in str(err.value)
+    with pytest.raises(pgferry.SchemaMissing, match="pgferry install"):
+        await pgferry.connect(empty_db_url).open()
+
+
+async def test_password_is_redacted_in_errors() -> None:
+    with pytest.raises(pgferry.DatabaseUnreachable) as err:
+        await pgferry.connect("postgresql://u:hunter2@127.0.0.1:1/db").open()
+    assert "hunter2" not in str(err.value) and "***" in str(err.value)

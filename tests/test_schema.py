@@ -1,0 +1,52 @@
+import asyncio
+
+import asyncpg
+import pytest
+
+from pgferry import db, sql
+from pgferry.errors import SchemaMissing
+from pgferry.schema import check_installed, install
+
+
+async def test_install_is_idempotent(empty_db_url: str) -> None:
+    conn = await db.connect(empty_db_url)
+    try:
+        with pytest.raises(SchemaMissing, match="pgferry install"):
+            await check_installed(conn)
+        first = await install(conn)
+        assert first == [f"{m.version:04d}_{m.name}" for m in sql.migrations()]
+        assert await install(conn) == []
+        assert await check_installed(conn) == sql.latest_version()
+    finally:
+        await conn.close()
+
+
+async def test_concurrent_installs_apply_each_migration_once(empty_db_url: str) -> None:
+    conns = [await db.connect(empty_db_url) for _ in range(4)]
+    try:
+        results = await asyncio.gather(*(install(c) for c in conns))
+        assert sum(len(r) for r in results) == len(sql.migrations())
+        count = await conns[0].fetchval("select count(*) from ferry.schema_migrations")
+        assert count == len(sql.migrations())
+    finally:
+        for c in conns:
+            await c.close()
+
+
+async def test_old_schema_version_asks_for_upgrade(db_url: str) -> None:
+    conn = await db.connect(db_url)
+    try:
+        await conn.execute("update ferry.schema_migrations set version = 0")
+        with pytest.raises(SchemaMissing, match="upgrade"):
+            await check_installed(conn)
+    finally:
+        await conn.close()
+
+
+async def test_only_the_ticker_notifies(conn: asyncpg.Connection) -> None:
+    """No writer path may NOTIFY: only ferry.tick() (run by the single ticker) does."""
+    notifying = await conn.fetch(
+        """select p.proname from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+           where n.nspname = 'ferry' and p.prosrc ilike '%notify%'"""
+    )
+    assert [r["proname"] for r in notifying] == ["tick"]
