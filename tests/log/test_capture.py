@@ -88,7 +88,7 @@ async def test_capture_errors_name_the_problem(conn: asyncpg.Connection) -> None
     await conn.execute("create view v as select 1 as a")
     with pytest.raises(asyncpg.PostgresError, match="has no primary key") as err:
         await conn.execute("select ferry.capture_table('nopk')")
-    assert "key_columns" in (err.value.hint or "")  # type: ignore[attr-defined]
+    assert "key_columns" in (err.value.hint or "")
     with pytest.raises(asyncpg.PostgresError, match="is not a table"):
         await conn.execute("select ferry.capture_table('v')")
     with pytest.raises(asyncpg.PostgresError, match="has no column"):
@@ -96,7 +96,9 @@ async def test_capture_errors_name_the_problem(conn: asyncpg.Connection) -> None
     with pytest.raises(asyncpg.PostgresError, match="does not exist"):
         await conn.execute("select ferry.capture_table('missing_table')")
     with pytest.raises(asyncpg.PostgresError, match="unknown operation"):
-        await conn.execute("select ferry.capture_table('nopk', key_columns => array['a'], operations => array['truncate'])")
+        await conn.execute(
+            "select ferry.capture_table('nopk', key_columns => array['a'], operations => array['truncate'])"
+        )
 
 
 async def test_writers_never_notify(ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str) -> None:

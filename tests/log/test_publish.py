@@ -9,7 +9,9 @@ from tests.helpers import read_all
 
 async def test_publish_from_sql_and_python(ferry: pgferry.Ferry, conn: asyncpg.Connection) -> None:
     await ferry.register_consumer("c")
-    sql_id = await conn.fetchval("""select ferry.publish('orders', '{"id": 1}', key => '1', headers => '{"x-a": "b"}')""")
+    sql_id = await conn.fetchval(
+        """select ferry.publish('orders', '{"id": 1}', key => '1', headers => '{"x-a": "b"}')"""
+    )
     py_id = await ferry.publish("orders", {"id": 2, "tags": ["a", "ü"]}, key="2", headers={"x-a": "c"})
     many = await ferry.publish_many(
         [{"stream": "orders", "payload": {"id": i}, "key": str(i)} for i in range(3, 6)]

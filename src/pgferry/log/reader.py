@@ -131,12 +131,11 @@ class StreamReader:
     async def _next_batch(self, conn: asyncpg.Connection) -> Batch | None:
         """The next batch with events for us; batches with none are acked on the way."""
         s = self.settings
-        streams = list(s.streams) if s.streams is not None else None
         while True:
             row = await conn.fetchrow(sql.query("next_batch"), s.consumer, s.max_events)
             if row is None:
                 return None
-            rows = await conn.fetch(sql.query("batch_events"), row["start_tick"], row["end_tick"], streams)
+            rows = await conn.fetch(sql.query("batch_events"), row["start_tick"], row["end_tick"], row["streams"])
             batch = Batch(
                 id=row["batch_id"],
                 consumer=s.consumer,

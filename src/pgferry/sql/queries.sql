@@ -64,7 +64,7 @@ from ferry.consumers c left join ferry.ticks t0 on t0.id = c.tick_id
 order by c.name
 
 -- name: next_batch
-select batch_id, start_tick, end_tick from ferry.next_batch($1, $2)
+select batch_id, start_tick, end_tick, streams from ferry.next_batch($1, $2)
 
 -- name: batch_events
 select id, txid::text::bigint as txid, stream, key, payload, headers, created_at

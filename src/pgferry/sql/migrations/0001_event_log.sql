@@ -78,6 +78,9 @@ create table ferry.consumers (
 create table ferry.config (
     singleton          boolean  primary key default true check (singleton),
     rotation_interval  interval not null default '5 minutes',
+    -- tick at least this often even with nothing new, so cursors (and with
+    -- them retention) move past transactions that were in flight at the last tick
+    idle_tick_interval interval not null default '10 seconds',
     max_batch_events   integer  not null default 5000 check (max_batch_events > 0)
 );
 insert into ferry.config default values;
@@ -316,7 +319,8 @@ begin
     -- either visible in the snapshot or listed in its in-progress set.
     select case when is_called then last_value else 0 end into v_seq from ferry.event_id_seq;
     select * into v_last from ferry.ticks order by id desc limit 1;
-    if not force and v_last.id is not null and v_seq = v_last.event_seq and not exists (
+    if not force and v_last.id is not null and v_seq = v_last.event_seq
+       and v_last.created_at > now() - (select idle_tick_interval from ferry.config) and not exists (
         select 1 from pg_snapshot_xip(v_last.snapshot) x
         where pg_xact_status(x) = 'committed' and exists (select 1 from ferry.events e where e.txid = x)
     ) then
@@ -364,7 +368,7 @@ $$;
 -- spanning as many ticks as fit in about max_batch_events events. The same
 -- batch is handed out again until it is acknowledged with finish_batch().
 create function ferry.next_batch(consumer text, max_events integer default null)
-returns table (batch_id bigint, start_tick bigint, end_tick bigint)
+returns table (batch_id bigint, start_tick bigint, end_tick bigint, streams text[])
 language plpgsql as $$
 declare
     c ferry.consumers;
@@ -397,6 +401,7 @@ begin
     batch_id := c.batch_id;
     start_tick := c.tick_id;
     end_tick := c.next_tick_id;
+    streams := c.streams;
     return next;
 end $$;
 

@@ -1,0 +1,155 @@
+"""`pgferry run` as a real process: one ticker among several relays, failover, shutdown, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+
+import asyncpg
+import pytest
+
+import pgferry
+from tests.helpers import eventually
+
+
+class RelayProcess:
+    """A `pgferry run` subprocess whose log lines are collected as they come."""
+
+    def __init__(self, cmd: list[str], url: str) -> None:
+        self.proc = subprocess.Popen(
+            [*cmd, "run", "--database-url", url],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.lines: list[str] = []
+        threading.Thread(target=self._collect, daemon=True).start()
+
+    def _collect(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip())
+
+    def logged(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def relays(pgferry_cmd: list[str], db_url: str) -> Iterator[list[RelayProcess]]:
+    started: list[RelayProcess] = []
+    yield started
+    for relay in started:
+        relay.stop()
+
+
+async def ticker_holders(conn: asyncpg.Connection) -> int:
+    return await conn.fetchval(  # type: ignore[no-any-return]
+        "select count(*) from pg_locks where locktype = 'advisory' and classid = 28774 and objid = 2 and granted"
+    )
+
+
+async def test_one_ticker_among_relays_and_failover_after_sigkill(
+    pgferry_cmd: list[str], db_url: str, relays: list[RelayProcess], conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    relays += [RelayProcess(pgferry_cmd, db_url), RelayProcess(pgferry_cmd, db_url)]
+
+    async def one_leader() -> bool:
+        return sum(r.logged("ticker: this relay is now the leader") for r in relays) == 1
+
+    await eventually(one_leader, timeout=20, what="a ticker to be elected")
+    await eventually(lambda: _logged_any(relays, "standing by"), timeout=10, what="the other relay to stand by")
+    assert await ticker_holders(conn) == 1
+    leader = next(r for r in relays if r.logged("now the leader"))
+    standby = next(r for r in relays if r is not leader)
+
+    await ferry.register_consumer("c")
+    received: list[int] = []
+
+    async def read() -> None:
+        async for batch in ferry.read("c", poll_interval=0.2):
+            received.extend(e.id for e in batch)
+            await batch.ack()
+
+    reader = asyncio.create_task(read())
+    try:
+        before = await ferry.publish("s", {"n": 1})
+        await eventually(_contains(received, before), what="delivery through the first ticker")
+
+        leader.proc.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        await eventually(_logged(standby, "now the leader"), timeout=10, what="the standby to take over")
+        takeover = time.monotonic() - killed_at
+        assert takeover < 5, f"took {takeover:.1f} s"
+        after = await ferry.publish("s", {"n": 2})
+        await eventually(_contains(received, after), what="delivery through the new ticker")
+        assert await ticker_holders(conn) == 1
+    finally:
+        reader.cancel()
+
+
+def _logged(relay: RelayProcess, text: str):  # type: ignore[no-untyped-def]
+    async def check() -> bool:
+        return relay.logged(text)
+
+    return check
+
+
+async def _logged_any(relays: list[RelayProcess], text: str) -> bool:
+    return any(r.logged(text) for r in relays)
+
+
+def _contains(items: list[int], item: int):  # type: ignore[no-untyped-def]
+    async def check() -> bool:
+        return item in items
+
+    return check
+
+
+async def test_sigterm_shuts_down_cleanly(pgferry_cmd: list[str], db_url: str, relays: list[RelayProcess]) -> None:
+    relay = RelayProcess(pgferry_cmd, db_url)
+    relays.append(relay)
+    await eventually(_logged(relay, "now the leader"), timeout=20, what="the relay to start")
+    relay.proc.send_signal(signal.SIGTERM)
+    code = await asyncio.to_thread(relay.proc.wait, 10)
+    assert code == 0
+    assert relay.logged("SIGTERM received") and relay.logged("relay stopped")
+
+
+def _run_cli(cmd: list[str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+async def test_run_explains_unreachable_database_and_missing_schema(pgferry_cmd: list[str], empty_db_url: str) -> None:
+    bad = await asyncio.to_thread(_run_cli, pgferry_cmd, "run", "--database-url", "postgresql://me:pw@127.0.0.1:1/x")
+    assert bad.returncode == 1
+    assert "cannot connect to PostgreSQL at postgresql://me:***@127.0.0.1:1/x" in bad.stderr
+    assert "pw@" not in bad.stderr
+
+    bad = await asyncio.to_thread(_run_cli, pgferry_cmd, "run", "--database-url", "not a url")
+    assert bad.returncode == 1 and "not a PostgreSQL URL" in bad.stderr
+
+    missing = await asyncio.to_thread(_run_cli, pgferry_cmd, "run", "--database-url", empty_db_url)
+    assert missing.returncode == 1 and "pgferry install" in missing.stderr
+
+    first = await asyncio.to_thread(_run_cli, pgferry_cmd, "install", "--database-url", empty_db_url)
+    assert first.returncode == 0 and "installed: 0001_event_log" in first.stdout
+    again = await asyncio.to_thread(_run_cli, pgferry_cmd, "install", "--database-url", empty_db_url)
+    assert again.returncode == 0 and "already up to date" in again.stdout
+
+
+async def test_run_without_url_starts_a_throwaway_postgres_and_demo(pgferry_cmd: list[str]) -> None:
+    done = await asyncio.to_thread(_run_cli, pgferry_cmd, "run", "--exit-after", "5")
+    assert done.returncode == 0, done.stderr
+    assert "throwaway PostgreSQL" in done.stdout
+    assert "read event" in done.stdout and "public.demo_orders" in done.stdout and "demo.greetings" in done.stdout
