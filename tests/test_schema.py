@@ -36,7 +36,9 @@ async def test_concurrent_installs_apply_each_migration_once(empty_db_url: str) 
 async def test_old_schema_version_asks_for_upgrade(db_url: str) -> None:
     conn = await db.connect(db_url)
     try:
-        await conn.execute("update ferry.schema_migrations set version = 0")
+        await conn.execute(
+            "delete from ferry.schema_migrations where version = (select max(version) from ferry.schema_migrations)"
+        )
         with pytest.raises(SchemaMissing, match="upgrade"):
             await check_installed(conn)
     finally:

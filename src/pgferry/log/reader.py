@@ -62,9 +62,24 @@ class StreamReader:
         self.url = url
         self.settings = settings
         self._conn: asyncpg.Connection | None = None
+        self._iterator: AsyncIterator[Batch] | None = None
 
     def __aiter__(self) -> AsyncIterator[Batch]:
-        return self._batches()
+        if self._iterator is None:
+            self._iterator = self._batches()
+        return self._iterator
+
+    async def close(self) -> None:
+        """Stop reading: closes the connection, which releases the consumer to a standby."""
+        if self._iterator is not None:
+            await self._iterator.aclose()  # type: ignore[attr-defined]
+            self._iterator = None
+
+    async def __aenter__(self) -> StreamReader:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     async def _batches(self) -> AsyncIterator[Batch]:
         first = True

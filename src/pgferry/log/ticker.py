@@ -27,6 +27,7 @@ class TickerSettings:
     idle_interval: float = 0.5
     backoff: float = 1.5
     maintain_every: float = 2.0
+    report_every: float = 60.0
 
 
 class Ticker:
@@ -45,11 +46,17 @@ class Ticker:
         await self.conn.execute("set synchronous_commit = off")
         interval = s.busy_interval
         next_maintenance = 0.0
+        next_report = time.monotonic() + s.report_every
+        reported = 0
         while not stop.is_set():
             now = time.monotonic()
             if now >= next_maintenance:
                 await self.maintain()
                 next_maintenance = now + s.maintain_every
+            if now >= next_report:
+                if self.ticks > reported:
+                    log.info("ticker: %d ticks in the last %.0f s", self.ticks - reported, s.report_every)
+                reported, next_report = self.ticks, now + s.report_every
             tick_id = await self.conn.fetchval(sql.query("tick"))
             if tick_id is not None:
                 self.ticks += 1
@@ -62,3 +69,6 @@ class Ticker:
         done = await self.conn.fetchval(sql.query("maintain"))
         for what in done or ():
             log.info("retention: %s", what)
+        pruned = await self.conn.fetchval(sql.query("prune_attempts"))
+        if pruned:
+            log.info("retention: removed %d old delivery attempts", pruned)

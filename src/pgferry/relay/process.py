@@ -1,4 +1,4 @@
-"""Wiring of the relay process (`pgferry run`): checks, leadership, shutdown."""
+"""Wiring of the relay process (`pgferry run`): checks, the ticker, delivery, shutdown."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from pgferry import db
+from pgferry import db, sql
+from pgferry.delivery.http import HttpSender
+from pgferry.delivery.worker import DeliveryContext
 from pgferry.log.ticker import Ticker, TickerSettings
 from pgferry.relay.leader import TICKER_LOCK, lead
+from pgferry.relay.ownership import Ownership, OwnershipSettings
 from pgferry.schema import check_installed
 
 log = logging.getLogger(__name__)
@@ -19,7 +22,14 @@ log = logging.getLogger(__name__)
 @dataclass
 class RelaySettings:
     ticker: TickerSettings = field(default_factory=TickerSettings)
+    ownership: OwnershipSettings = field(default_factory=OwnershipSettings)
     leader_retry_interval: float = 1.0
+    deliver: bool = True
+    #: requests in flight across every subscription of this relay
+    max_in_flight: int = 1024
+    #: keep-alive connections per endpoint
+    pool_size: int = 64
+    db_pool_size: int = 10
 
 
 class Relay:
@@ -30,17 +40,19 @@ class Relay:
         self.settings = settings or RelaySettings()
         self.is_ticker = False
 
-    async def check(self) -> None:
+    async def check(self) -> int:
         """Fail fast, with the fix in the message, if the database is unusable."""
         conn = await db.connect(self.url)
         try:
             version = await check_installed(conn)
+            max_body = await conn.fetchval(sql.query("max_body_bytes"))
         finally:
             await conn.close()
         log.info("connected to %s (schema version %d)", db.redact(self.url), version)
+        return int(max_body)
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.check()
+        max_body_bytes = await self.check()
 
         async def tick(conn: asyncpg.Connection, stop: asyncio.Event) -> None:
             await Ticker(conn, self.settings.ticker).run(stop)
@@ -48,13 +60,33 @@ class Relay:
         def changed(leading: bool) -> None:
             self.is_ticker = leading
 
-        await lead(
-            self.url,
-            TICKER_LOCK,
-            tick,
-            stop,
-            name="ticker",
-            retry_interval=self.settings.leader_retry_interval,
-            on_change=changed,
-        )
+        jobs = [
+            lead(
+                self.url,
+                TICKER_LOCK,
+                tick,
+                stop,
+                name="ticker",
+                retry_interval=self.settings.leader_retry_interval,
+                on_change=changed,
+            )
+        ]
+        pool = sender = None
+        if self.settings.deliver:
+            pool = await db.create_pool(self.url, min_size=1, max_size=self.settings.db_pool_size)
+            sender = HttpSender(pool_size=self.settings.pool_size)
+            ctx = DeliveryContext(
+                pool=pool,
+                sender=sender,
+                global_limit=asyncio.Semaphore(self.settings.max_in_flight),
+                max_body_bytes=max_body_bytes,
+            )
+            jobs.append(Ownership(self.url, ctx, self.settings.ownership).run(stop))
+        try:
+            await asyncio.gather(*jobs)
+        finally:
+            if sender is not None:
+                await sender.close()
+            if pool is not None:
+                await pool.close()
         log.info("relay stopped")

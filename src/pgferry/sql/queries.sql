@@ -72,3 +72,78 @@ from ferry.batch_events($1, $2, $3)
 
 -- name: finish_batch
 select ferry.finish_batch($1, $2)
+
+-- name: prune_attempts
+select ferry.prune_attempts()
+
+-- name: active_subscriptions
+select * from ferry.subscriptions where state = 'active' order by name
+
+-- name: subscription
+select * from ferry.subscriptions where name = $1
+
+-- name: webhook_batch_events
+select id, stream, key, payload::text as payload, headers::text as headers, created_at
+from ferry.batch_events($1, $2, $3)
+
+-- name: parked_keys
+select distinct key from ferry.retries where subscription = $1 and key = any ($2::text[])
+
+-- name: park
+insert into ferry.retries (subscription, event_id, stream, key, payload, headers, event_created_at, attempts,
+                           first_failed_at, next_attempt_at, last_status, last_error, last_response)
+select $1, u.event_id, u.stream, u.key, u.payload::jsonb, u.headers::jsonb, u.created_at, u.attempts,
+       coalesce(u.first_failed_at, now()), u.next_attempt_at, u.status, u.error, u.response
+from unnest($2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $7::timestamptz[], $8::int[],
+            $9::timestamptz[], $10::timestamptz[], $11::int[], $12::text[], $13::text[])
+     as u(event_id, stream, key, payload, headers, created_at, attempts, first_failed_at, next_attempt_at,
+          status, error, response)
+on conflict (subscription, event_id) do update set
+    attempts = excluded.attempts, next_attempt_at = excluded.next_attempt_at,
+    last_status = excluded.last_status, last_error = excluded.last_error, last_response = excluded.last_response
+
+-- name: bury
+insert into ferry.dead_letters (subscription, event_id, stream, key, payload, headers, event_created_at, attempts,
+                                first_failed_at, last_status, last_error, last_response)
+select $1, u.event_id, u.stream, u.key, u.payload::jsonb, u.headers::jsonb, u.created_at, u.attempts,
+       coalesce(u.first_failed_at, now()), u.status, u.error, u.response
+from unnest($2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $7::timestamptz[], $8::int[],
+            $9::timestamptz[], $10::int[], $11::text[], $12::text[])
+     as u(event_id, stream, key, payload, headers, created_at, attempts, first_failed_at, status, error, response)
+on conflict (subscription, event_id) do nothing
+
+-- name: unpark
+delete from ferry.retries where subscription = $1 and event_id = any ($2::bigint[])
+
+-- name: due_retries
+select r.event_id as id, r.stream, r.key, r.payload::text as payload, r.headers::text as headers,
+       r.event_created_at as created_at, r.attempts, r.first_failed_at
+from ferry.retries r
+where r.subscription = $1 and r.next_attempt_at <= now()
+  and (not $2 or r.key is null or not exists (
+        select 1 from ferry.retries r2
+        where r2.subscription = r.subscription and r2.key = r.key and r2.event_id < r.event_id))
+order by r.event_id
+limit $3
+
+-- name: next_retry_at
+select min(next_attempt_at) from ferry.retries where subscription = $1
+
+-- name: disable_subscription
+select ferry._set_subscription_state($1, 'disabled', $2)
+
+-- name: relay_heartbeat
+insert into ferry.relays (id, hostname, pid, owned, stats) values ($1, $2, $3, $4, $5)
+on conflict (id) do update set heartbeat_at = now(), owned = excluded.owned, stats = excluded.stats
+
+-- name: relay_gone
+delete from ferry.relays where id = $1
+
+-- name: live_relays
+select count(*) from ferry.relays where heartbeat_at > now() - interval '10 seconds'
+
+-- name: subscription_status
+select * from ferry.subscription_status()
+
+-- name: max_body_bytes
+select max_body_bytes from ferry.config

@@ -1,0 +1,1 @@
+"""Webhook delivery: subscriptions, HTTP, signing, retries and dead letters."""

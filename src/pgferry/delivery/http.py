@@ -1,0 +1,143 @@
+"""The HTTP side of delivery, behind a small interface so the client can be swapped.
+
+One keep-alive pool per endpoint (scheme, host, port) with a bounded number
+of connections: this is what keeps a busy relay from leaving thousands of
+sockets in TIME_WAIT the way one-connection-per-request senders do. Every
+outcome, good or bad, comes back as an ``HttpResult`` with a short error
+class and a human-readable error text; nothing here raises for a failed
+delivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import aiohttp
+
+RESPONSE_SNIPPET_BYTES = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class HttpResult:
+    status: int | None
+    error_class: str | None  # None: delivered (2xx)
+    error: str | None
+    response: str | None  # start of the response body, kept for failures
+    latency_ms: float
+    retry_after: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error_class is None
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (now if now is not None else time.time()))
+
+
+def endpoint_of(url: str) -> tuple[str, str, int]:
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return parts.scheme, parts.hostname or "", port
+
+
+class HttpSender:
+    """Sends POSTs over per-endpoint keep-alive pools."""
+
+    def __init__(self, *, pool_size: int = 64) -> None:
+        self.pool_size = pool_size
+        self._sessions: dict[tuple[str, str, int], aiohttp.ClientSession] = {}
+
+    def _session(self, url: str) -> aiohttp.ClientSession:
+        key = endpoint_of(url)
+        session = self._sessions.get(key)
+        if session is None or session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=self.pool_size,
+                limit_per_host=self.pool_size,
+                ttl_dns_cache=60,
+                keepalive_timeout=30,
+            )
+            session = aiohttp.ClientSession(
+                connector=connector,
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+                headers={"User-Agent": "pgferry"},
+            )
+            self._sessions[key] = session
+        return session
+
+    async def post(  # noqa: PLR0911 - one return per way a request can end
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        timeout: float,
+        connect_timeout: float,
+    ) -> HttpResult:
+        started = time.perf_counter()
+
+        def done(status: int | None, error_class: str | None, error: str | None, response: str | None = None,
+                 retry_after: float | None = None) -> HttpResult:  # fmt: skip
+            return HttpResult(status, error_class, error, response, (time.perf_counter() - started) * 1000, retry_after)
+
+        try:
+            session = self._session(url)
+            async with session.post(
+                url,
+                data=body,
+                headers=headers,
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout),
+            ) as resp:
+                if 200 <= resp.status < 300:
+                    await resp.read()
+                    return done(resp.status, None, None)
+                snippet = (await resp.content.read(RESPONSE_SNIPPET_BYTES)).decode("utf-8", "replace")
+                retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+                if 300 <= resp.status < 400:
+                    where = resp.headers.get("Location", "?")
+                    return done(resp.status, "redirect", f"HTTP {resp.status} redirect to {where} (not followed)",
+                                snippet)  # fmt: skip
+                return done(resp.status, "http_status", f"HTTP {resp.status} {resp.reason or ''}".strip(),
+                            snippet, retry_after)  # fmt: skip
+        except TimeoutError:
+            return done(None, "timeout", f"no complete answer within {timeout:g} s")
+        except aiohttp.ClientConnectorDNSError as exc:
+            return done(None, "dns", f"cannot resolve host {endpoint_of(url)[1]!r}: {exc.os_error}")
+        except aiohttp.ClientConnectorError as exc:
+            return done(
+                None, "connect", f"cannot connect to {exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error}"
+            )
+        except aiohttp.ServerDisconnectedError:
+            return done(None, "empty_reply", "server closed the connection without a complete response")
+        except aiohttp.ClientPayloadError as exc:
+            return done(None, "reset", f"response body cut off: {exc}")
+        except aiohttp.ClientResponseError as exc:
+            return done(None, "invalid_response", f"invalid HTTP response: {exc.message}")
+        except aiohttp.ClientOSError as exc:
+            return done(None, "reset", f"connection error: {exc.strerror or exc}")
+        except aiohttp.ClientError as exc:
+            return done(None, "client_error", f"{type(exc).__name__}: {exc}")
+        except (ValueError, asyncio.InvalidStateError) as exc:
+            return done(None, "bad_request", f"request could not be sent: {exc}")
+
+    async def close(self) -> None:
+        sessions, self._sessions = list(self._sessions.values()), {}
+        await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)

@@ -1,0 +1,90 @@
+"""Subscriptions and the events that travel to them, as the delivery engine sees them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+import orjson
+
+
+def consumer_name(subscription: str) -> str:
+    """Each subscription reads the log through its own consumer."""
+    return f"webhook:{subscription}"
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    name: str
+    streams: tuple[str, ...]
+    url: str
+    headers: dict[str, str]
+    secrets: tuple[str, ...]
+    batch_size: int
+    max_in_flight: int
+    ordered: bool
+    timeout_ms: int
+    connect_timeout_ms: int
+    max_attempts: int
+    max_age: timedelta
+    retry_base_ms: int
+    retry_max_ms: int
+    state: str
+    updated_at: datetime
+
+    @property
+    def consumer(self) -> str:
+        return consumer_name(self.name)
+
+    @classmethod
+    def from_row(cls, row: asyncpg.Record) -> Subscription:
+        return cls(
+            name=row["name"],
+            streams=tuple(row["streams"]),
+            url=row["url"],
+            headers=dict(row["headers"] or {}),
+            secrets=tuple(row["secrets"] or ()),
+            batch_size=row["batch_size"],
+            max_in_flight=row["max_in_flight"],
+            ordered=row["ordered"],
+            timeout_ms=row["timeout_ms"],
+            connect_timeout_ms=row["connect_timeout_ms"],
+            max_attempts=row["max_attempts"],
+            max_age=row["max_age"],
+            retry_base_ms=row["retry_base_ms"],
+            retry_max_ms=row["retry_max_ms"],
+            state=row["state"],
+            updated_at=row["updated_at"],
+        )
+
+
+@dataclass(slots=True)
+class OutEvent:
+    """An event on its way out. The payload stays raw JSON text: it is sent as is."""
+
+    id: int
+    stream: str
+    key: str | None
+    payload: str
+    headers: str | None
+    created_at: datetime
+    attempts: int = 0  # attempts already made (parked events)
+    first_failed_at: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: asyncpg.Record) -> OutEvent:
+        return cls(
+            id=row["id"],
+            stream=row["stream"],
+            key=row["key"],
+            payload=row["payload"],
+            headers=row["headers"],
+            created_at=row["created_at"],
+            attempts=row.get("attempts", 0),
+            first_failed_at=row.get("first_failed_at"),
+        )
+
+    def header_map(self) -> dict[str, Any]:
+        return dict(orjson.loads(self.headers)) if self.headers else {}

@@ -1,0 +1,92 @@
+"""Turning events into one HTTP request: body, Standard Webhooks headers, signature.
+
+With batch_size 1 the body is the event's payload exactly as stored (for
+captured tables, the Supabase database-webhook shape), so existing receivers
+keep working. With larger batches the body is ``{"data": [...]}`` and each
+element carries its event id, the key to de-duplicate on.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import orjson
+
+from pgferry.delivery.model import OutEvent, Subscription
+from pgferry.delivery.signing import Signer
+
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_RESERVED = {"webhook-id", "webhook-timestamp", "webhook-signature", "content-length", "host", "transfer-encoding"}
+
+
+class BadRequest(ValueError):
+    """The events cannot be turned into a valid request; retrying will not help."""
+
+    error_class = "bad_request"
+
+
+class TooLarge(BadRequest):
+    error_class = "too_large"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    msg_id: str
+    body: bytes
+    headers: dict[str, str]
+
+
+def message_id(events: Sequence[OutEvent]) -> str:
+    """Stable across retries, replays and relay restarts: derived from event ids only."""
+    if len(events) == 1:
+        return f"evt_{events[0].id}"
+    return f"evt_{events[0].id}_{events[-1].id}_{len(events)}"
+
+
+def _body(events: Sequence[OutEvent]) -> bytes:
+    if len(events) == 1:
+        return events[0].payload.encode()
+    items = []
+    for e in events:
+        meta = orjson.dumps({"id": e.id, "stream": e.stream, "key": e.key, "created_at": e.created_at})
+        items.append(meta[:-1] + b',"payload":' + e.payload.encode() + b"}")
+    return b'{"data":[' + b",".join(items) + b"]}"
+
+
+def _event_headers(event: OutEvent) -> dict[str, str]:
+    headers = event.header_map()
+    for name, value in headers.items():
+        if not _TOKEN.match(name):
+            raise BadRequest(f"event header name {name!r} is not a valid HTTP header name")
+        if not isinstance(value, str):
+            raise BadRequest(f"event header {name!r} must be a string, got {type(value).__name__}")
+        if any(c in value for c in "\r\n\0"):
+            raise BadRequest(f"event header {name!r} contains a line break or NUL")
+    return headers
+
+
+def build(sub: Subscription, events: Sequence[OutEvent], signer: Signer, *, max_body_bytes: int) -> Request:
+    body = _body(events)
+    if len(body) > max_body_bytes:
+        raise TooLarge(
+            f"request body is {len(body)} bytes, over the {max_body_bytes}-byte limit (ferry.config.max_body_bytes)"
+        )
+    headers: dict[str, str] = {"content-type": "application/json", **{k.lower(): v for k, v in sub.headers.items()}}
+    if len(events) == 1:
+        event = events[0]
+        for name, value in _event_headers(event).items():
+            if name.lower() not in _RESERVED:
+                headers[name.lower()] = value
+        headers["pgferry-stream"] = event.stream
+        if event.key is not None and not any(c in event.key for c in "\r\n\0"):
+            headers["pgferry-key"] = event.key
+    msg_id = message_id(events)
+    timestamp = int(time.time())
+    headers["webhook-id"] = msg_id
+    headers["webhook-timestamp"] = str(timestamp)
+    if signer:
+        headers["webhook-signature"] = signer.sign(msg_id, timestamp, body)
+    return Request(msg_id, body, headers)

@@ -1,0 +1,39 @@
+"""What happens after a failed attempt: retry later (when), or give up."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from pgferry.delivery.http import HttpResult
+from pgferry.delivery.model import Subscription
+
+#: Failures that another attempt cannot fix.
+PERMANENT = {"bad_request", "too_large"}
+#: The longest we honour a Retry-After header.
+MAX_RETRY_AFTER = timedelta(hours=6)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    dead: bool
+    next_attempt_at: datetime | None
+
+
+def backoff(sub: Subscription, attempts: int, rng: random.Random | None = None) -> timedelta:
+    """Exponential backoff with full jitter: uniform in [0, min(max, base * 2^(n-1))]."""
+    ceiling = min(sub.retry_max_ms, sub.retry_base_ms * 2 ** min(attempts - 1, 40))
+    return timedelta(milliseconds=(rng or random).uniform(0, ceiling))
+
+
+def judge(sub: Subscription, result: HttpResult, attempts: int, first_failed_at: datetime, now: datetime) -> Verdict:
+    """``attempts`` counts the attempt that just failed."""
+    if result.error_class in PERMANENT:
+        return Verdict(dead=True, next_attempt_at=None)
+    if attempts >= sub.max_attempts or now - first_failed_at >= sub.max_age:
+        return Verdict(dead=True, next_attempt_at=None)
+    delay = backoff(sub, attempts)
+    if result.retry_after is not None:
+        delay = max(delay, min(timedelta(seconds=result.retry_after), MAX_RETRY_AFTER))
+    return Verdict(dead=False, next_attempt_at=now + delay)

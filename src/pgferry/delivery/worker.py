@@ -1,0 +1,269 @@
+"""Delivering one subscription: new batches from the log, and parked retries.
+
+Two loops run side by side. The batch loop takes the subscription's next
+log batch, sends it (up to ``max_in_flight`` requests at once), then in ONE
+transaction records every attempt, parks failures in ferry.retries (or dead
+letters them), and acknowledges the batch. A crash anywhere before that
+commit re-sends the batch: at-least-once, with stable webhook-ids. The retry
+loop sends parked events when they are due, with the same bookkeeping.
+
+With ``ordered`` on, events are spread over lanes by key and each lane sends
+in id order; once an event of a key fails, the later events of that key in
+the batch are parked behind it, and the retry loop only ever sends the
+earliest parked event of a key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+from pgferry import sql
+from pgferry.aio import wait_for_event
+from pgferry.delivery import request
+from pgferry.delivery.http import HttpResult, HttpSender
+from pgferry.delivery.model import OutEvent, Subscription
+from pgferry.delivery.retry import judge
+from pgferry.delivery.signing import Signer
+
+log = logging.getLogger(__name__)
+
+ATTEMPT_COLUMNS = (
+    "subscription", "event_id", "attempt", "status", "error_class", "error", "response", "latency_ms", "created_at",
+)  # fmt: skip
+
+Outcome = tuple[OutEvent, HttpResult | None]  # None: not sent, waiting behind an earlier event of its key
+
+
+@dataclass
+class DeliveryContext:
+    """What every worker of a relay shares."""
+
+    pool: asyncpg.Pool
+    sender: HttpSender
+    global_limit: asyncio.Semaphore
+    max_body_bytes: int = 1 << 20
+    max_batch_events: int | None = None
+    retry_fetch: int = 1000
+    poll_interval: float = 1.0
+
+
+@dataclass
+class _Bookkeeping:
+    attempts: list[tuple[Any, ...]] = field(default_factory=list)
+    delivered: list[int] = field(default_factory=list)
+    park: list[tuple[Any, ...]] = field(default_factory=list)
+    bury: list[tuple[Any, ...]] = field(default_factory=list)
+    gone: str | None = None
+
+
+class SubscriptionWorker:
+    def __init__(self, sub: Subscription, ctx: DeliveryContext) -> None:
+        self.ctx = ctx
+        self.sub = sub
+        self.signer = Signer(sub.secrets)
+        self.wake = asyncio.Event()
+        self.stopping = asyncio.Event()
+        self.in_flight = 0
+        self.delivered = 0
+        self.failed = 0
+
+    def update(self, sub: Subscription) -> None:
+        """New settings (from ferry.subscribe) take effect with the next request."""
+        self.sub = sub
+        self.signer = Signer(sub.secrets)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.wake.set()
+
+    async def run(self) -> None:
+        loops = [asyncio.create_task(self._batch_loop()), asyncio.create_task(self._retry_loop())]
+        try:
+            await asyncio.gather(*loops)
+        finally:
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+
+    # -- loops -------------------------------------------------------------
+
+    async def _batch_loop(self) -> None:
+        sub_name = self.sub.name
+        while not self.stopping.is_set():
+            self.wake.clear()
+            async with self.ctx.pool.acquire() as conn:
+                row = await conn.fetchrow(sql.query("next_batch"), self.sub.consumer, self.ctx.max_batch_events)
+                if row is not None:
+                    rows = await conn.fetch(
+                        sql.query("webhook_batch_events"), row["start_tick"], row["end_tick"], row["streams"]
+                    )
+                    events = [OutEvent.from_row(r) for r in rows]
+                    blocked: set[str] = set()
+                    keys = list({e.key for e in events if e.key is not None})
+                    if self.sub.ordered and keys:
+                        blocked = {r["key"] for r in await conn.fetch(sql.query("parked_keys"), sub_name, keys)}
+            if row is None:
+                await wait_for_event(self.wake, self.ctx.poll_interval)
+                continue
+            outcomes = await self._deliver(events, blocked) if events else []
+            await self._record(outcomes, batch_id=row["batch_id"])
+
+    async def _retry_loop(self) -> None:
+        while not self.stopping.is_set():
+            async with self.ctx.pool.acquire() as conn:
+                rows = await conn.fetch(sql.query("due_retries"), self.sub.name, self.sub.ordered, self.ctx.retry_fetch)
+                next_at = None if rows else await conn.fetchval(sql.query("next_retry_at"), self.sub.name)
+            if not rows:
+                delay = self.ctx.poll_interval
+                if next_at is not None:
+                    delay = min(delay, max(0.0, (next_at - datetime.now(UTC)).total_seconds()))
+                await wait_for_event(self.stopping, delay)
+                continue
+            events = [OutEvent.from_row(r) for r in rows]
+            await self._record(await self._deliver(events, set()), batch_id=None)
+
+    # -- sending -----------------------------------------------------------
+
+    async def _send(self, chunk: Sequence[OutEvent]) -> HttpResult:
+        sub = self.sub
+        try:
+            req = request.build(sub, chunk, self.signer, max_body_bytes=self.ctx.max_body_bytes)
+        except request.BadRequest as exc:
+            return HttpResult(None, exc.error_class, str(exc), None, 0.0)
+        async with self.ctx.global_limit:
+            self.in_flight += len(chunk)
+            try:
+                return await self.ctx.sender.post(
+                    sub.url,
+                    req.body,
+                    req.headers,
+                    timeout=sub.timeout_ms / 1000,
+                    connect_timeout=sub.connect_timeout_ms / 1000,
+                )
+            finally:
+                self.in_flight -= len(chunk)
+
+    async def _deliver(self, events: Sequence[OutEvent], blocked: set[str]) -> list[Outcome]:
+        sub = self.sub
+        outcomes: list[Outcome] = []
+        if not sub.ordered:
+            chunks = deque(events[i : i + sub.batch_size] for i in range(0, len(events), sub.batch_size))
+
+            async def drain() -> None:
+                while chunks:
+                    chunk = chunks.popleft()
+                    result = await self._send(chunk)
+                    outcomes.extend((e, result) for e in chunk)
+
+            await asyncio.gather(*(drain() for _ in range(min(sub.max_in_flight, len(chunks)))))
+            return outcomes
+
+        n_lanes = max(1, min(sub.max_in_flight, len(events)))
+        lanes: list[list[OutEvent]] = [[] for _ in range(n_lanes)]
+        for e in events:
+            lane = zlib.crc32(e.key.encode()) if e.key is not None else e.id
+            lanes[lane % n_lanes].append(e)
+
+        async def run_lane(lane_events: list[OutEvent]) -> None:
+            chunk: list[OutEvent] = []
+
+            async def flush() -> None:
+                result = await self._send(chunk)
+                outcomes.extend((e, result) for e in chunk)
+                if not result.ok:
+                    blocked.update(e.key for e in chunk if e.key is not None)
+                chunk.clear()
+
+            for e in lane_events:
+                if e.key is not None and e.key in blocked:
+                    outcomes.append((e, None))
+                    continue
+                chunk.append(e)
+                if len(chunk) >= sub.batch_size:
+                    await flush()
+            if chunk:
+                await flush()
+
+        await asyncio.gather(*(run_lane(lane) for lane in lanes if lane))
+        return outcomes
+
+    # -- bookkeeping -------------------------------------------------------
+
+    def _account(self, outcomes: Sequence[Outcome]) -> _Bookkeeping:
+        sub = self.sub
+        now = datetime.now(UTC)
+        books = _Bookkeeping()
+        for event, result in outcomes:
+            if result is None:
+                books.park.append(_parked(event, event.attempts, now, now, None))
+                continue
+            attempt = event.attempts + 1
+            books.attempts.append(
+                (sub.name, event.id, attempt, result.status, result.error_class, result.error,
+                 result.response, result.latency_ms, now)
+            )  # fmt: skip
+            if result.ok:
+                books.delivered.append(event.id)
+                continue
+            if result.status == 410:
+                books.gone = f"endpoint answered 410 Gone at {now:%Y-%m-%d %H:%M:%S}Z; resume the subscription to retry"
+            first_failed = event.first_failed_at or now
+            verdict = judge(sub, result, attempt, first_failed, now)
+            if verdict.dead:
+                books.bury.append(_buried(event, attempt, first_failed, result))
+            else:
+                books.park.append(_parked(event, attempt, first_failed, verdict.next_attempt_at or now, result))
+        self.delivered += len(books.delivered)
+        self.failed += len(books.attempts) - len(books.delivered)
+        return books
+
+    async def _record(self, outcomes: Sequence[Outcome], *, batch_id: int | None) -> None:
+        books = self._account(outcomes)
+        sub = self.sub
+        async with self.ctx.pool.acquire() as conn, conn.transaction():
+            if books.attempts:
+                await conn.copy_records_to_table(
+                    "attempts", schema_name="ferry", columns=ATTEMPT_COLUMNS, records=books.attempts
+                )
+            if books.park:
+                await conn.execute(sql.query("park"), sub.name, *zip(*books.park, strict=True))
+            if books.bury:
+                await conn.execute(sql.query("bury"), sub.name, *zip(*books.bury, strict=True))
+            if batch_id is None:
+                done = books.delivered + [row[0] for row in books.bury]
+                if done:
+                    await conn.execute(sql.query("unpark"), sub.name, done)
+            if books.gone is not None:
+                log.warning("subscription %s disabled: %s", sub.name, books.gone)
+                await conn.execute(sql.query("disable_subscription"), sub.name, books.gone)
+                self.stop()
+            if batch_id is not None:
+                await conn.execute(sql.query("finish_batch"), sub.consumer, batch_id)
+        if books.bury:
+            log.warning("subscription %s: %d event(s) moved to dead letters", sub.name, len(books.bury))
+
+
+def _parked(
+    event: OutEvent, attempts: int, first_failed: datetime, next_at: datetime, result: HttpResult | None
+) -> tuple[Any, ...]:
+    return (
+        event.id, event.stream, event.key, event.payload, event.headers, event.created_at, attempts,
+        first_failed, next_at,
+        result.status if result else None, result.error if result else None, result.response if result else None,
+    )  # fmt: skip
+
+
+def _buried(event: OutEvent, attempts: int, first_failed: datetime, result: HttpResult) -> tuple[Any, ...]:
+    return (
+        event.id, event.stream, event.key, event.payload, event.headers, event.created_at, attempts,
+        first_failed, result.status, result.error, result.response,
+    )  # fmt: skip

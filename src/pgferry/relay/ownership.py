@@ -1,0 +1,169 @@
+"""Which relay delivers which subscription.
+
+Each relay keeps one "ownership" connection and holds a session advisory lock
+per subscription it delivers. Locks vanish with the connection, so when a
+relay dies its subscriptions are free at once and survivors claim them on
+their next round (every ``claim_interval`` seconds). Relays heartbeat into
+ferry.relays; each claims at most its fair share (subscriptions / live
+relays, rounded up) and hands back extras, so load spreads as relays join.
+The same connection LISTENs for ticks and wakes the workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+
+import asyncpg
+import orjson
+
+from pgferry import db, sql
+from pgferry.aio import backoff_delay, wait_for_event
+from pgferry.delivery.model import Subscription
+from pgferry.delivery.worker import DeliveryContext, SubscriptionWorker
+from pgferry.log.reader import CONNECTION_ERRORS, TICK_CHANNEL
+from pgferry.schema import LOCK_CLASS
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class OwnershipSettings:
+    claim_interval: float = 1.0
+    stop_grace: float = 10.0
+
+
+@dataclass
+class _Owned:
+    worker: SubscriptionWorker
+    task: asyncio.Task[None]
+    lock_key: int
+
+
+class Ownership:
+    def __init__(self, url: str, ctx: DeliveryContext, settings: OwnershipSettings | None = None) -> None:
+        self.url = url
+        self.ctx = ctx
+        self.settings = settings or OwnershipSettings()
+        self.relay_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.owned: dict[str, _Owned] = {}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        failures = 0
+        while not stop.is_set():
+            try:
+                conn = await db.connect(self.url, server_settings={"application_name": "pgferry relay"})
+            except CONNECTION_ERRORS as exc:
+                failures += 1
+                delay = backoff_delay(failures, base=0.2)
+                log.warning("delivery: %s; retrying in %.1f s", exc, delay)
+                await wait_for_event(stop, delay)
+                continue
+            try:
+                failures = 0
+                await conn.add_listener(TICK_CHANNEL, self._on_tick)
+                while not stop.is_set():
+                    await self._round(conn)
+                    await wait_for_event(stop, self.settings.claim_interval)
+                await self._release_all(conn, graceful=True)
+                await conn.execute(sql.query("relay_gone"), self.relay_id)
+            except CONNECTION_ERRORS as exc:
+                log.warning("delivery: lost the ownership connection (%s); stopping workers and reconnecting", exc)
+                await self._abandon_all()
+                await wait_for_event(stop, self.settings.claim_interval)
+            finally:
+                if not conn.is_closed():
+                    conn.terminate()
+        await self._abandon_all()
+
+    def _on_tick(self, *_: object) -> None:
+        for owned in self.owned.values():
+            owned.worker.wake.set()
+
+    async def _round(self, conn: asyncpg.Connection) -> None:
+        active = {r["name"]: Subscription.from_row(r) for r in await conn.fetch(sql.query("active_subscriptions"))}
+        # Reap workers that ended on their own (e.g. 410 disabled them) or whose subscription went away.
+        for name in list(self.owned):
+            owned = self.owned[name]
+            if name not in active or owned.task.done():
+                await self._release(conn, name, graceful=True)
+        for name, sub in active.items():
+            if name in self.owned and self.owned[name].worker.sub.updated_at != sub.updated_at:
+                self.owned[name].worker.update(sub)
+
+        await self._heartbeat(conn)
+        relays = max(1, await conn.fetchval(sql.query("live_relays")))
+        share = math.ceil(len(active) / relays)
+        for name, sub in active.items():
+            if len(self.owned) >= share:
+                break
+            if name in self.owned:
+                continue
+            key = await conn.fetchval(sql.query("consumer_lock_key"), sub.consumer)
+            if await conn.fetchval(sql.query("try_advisory_lock"), LOCK_CLASS, key):
+                worker = SubscriptionWorker(sub, self.ctx)
+                task = asyncio.create_task(worker.run(), name=f"deliver {name}")
+                self.owned[name] = _Owned(worker, task, key)
+                log.info("delivery: now delivering subscription %s -> %s", name, _host(sub.url))
+        if len(self.owned) > share:
+            name = sorted(self.owned)[-1]
+            log.info("delivery: handing subscription %s to another relay (fair share %d)", name, share)
+            await self._release(conn, name, graceful=True)
+
+    async def _heartbeat(self, conn: asyncpg.Connection) -> None:
+        stats = {
+            "in_flight": {n: o.worker.in_flight for n, o in self.owned.items()},
+            "delivered": {n: o.worker.delivered for n, o in self.owned.items()},
+            "failed": {n: o.worker.failed for n, o in self.owned.items()},
+        }
+        await conn.execute(
+            sql.query("relay_heartbeat"),
+            self.relay_id,
+            socket.gethostname(),
+            os.getpid(),
+            sorted(self.owned),
+            orjson.dumps(stats).decode(),
+        )
+
+    async def _release(self, conn: asyncpg.Connection, name: str, *, graceful: bool) -> None:
+        owned = self.owned.pop(name)
+        await self._stop_worker(name, owned, graceful)
+        await conn.fetchval(sql.query("advisory_unlock"), LOCK_CLASS, owned.lock_key)
+        log.info("delivery: released subscription %s", name)
+
+    async def _stop_worker(self, name: str, owned: _Owned, graceful: bool) -> None:
+        owned.worker.stop()
+        if graceful:
+            try:
+                await asyncio.wait_for(asyncio.shield(owned.task), self.settings.stop_grace)
+            except TimeoutError:
+                log.warning("delivery: %s did not finish within %.0f s; cancelling", name, self.settings.stop_grace)
+            except Exception:
+                log.exception("delivery: worker for %s failed", name)
+        owned.task.cancel()
+        results = await asyncio.gather(owned.task, return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):
+                log.error("delivery: worker for %s failed: %r", name, result)
+
+    async def _release_all(self, conn: asyncpg.Connection, *, graceful: bool) -> None:
+        for name in list(self.owned):
+            await self._release(conn, name, graceful=graceful)
+
+    async def _abandon_all(self) -> None:
+        """The locks are gone with the connection: stop every worker now."""
+        owned, self.owned = self.owned, {}
+        for name, o in owned.items():
+            await self._stop_worker(name, o, graceful=False)
+
+
+def _host(url: str) -> str:
+    from pgferry.delivery.http import endpoint_of
+
+    scheme, host, port = endpoint_of(url)
+    return f"{scheme}://{host}:{port}"

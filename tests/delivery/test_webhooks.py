@@ -1,0 +1,301 @@
+"""Webhook delivery end to end: real PostgreSQL, real relay, real HTTP receivers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+import orjson
+import pytest
+import standardwebhooks
+
+import pgferry
+from pgferry.delivery.signing import new_secret
+from pgferry.receiver import Action, Drop, Hang, Received, Receiver, Respond
+from tests.delivery.conftest import RunningRelay
+from tests.helpers import eventually
+
+MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
+FAST_RETRY = "retry_base_ms => 20, retry_max_ms => 200"
+
+
+def received_ids(receiver: Receiver) -> list[int]:
+    return [int(r.headers["webhook-id"].removeprefix("evt_")) for r in receiver.received]
+
+
+async def all_delivered(receiver: Receiver, expected: set[int]) -> None:
+    async def check() -> bool:
+        return expected <= set(received_ids(receiver))
+
+    await eventually(check, timeout=30, what=f"{len(expected)} deliveries")
+
+
+async def test_delivers_payload_with_standard_webhook_headers(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    receiver, url = await receiver_factory()
+    secret = new_secret()
+    await conn.execute(
+        "select ferry.subscribe('orders-hook', array['public.orders'], $1, secret => $2, headers => $3)",
+        url, secret, {"Authorization": "Bearer t0ken"},
+    )  # fmt: skip
+    await conn.execute("create table orders (id int primary key, item text)")
+    await conn.execute("select ferry.capture_table('orders')")
+    await conn.execute("insert into orders values (1, 'spice'), (2, 'water')")
+    await eventually(_count_at_least(receiver, 2), what="two deliveries")
+
+    first = receiver.received[0]
+    assert orjson.loads(first.body) == {
+        "type": "INSERT", "table": "orders", "schema": "public",
+        "record": {"id": 1, "item": "spice"}, "old_record": None,
+    }  # fmt: skip
+    assert first.headers["content-type"] == "application/json"
+    assert first.headers["authorization"] == "Bearer t0ken"
+    assert first.headers["pgferry-stream"] == "public.orders" and first.headers["pgferry-key"] == "1"
+    wh = standardwebhooks.Webhook(secret)
+    assert wh.verify(first.body, first.headers) == orjson.loads(first.body)
+    with pytest.raises(standardwebhooks.webhooks.WebhookVerificationError):
+        standardwebhooks.Webhook(new_secret()).verify(first.body, first.headers)
+
+    attempts = await conn.fetch("select * from ferry.attempts order by id")
+    assert [(a["subscription"], a["status"], a["error_class"]) for a in attempts] == [("orders-hook", 200, None)] * 2
+    assert all(a["latency_ms"] > 0 for a in attempts)
+
+
+def _count_at_least(receiver: Receiver, n: int):  # type: ignore[no-untyped-def]
+    async def check() -> bool:
+        return len(receiver.received) >= n
+
+    return check
+
+
+async def test_flaky_receiver_gets_everything_and_duplicates_share_a_webhook_id(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    rng = random.Random(7)
+
+    def flaky(_: Received) -> Action:
+        roll = rng.random()
+        if roll < 0.10:
+            return Respond(500, b"oops")
+        if roll < 0.15:
+            return Drop()
+        return Respond()
+
+    receiver, url = await receiver_factory(flaky)
+    await conn.execute(f"select ferry.subscribe('flaky', array['s'], $1, {FAST_RETRY})", url)
+    ids = await ferry.publish_many([{"stream": "s", "payload": {"n": n}} for n in range(600)])
+    await all_delivered(receiver, set(ids))
+
+    bodies: dict[str, set[bytes]] = defaultdict(set)
+    for r in receiver.received:
+        bodies[r.headers["webhook-id"]].add(r.body)
+    assert all(len(b) == 1 for b in bodies.values()), "one webhook-id carried different bodies"
+    failures = await conn.fetch(
+        "select error_class, count(*) from ferry.attempts where error_class is not null group by 1"
+    )
+    classes = {r["error_class"] for r in failures}
+    assert classes <= {"http_status", "empty_reply", "reset"} and "http_status" in classes
+    assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
+
+
+async def test_receiver_down_then_back_keeps_per_key_order(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    down = True
+
+    def maybe_down(_: Received) -> Action:
+        return Respond(503, b"down") if down else Respond()
+
+    receiver, url = await receiver_factory(maybe_down)
+    await conn.execute(
+        f"select ferry.subscribe('ordered', array['s'], $1, ordered => true, max_attempts => 1000, {FAST_RETRY})", url
+    )
+    ids = []
+    for n in range(300):
+        ids.append(await ferry.publish("s", {"n": n}, key=f"k{n % 7}"))
+        if n == 150:
+            await asyncio.sleep(0.5)
+    await asyncio.sleep(1.0)
+    assert receiver.received == []
+    assert await conn.fetchval("select count(*) from ferry.retries") > 0
+    down = False
+    await all_delivered(receiver, set(ids))
+
+    per_key: dict[str, list[int]] = defaultdict(list)
+    for r in receiver.received:
+        per_key[r.headers["pgferry-key"]].append(int(r.headers["webhook-id"].removeprefix("evt_")))
+    for key, seen in per_key.items():
+        assert seen == sorted(seen), f"key {key} delivered out of order"
+    assert len(received_ids(receiver)) == len(ids), "duplicates without a crash"
+
+
+async def test_hanging_endpoint_does_not_slow_a_healthy_one(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    hanging, hang_url = await receiver_factory(lambda _: Hang())
+    healthy, ok_url = await receiver_factory()
+    await conn.execute("select ferry.subscribe('hangs', array['s'], $1, timeout_ms => 30000)", hang_url)
+    await conn.execute("select ferry.subscribe('healthy', array['s'], $1)", ok_url)
+    ids = await ferry.publish_many([{"stream": "s", "payload": {"n": n}} for n in range(500)])
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await all_delivered(healthy, set(ids))
+    assert loop.time() - started < 5
+    assert hanging.stats.requests > 0 and hanging.received == []
+
+
+async def test_410_gone_disables_the_subscription(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    _, url = await receiver_factory(lambda _: Respond(410, b"gone"))
+    await conn.execute("select ferry.subscribe('gone', array['s'], $1)", url)
+    await ferry.publish("s", {"n": 1})
+
+    async def disabled() -> bool:
+        return bool(await conn.fetchval("select state from ferry.subscriptions where name = 'gone'") == "disabled")
+
+    await eventually(disabled, what="the subscription to be disabled")
+    reason = await conn.fetchval("select state_reason from ferry.subscriptions where name = 'gone'")
+    assert "410 Gone" in reason
+    assert await conn.fetchval("select count(*) from ferry.retries") == 1  # kept for when it is resumed
+
+
+async def test_retry_after_is_honoured(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    calls: list[float] = []
+
+    def throttled(r: Received) -> Action:
+        calls.append(r.at)
+        return Respond(429, b"slow down", (("Retry-After", "2"),)) if len(calls) == 1 else Respond()
+
+    receiver, url = await receiver_factory(throttled)
+    await conn.execute(f"select ferry.subscribe('throttled', array['s'], $1, {FAST_RETRY})", url)
+    event_id = await ferry.publish("s", {})
+    await all_delivered(receiver, {event_id})
+    assert calls[1] - calls[0] >= 1.9
+
+
+async def test_dead_letters_after_max_attempts_then_replay(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    healthy = False
+
+    def failing(_: Received) -> Action:
+        return Respond() if healthy else Respond(500, b"database on fire")
+
+    receiver, url = await receiver_factory(failing)
+    await conn.execute(f"select ferry.subscribe('dies', array['s'], $1, max_attempts => 3, {FAST_RETRY})", url)
+    event_id = await ferry.publish("s", {"x": 1})
+
+    async def dead() -> bool:
+        return bool(await conn.fetchval("select count(*) from ferry.dead_letters") == 1)
+
+    await eventually(dead, what="a dead letter")
+    letter = await conn.fetchrow("select * from ferry.dead_letters")
+    assert (letter["event_id"], letter["attempts"], letter["last_status"]) == (event_id, 3, 500)
+    assert letter["last_error"].startswith("HTTP 500") and letter["last_response"] == "database on fire"
+    assert await conn.fetchval("select count(*) from ferry.attempts where event_id = $1", event_id) == 3
+
+    healthy = True
+    assert await conn.fetchval("select ferry.dlq_replay('dies')") == 1
+    await all_delivered(receiver, {event_id})
+    assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
+
+
+async def test_batches_of_events_per_request(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    receiver, url = await receiver_factory()
+    await conn.execute("select ferry.subscribe('batched', array['s'], $1, batch_size => 10)", url)
+    ids = await ferry.publish_many([{"stream": "s", "payload": {"n": n}, "key": str(n)} for n in range(35)])
+
+    async def got_all() -> bool:
+        return sum(len(orjson.loads(r.body)["data"]) for r in receiver.received) >= 35
+
+    await eventually(got_all, what="35 batched events")
+    items = [item for r in receiver.received for item in orjson.loads(r.body)["data"]]
+    assert sorted(i["id"] for i in items) == ids
+    assert all(len(orjson.loads(r.body)["data"]) <= 10 for r in receiver.received)
+    assert items[0]["payload"] == {"n": 0} and items[0]["stream"] == "s" and items[0]["key"] == "0"
+
+
+async def test_new_subscription_starts_from_now_unless_asked(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    old = await ferry.publish("s", {"old": True})
+    await asyncio.sleep(0.3)  # ticked
+    now_receiver, now_url = await receiver_factory()
+    all_receiver, all_url = await receiver_factory()
+    await conn.execute("select ferry.subscribe('from-now', array['s'], $1)", now_url)
+    await conn.execute("select ferry.subscribe('from-start', array['s'], $1, start_at => 'beginning')", all_url)
+    new = await ferry.publish("s", {"old": False})
+    await all_delivered(all_receiver, {old, new})
+    await all_delivered(now_receiver, {new})
+    assert received_ids(now_receiver) == [new]
+
+
+@pytest.mark.parametrize(
+    ("url", "headers", "message"),
+    [
+        ("not a url", {}, "is not an absolute URL"),
+        ("ftp://example.com/x", {}, "unsupported URL scheme 'ftp'"),
+        ("http://exa mple.com/x", {}, "malformed URL"),
+        ("http://127.0.0.1/x", [1, 2], "headers must be a JSON object"),
+        ("http://127.0.0.1/x", {"X-Bad": "a\r\nInjected: 1"}, "contains a line break"),
+        ("http://127.0.0.1/x", {"Bad Name": "v"}, "is not a valid HTTP header name"),
+        ("http://127.0.0.1/x", {"X-Num": 5}, "must be a string"),
+    ],
+)
+async def test_subscribe_rejects_bad_input(conn: asyncpg.Connection, url: str, headers: object, message: str) -> None:
+    with pytest.raises(asyncpg.PostgresError, match=message):
+        await conn.execute("select ferry.subscribe('bad', array['s'], $1, headers => $2)", url, headers)
+
+
+async def test_subscribe_rejects_bad_settings(conn: asyncpg.Connection) -> None:
+    cases = [
+        ("select ferry.subscribe('x y', array['s'], 'http://a/')", "subscription name"),
+        ("select ferry.subscribe('x', array[]::text[], 'http://a/')", "at least one non-empty stream"),
+        ("select ferry.subscribe('x', array['s'], 'http://a/', batch_size => 0)", "batch_size must be between"),
+        ("select ferry.subscribe('x', array['s'], 'http://a/', secret => 'hunter2')", "whsec_"),
+        ("select ferry.subscribe('x', array['s'], 'http://a/', secret => 'whsec_c2hvcnQ=')", "too short"),
+    ]
+    for statement, message in cases:
+        with pytest.raises(asyncpg.PostgresError, match=message):
+            await conn.execute(statement)
+
+
+async def test_unresolvable_host_and_oversized_payload_are_recorded_failures(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    receiver, url = await receiver_factory()
+    await conn.execute("update ferry.config set max_body_bytes = 1000")
+    await conn.execute(
+        "select ferry.subscribe('nowhere', array['s'], 'http://no-such-host.invalid/hook', "
+        f"max_attempts => 2, {FAST_RETRY})"
+    )
+    await conn.execute("select ferry.subscribe('limited', array['big'], $1)", url)
+    await ferry.publish("s", {"n": 1})
+    small = await ferry.publish("big", {"pad": "x" * 10})
+    big = await ferry.publish("big", {"pad": "x" * 5000})
+
+    async def both_dead() -> bool:
+        return bool(await conn.fetchval("select count(*) from ferry.dead_letters") == 2)
+
+    # max_body_bytes is read at relay start: restart the relay to apply it.
+    await relay.stop()
+    restarted = RunningRelay(relay.relay.url)
+    try:
+        await eventually(both_dead, timeout=30, what="two dead letters")
+    finally:
+        await restarted.stop()
+    rows = {r["subscription"]: r for r in await conn.fetch("select * from ferry.dead_letters")}
+    assert "cannot resolve host 'no-such-host.invalid'" in rows["nowhere"]["last_error"]
+    assert rows["limited"]["event_id"] == big and "over the 1000-byte limit" in rows["limited"]["last_error"]
+    assert received_ids(receiver) == [small]
+    relay.stop_event.clear()
+    relay.task = asyncio.create_task(relay.relay.run(relay.stop_event))
