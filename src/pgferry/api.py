@@ -16,7 +16,7 @@ import asyncpg
 import orjson
 
 from pgferry import db, sql
-from pgferry.errors import InvalidEvent
+from pgferry.errors import InvalidEvent, PgferryError
 from pgferry.log.reader import ReaderSettings, StreamReader
 from pgferry.schema import check_installed
 
@@ -181,6 +181,70 @@ class Ferry:
                 poll_interval=poll_interval,
             ),
         )
+
+    # -- webhooks ----------------------------------------------------------
+
+    async def subscribe(
+        self,
+        name: str,
+        streams: Sequence[str],
+        url: str,
+        *,
+        batch_size: int = 1,
+        max_in_flight: int = 32,
+        ordered: bool = False,
+        secret: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_ms: int = 10000,
+        max_attempts: int = 12,
+        max_age: str = "3 days",
+        retry_base_ms: int = 1000,
+        retry_max_ms: int = 600000,
+        connect_timeout_ms: int = 5000,
+        start_at: str = "now",
+    ) -> None:
+        """Create or update a webhook subscription (see ``ferry.subscribe`` in SQL)."""
+        args = (
+            name, list(streams), url, batch_size, max_in_flight, ordered, secret,
+            _json(dict(headers or {}), "headers"), timeout_ms, max_attempts, max_age, retry_base_ms, retry_max_ms,
+            connect_timeout_ms, start_at,
+        )  # fmt: skip
+        await self._admin("execute", "subscribe", *args)
+
+    async def unsubscribe(self, name: str) -> bool:
+        return bool(await self._admin("fetchval", "unsubscribe", name))
+
+    async def pause(self, name: str) -> None:
+        await self._admin("execute", "pause_subscription", name)
+
+    async def resume(self, name: str) -> None:
+        await self._admin("execute", "resume_subscription", name)
+
+    async def subscriptions(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self._admin("fetch", "list_subscriptions")]
+
+    async def status(self) -> list[dict[str, Any]]:
+        """Per subscription: lag, parked, dead, recent delivery and error counts, owner."""
+        return [dict(r) for r in await self._admin("fetch", "subscription_status")]
+
+    async def dead_letters(self, subscription: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self._admin("fetch", "dlq_list", subscription, limit)]
+
+    async def replay_dead_letters(self, subscription: str, ids: Sequence[int] | None = None) -> int:
+        """Send dead letters again (all of the subscription's, or those ids) with a fresh attempt budget."""
+        return int(await self._admin("fetchval", "dlq_replay", subscription, list(ids) if ids else None))
+
+    async def discard_dead_letters(self, subscription: str, ids: Sequence[int] | None = None) -> int:
+        return int(await self._admin("fetchval", "dlq_discard", subscription, list(ids) if ids else None))
+
+    async def _admin(self, method: str, query: str, *args: Any) -> Any:
+        async with self.pool.acquire() as conn:
+            try:
+                return await getattr(conn, method)(sql.query(query), *args)
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate in _BAD_INPUT or exc.sqlstate == "42704":
+                    raise PgferryError(str(exc)) from exc
+                raise
 
 
 def connect(url: str | None = None, *, pool_size: int = 10) -> Ferry:

@@ -146,6 +146,15 @@ def run(database_url: str | None, tick_interval: float, idle_tick_interval: floa
         raise click.ClickException(str(exc)) from exc
 
 
+def _register_webhooks() -> None:
+    from pgferry.cli_webhooks import register
+
+    register(main, database_url_option)
+
+
+_register_webhooks()
+
+
 @main.command()
 @database_url_option
 def consumers(database_url: str | None) -> None:

@@ -97,7 +97,8 @@ class Ownership:
                 self.owned[name].worker.update(sub)
 
         await self._heartbeat(conn)
-        relays = max(1, await conn.fetchval(sql.query("live_relays")))
+        # A relay that missed three heartbeats is gone (its locks went with its connection).
+        relays = max(1, await conn.fetchval(sql.query("live_relays"), 3 * self.settings.claim_interval + 1))
         share = math.ceil(len(active) / relays)
         for name, sub in active.items():
             if len(self.owned) >= share:

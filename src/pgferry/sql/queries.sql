@@ -140,10 +140,44 @@ on conflict (id) do update set heartbeat_at = now(), owned = excluded.owned, sta
 delete from ferry.relays where id = $1
 
 -- name: live_relays
-select count(*) from ferry.relays where heartbeat_at > now() - interval '10 seconds'
+select count(*) from ferry.relays where heartbeat_at > now() - make_interval(secs => $1)
 
 -- name: subscription_status
 select * from ferry.subscription_status()
 
 -- name: max_body_bytes
 select max_body_bytes from ferry.config
+
+-- name: subscribe
+select ferry.subscribe($1, $2, $3, batch_size => $4, max_in_flight => $5, ordered => $6, secret => $7,
+                       headers => $8::text::jsonb, timeout_ms => $9, max_attempts => $10, max_age => $11::text::interval,
+                       retry_base_ms => $12, retry_max_ms => $13, connect_timeout_ms => $14, start_at => $15)
+
+-- name: unsubscribe
+select ferry.unsubscribe($1)
+
+-- name: pause_subscription
+select ferry.pause_subscription($1)
+
+-- name: resume_subscription
+select ferry.resume_subscription($1)
+
+-- name: list_subscriptions
+select name, streams, url, headers, cardinality(secrets) as secrets, batch_size, max_in_flight, ordered, timeout_ms,
+       connect_timeout_ms, max_attempts, max_age::text as max_age, retry_base_ms, retry_max_ms, state, state_reason,
+       created_at, updated_at
+from ferry.subscriptions order by name
+
+-- name: dlq_list
+select id, subscription, event_id, stream, key, attempts, first_failed_at, died_at, last_status, last_error,
+       left(last_response, 200) as last_response
+from ferry.dead_letters
+where ($1::text is null or subscription = $1)
+order by id
+limit $2
+
+-- name: dlq_replay
+select ferry.dlq_replay($1, $2)
+
+-- name: dlq_discard
+select ferry.dlq_discard($1, $2)

@@ -1,0 +1,204 @@
+"""`pgferry subscription ...`, `pgferry dlq ...` and `pgferry status`."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+import click
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+import pgferry
+from pgferry.delivery.http import endpoint_of
+from pgferry.delivery.signing import new_secret
+
+T = TypeVar("T")
+
+console = Console()
+
+
+def _with_ferry(database_url: str | None, action: Callable[[pgferry.Ferry], Awaitable[T]]) -> T:
+    from pgferry import db
+    from pgferry.cli import _run
+
+    if not database_url:
+        raise click.UsageError(f"give --database-url or set {db.URL_ENV_VAR}")
+
+    async def go() -> T:
+        async with pgferry.connect(database_url, pool_size=2) as ferry:
+            return await action(ferry)
+
+    return _run(go())  # type: ignore[no-any-return]
+
+
+def _print_json(rows: Any) -> None:
+    click.echo(orjson.dumps(rows, default=str, option=orjson.OPT_INDENT_2).decode())
+
+
+def _table(title: str, rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> None:
+    table = Table(title=title, title_justify="left")
+    for _, header in columns:
+        table.add_column(header, overflow="fold")
+    for row in rows:
+        table.add_row(*(_cell(row.get(key)) for key, _ in columns))
+    console.print(table)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value))
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    if isinstance(value, datetime):
+        return f"{value:%Y-%m-%d %H:%M:%S}"
+    return str(value)
+
+
+def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> None:
+    json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+    @main.group()
+    def subscription() -> None:
+        """Manage webhook subscriptions (streams -> URL)."""
+
+    @subscription.command("add")
+    @database_url_option
+    @click.argument("name")
+    @click.option("--url", required=True, help="Endpoint URL (http or https).")
+    @click.option("--stream", "streams", multiple=True, required=True, help="Stream to deliver (repeatable).")
+    @click.option("--batch-size", default=1, show_default=True, help='Events per request; >1 sends {"data": [...]}.')
+    @click.option("--max-in-flight", default=32, show_default=True, help="Requests in flight at once.")
+    @click.option(
+        "--ordered", is_flag=True, help="Keep per-key order (later events of a key wait behind a failed one)."
+    )
+    @click.option("--secret", help="Signing secret (whsec_...); see `pgferry subscription secret`.")
+    @click.option("--header", "headers", multiple=True, metavar="NAME=VALUE", help="Extra header (repeatable).")
+    @click.option("--timeout-ms", default=10000, show_default=True)
+    @click.option("--max-attempts", default=12, show_default=True)
+    @click.option("--max-age", default="3 days", show_default=True, help="Give up (dead letter) after this long.")
+    @click.option("--retry-base-ms", default=1000, show_default=True)
+    @click.option("--retry-max-ms", default=600000, show_default=True)
+    @click.option("--from-beginning", is_flag=True, help="Also deliver the retained history, not only new events.")
+    def add(database_url: str | None, name: str, url: str, streams: tuple[str, ...], headers: tuple[str, ...],
+            from_beginning: bool, **options: Any) -> None:  # fmt: skip
+        """Create or update subscription NAME."""
+        header_map = {}
+        for item in headers:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--header")
+            header_map[key.strip()] = value.strip()
+        _warn_unresolvable(url)
+        _with_ferry(
+            database_url,
+            lambda f: f.subscribe(
+                name, streams, url, headers=header_map, start_at="beginning" if from_beginning else "now", **options
+            ),
+        )
+        click.echo(f"subscription {name} -> {url} saved")
+
+    @subscription.command("list")
+    @database_url_option
+    @json_option
+    def list_(database_url: str | None, as_json: bool) -> None:
+        """List subscriptions and their settings (secrets are never shown)."""
+        rows = _with_ferry(database_url, lambda f: f.subscriptions())
+        if as_json:
+            _print_json(rows)
+            return
+        columns = [("name", "name"), ("state", "state"), ("streams", "streams"), ("url", "url"),
+                   ("batch_size", "batch"), ("max_in_flight", "in flight"), ("ordered", "ordered"),
+                   ("secrets", "secrets"), ("max_attempts", "attempts"), ("state_reason", "reason")]  # fmt: skip
+        _table("subscriptions", rows, columns)
+
+    for verb, method, done in (("pause", "pause", "paused"), ("resume", "resume", "resumed"),
+                               ("remove", "unsubscribe", "removed")):  # fmt: skip
+
+        def make(method: str = method, done: str = done) -> Callable[..., None]:
+            def command(database_url: str | None, name: str) -> None:
+                _with_ferry(database_url, lambda f: getattr(f, method)(name))
+                click.echo(f"subscription {name} {done}")
+
+            return command
+
+        cmd = make()
+        cmd.__doc__ = f"{verb.capitalize()} subscription NAME."
+        subscription.command(verb)(database_url_option(click.argument("name")(cmd)))
+
+    @subscription.command("secret")
+    def secret() -> None:
+        """Print a new random signing secret (whsec_...)."""
+        click.echo(new_secret())
+
+    @main.group()
+    def dlq() -> None:
+        """Dead letters: events that ran out of attempts."""
+
+    @dlq.command("list")
+    @database_url_option
+    @click.option("--subscription", help="Only this subscription.")
+    @click.option("--limit", default=100, show_default=True)
+    @json_option
+    def dlq_list(database_url: str | None, subscription: str | None, limit: int, as_json: bool) -> None:
+        """List dead letters with their last error."""
+        rows = _with_ferry(database_url, lambda f: f.dead_letters(subscription, limit))
+        if as_json:
+            _print_json(rows)
+            return
+        columns = [("id", "id"), ("subscription", "subscription"), ("event_id", "event"), ("attempts", "attempts"),
+                   ("last_status", "status"), ("last_error", "last error"), ("died_at", "died at")]  # fmt: skip
+        _table("dead letters", rows, columns)
+
+    @dlq.command("replay")
+    @database_url_option
+    @click.argument("subscription")
+    @click.option("--id", "ids", multiple=True, type=int, help="Dead letter id (repeatable); default: all.")
+    def dlq_replay(database_url: str | None, subscription: str, ids: tuple[int, ...]) -> None:
+        """Queue dead letters of SUBSCRIPTION for delivery again."""
+        n = _with_ferry(database_url, lambda f: f.replay_dead_letters(subscription, ids or None))
+        click.echo(f"{n} dead letter(s) queued for delivery")
+
+    @dlq.command("discard")
+    @database_url_option
+    @click.argument("subscription")
+    @click.option("--id", "ids", multiple=True, type=int, help="Dead letter id (repeatable); default: all.")
+    def dlq_discard(database_url: str | None, subscription: str, ids: tuple[int, ...]) -> None:
+        """Delete dead letters of SUBSCRIPTION for good."""
+        n = _with_ferry(database_url, lambda f: f.discard_dead_letters(subscription, ids or None))
+        click.echo(f"{n} dead letter(s) discarded")
+
+    @main.command()
+    @database_url_option
+    @json_option
+    def status(database_url: str | None, as_json: bool) -> None:
+        """Per subscription: lag, in flight, parked, dead, delivery and error rates, owner."""
+        rows = _with_ferry(database_url, lambda f: f.status())
+        for row in rows:
+            attempts = row["attempts_5m"] or 0
+            row["error_rate"] = f"{100 * (row['failed_5m'] or 0) / attempts:.1f}%" if attempts else "-"
+            row["rate"] = f"{(row['delivered_1m'] or 0) / 60:.1f}/s"
+        if as_json:
+            _print_json(rows)
+            return
+        columns = [("name", "subscription"), ("state", "state"), ("lag_events", "lag (events)"),
+                   ("lag_seconds", "lag (s)"), ("in_flight", "in flight"), ("parked", "parked"), ("dead", "dead"),
+                   ("rate", "delivered"), ("error_rate", "errors (5m)"), ("owner", "relay")]  # fmt: skip
+        _table("delivery status", rows, columns)
+
+
+def _warn_unresolvable(url: str) -> None:
+    _, host, port = endpoint_of(url)
+    if not host:
+        return
+    try:
+        socket.getaddrinfo(host, port)
+    except (OSError, UnicodeError) as exc:
+        click.echo(
+            f"warning: cannot resolve {host!r} from here ({exc}); deliveries will fail until it resolves", err=True
+        )

@@ -1,0 +1,101 @@
+"""The operator's commands for webhooks, run as real subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+import orjson
+
+import pgferry
+from pgferry.receiver import Receiver, Respond
+from tests.delivery.conftest import RunningRelay
+from tests.helpers import eventually
+
+MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
+
+
+async def cli(cmd: list[str], url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
+        subprocess.run,
+        [*cmd, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PGFERRY_DATABASE_URL": url, "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
+    )
+
+
+async def test_subscription_lifecycle_from_the_cli(pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection) -> None:
+    secret = (await cli(pgferry_cmd, db_url, "subscription", "secret")).stdout.strip()
+    assert secret.startswith("whsec_")
+    added = await cli(
+        pgferry_cmd, db_url, "subscription", "add", "hook", "--url", "http://127.0.0.1:9/x",
+        "--stream", "a", "--stream", "b", "--batch-size", "5", "--ordered", "--secret", secret,
+        "--header", "X-Team=payments",
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    listed = orjson.loads((await cli(pgferry_cmd, db_url, "subscription", "list", "--json")).stdout)
+    assert listed[0]["name"] == "hook" and listed[0]["streams"] == ["a", "b"] and listed[0]["batch_size"] == 5
+    assert listed[0]["ordered"] is True and listed[0]["secrets"] == 1
+    assert secret not in (await cli(pgferry_cmd, db_url, "subscription", "list")).stdout
+
+    assert (await cli(pgferry_cmd, db_url, "subscription", "pause", "hook")).returncode == 0
+    assert await conn.fetchval("select state from ferry.subscriptions") == "paused"
+    assert (await cli(pgferry_cmd, db_url, "subscription", "resume", "hook")).returncode == 0
+    assert await conn.fetchval("select state from ferry.subscriptions") == "active"
+    assert (await cli(pgferry_cmd, db_url, "subscription", "remove", "hook")).returncode == 0
+    assert await conn.fetchval("select count(*) from ferry.subscriptions") == 0
+    assert await conn.fetchval("select count(*) from ferry.consumers") == 0
+
+
+async def test_cli_errors_are_clear(pgferry_cmd: list[str], db_url: str) -> None:
+    bad = await cli(pgferry_cmd, db_url, "subscription", "add", "x", "--url", "gopher://h/", "--stream", "s")
+    assert bad.returncode == 1 and "unsupported URL scheme 'gopher'" in bad.stderr
+    missing = await cli(pgferry_cmd, db_url, "subscription", "pause", "nope")
+    assert missing.returncode == 1 and "subscription 'nope' does not exist" in missing.stderr
+    header = await cli(pgferry_cmd, db_url, "subscription", "add", "x", "--url", "http://h/", "--stream", "s",
+                       "--header", "novalue")  # fmt: skip
+    assert header.returncode == 2 and "NAME=VALUE" in header.stderr
+
+
+async def test_dlq_and_status_from_the_cli(
+    pgferry_cmd: list[str],
+    db_url: str,
+    relay: RunningRelay,
+    conn: asyncpg.Connection,
+    ferry: pgferry.Ferry,
+    receiver_factory: MakeReceiver,
+) -> None:
+    healthy = False
+    receiver, url = await receiver_factory(lambda _: Respond() if healthy else Respond(500, b"nope"))
+    await ferry.subscribe("hook", ["s"], url, max_attempts=1)
+    ids = await ferry.publish_many([{"stream": "s", "payload": {"n": n}} for n in range(3)])
+
+    async def dead() -> bool:
+        return bool(await conn.fetchval("select count(*) from ferry.dead_letters") == 3)
+
+    await eventually(dead, what="three dead letters")
+    status = orjson.loads((await cli(pgferry_cmd, db_url, "status", "--json")).stdout)
+    assert status[0]["name"] == "hook" and status[0]["dead"] == 3 and status[0]["error_rate"] == "100.0%"
+    assert status[0]["owner"] is not None
+    table = await cli(pgferry_cmd, db_url, "status")
+    assert "hook" in table.stdout and "100.0%" in table.stdout
+
+    letters = orjson.loads((await cli(pgferry_cmd, db_url, "dlq", "list", "--json")).stdout)
+    assert sorted(letter["event_id"] for letter in letters) == ids
+    assert letters[0]["last_error"] == "HTTP 500 Internal Server Error" and letters[0]["last_response"] == "nope"
+
+    discarded = await cli(pgferry_cmd, db_url, "dlq", "discard", "hook", "--id", str(letters[0]["id"]))
+    assert "1 dead letter(s) discarded" in discarded.stdout
+    healthy = True
+    replayed = await cli(pgferry_cmd, db_url, "dlq", "replay", "hook")
+    assert "2 dead letter(s) queued" in replayed.stdout
+
+    async def delivered() -> bool:
+        return len(receiver.received) == 2
+
+    await eventually(delivered, what="replayed deliveries")
