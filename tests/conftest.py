@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import asyncpg
 import pytest
+import uvloop
 
 import pgferry
 from pgferry import db
@@ -18,6 +20,11 @@ from pgferry.schema import install
 
 TEMPLATE = "pgferry_template"
 _counter = itertools.count()
+
+
+def pytest_asyncio_loop_factories() -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Run the tests on uvloop, like `pgferry run` does."""
+    return {"uvloop": uvloop.new_event_loop}
 
 
 @pytest.fixture(scope="session")

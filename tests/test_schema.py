@@ -52,3 +52,9 @@ async def test_only_the_ticker_notifies(conn: asyncpg.Connection) -> None:
            where n.nspname = 'ferry' and p.prosrc ilike '%notify%'"""
     )
     assert [r["proname"] for r in notifying] == ["tick"]
+
+
+async def test_suite_runs_on_uvloop_like_the_relay() -> None:
+    import asyncio
+
+    assert type(asyncio.get_running_loop()).__module__.startswith("uvloop")

@@ -1,8 +1,10 @@
 """The embedded demo behind `pgferry run` with no database URL.
 
-It captures a small table, writes a few rows and published events, and
-prints them as a stream reader receives them, so a new user sees the whole
-path (capture -> log -> tick -> reader) working in one command.
+It captures a small table, writes a few rows and published events, prints
+them as a stream reader receives them, and delivers the table's changes as
+signed webhooks to a demo receiver that fails now and then, so a new user
+sees the whole path (capture -> log -> tick -> reader / webhook with
+retries) working in one command.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import orjson
 import pgferry
 from pgferry import db
 from pgferry.aio import wait_for_event
+from pgferry.delivery.signing import new_secret
+from pgferry.receiver import Action, Received, Receiver, Respond
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +68,33 @@ async def _reader(url: str, stop: asyncio.Event) -> None:
                 return
 
 
+def _demo_receiver() -> Receiver:
+    calls = itertools.count(1)
+
+    def behaviour(request: Received) -> Action:
+        n = next(calls)
+        msg = request.headers.get("webhook-id", "?")
+        if n % 4 == 0:
+            click.echo(click.style(f"  webhook {msg:<8} answered 500 (demo failure: pgferry will retry)", fg="yellow"))
+            return Respond(500, b"demo failure")
+        body = request.body.decode(errors="replace")[:90]
+        click.echo(click.style(f"  webhook {msg:<8} received: {body}", fg="green"))
+        return Respond()
+
+    return Receiver(behaviour)
+
+
 async def run_demo(url: str, stop: asyncio.Event, interval: float = 2.0) -> None:
+    receiver = _demo_receiver()
+    hook_url = await receiver.start()
+    async with pgferry.connect(url) as ferry:
+        await ferry.subscribe(
+            "demo-hook", ["public.demo_orders"], hook_url, secret=new_secret(), retry_base_ms=500, retry_max_ms=2000
+        )
     click.echo(
         "demo: capturing public.demo_orders and publishing to demo.greetings every "
-        f"{interval:g} s; a stream reader prints what it reads. Ctrl-C stops."
+        f"{interval:g} s; a stream reader prints what it reads, and the table's changes go as "
+        f"signed webhooks to a demo receiver at {hook_url}. Ctrl-C stops."
     )
     reader = asyncio.create_task(_reader(url, stop))
     try:
@@ -76,3 +103,4 @@ async def run_demo(url: str, stop: asyncio.Event, interval: float = 2.0) -> None
         await asyncio.sleep(0.5)  # let the reader print the last batch
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
+        await receiver.stop()

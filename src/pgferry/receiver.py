@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +72,8 @@ class _Protocol(asyncio.Protocol):
         self._own: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = self._own = transport
+        # uvloop's transports are not asyncio.Transport subclasses, but behave like one.
+        self.transport = self._own = cast(asyncio.Transport, transport)
         self.receiver.stats.connections += 1
         self.receiver.stats.open.add(transport)
 

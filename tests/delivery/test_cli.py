@@ -29,7 +29,9 @@ async def cli(cmd: list[str], url: str, *args: str) -> subprocess.CompletedProce
     )
 
 
-async def test_subscription_lifecycle_from_the_cli(pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection) -> None:
+async def test_subscription_lifecycle_from_the_cli(
+    pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection
+) -> None:
     secret = (await cli(pgferry_cmd, db_url, "subscription", "secret")).stdout.strip()
     assert secret.startswith("whsec_")
     added = await cli(

@@ -31,9 +31,12 @@ async def test_sigkill_mid_run_loses_nothing(
     try:
         for round_ in range(3):
             for _ in range(10):
-                published += await ferry.publish_many([{"stream": "s", "payload": {"r": round_, "n": n}} for n in range(50)])
+                published += await ferry.publish_many(
+                    [{"stream": "s", "payload": {"r": round_, "n": n}} for n in range(50)]
+                )
                 await asyncio.sleep(0.02)
-            await eventually(lambda: _some_delivered(receiver, len(published) // 2), timeout=30, what="deliveries")
+            half = len(published) // 2
+            await eventually(lambda: _some_delivered(receiver, half), timeout=30, what="deliveries")  # noqa: B023
             relay.proc.send_signal(signal.SIGKILL)
             await asyncio.to_thread(relay.proc.wait)
             relay = RelayProcess(pgferry_cmd, db_url)
@@ -66,9 +69,7 @@ async def test_subscriptions_spread_over_relays_and_move_when_one_dies(
     try:
 
         async def spread() -> bool:
-            rows = await conn.fetch(
-                "select owned from ferry.relays where heartbeat_at > now() - interval '5 seconds'"
-            )
+            rows = await conn.fetch("select owned from ferry.relays where heartbeat_at > now() - interval '5 seconds'")
             owned = [set(r["owned"]) for r in rows]
             return len(owned) == 2 and all(len(o) == 2 for o in owned) and set().union(*owned) == set(receivers)
 

@@ -153,3 +153,4 @@ async def test_run_without_url_starts_a_throwaway_postgres_and_demo(pgferry_cmd:
     assert done.returncode == 0, done.stderr
     assert "throwaway PostgreSQL" in done.stdout
     assert "read event" in done.stdout and "public.demo_orders" in done.stdout and "demo.greetings" in done.stdout
+    assert "webhook evt_" in done.stdout and "received:" in done.stdout
