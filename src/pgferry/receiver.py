@@ -75,7 +75,7 @@ class _Protocol(asyncio.Protocol):
         # uvloop's transports are not asyncio.Transport subclasses, but behave like one.
         self.transport = self._own = cast(asyncio.Transport, transport)
         self.receiver.stats.connections += 1
-        self.receiver.stats.open.add(transport)
+        self.receiver.stats.open.add(self._own)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
