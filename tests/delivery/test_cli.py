@@ -81,9 +81,14 @@ async def test_dlq_and_status_from_the_cli(
         return bool(await conn.fetchval("select count(*) from ferry.dead_letters") == 3)
 
     await eventually(dead, what="three dead letters")
-    status = orjson.loads((await cli(pgferry_cmd, db_url, "status", "--json")).stdout)
-    assert status[0]["name"] == "hook" and status[0]["dead"] == 3 and status[0]["error_rate"] == "100.0%"
-    assert status[0]["owner"] is not None
+    status: list[dict[str, object]] = []
+
+    async def reported() -> bool:  # rates come with the relay's next heartbeat
+        status[:] = orjson.loads((await cli(pgferry_cmd, db_url, "status", "--json")).stdout)
+        return status[0]["error_rate"] == "100.0%"
+
+    await eventually(reported, what="the failures to show in status")
+    assert status[0]["name"] == "hook" and status[0]["dead"] == 3 and status[0]["owner"] is not None
     table = await cli(pgferry_cmd, db_url, "status")
     assert "hook" in table.stdout and "100.0%" in table.stdout
 

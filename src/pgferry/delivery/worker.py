@@ -29,6 +29,7 @@ import asyncpg
 from pgferry import sql
 from pgferry.aio import wait_for_event
 from pgferry.delivery import request
+from pgferry.delivery.counters import RollingCounter
 from pgferry.delivery.http import HttpResult, HttpSender
 from pgferry.delivery.model import OutEvent, Subscription
 from pgferry.delivery.retry import judge
@@ -73,8 +74,8 @@ class SubscriptionWorker:
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.in_flight = 0
-        self.delivered = 0
-        self.failed = 0
+        self.delivered = RollingCounter()
+        self.failed = RollingCounter()
 
     def update(self, sub: Subscription) -> None:
         """New settings (from ferry.subscribe) take effect with the next request."""
@@ -222,8 +223,8 @@ class SubscriptionWorker:
                 books.bury.append(_buried(event, attempt, first_failed, result))
             else:
                 books.park.append(_parked(event, attempt, first_failed, verdict.next_attempt_at or now, result))
-        self.delivered += len(books.delivered)
-        self.failed += len(books.attempts) - len(books.delivered)
+        self.delivered.add(len(books.delivered))
+        self.failed.add(len(books.attempts) - len(books.delivered))
         return books
 
     async def _record(self, outcomes: Sequence[Outcome], *, batch_id: int | None) -> None:

@@ -117,10 +117,13 @@ class Ownership:
             await self._release(conn, name, graceful=True)
 
     async def _heartbeat(self, conn: asyncpg.Connection) -> None:
+        workers = {n: o.worker for n, o in self.owned.items()}
         stats = {
-            "in_flight": {n: o.worker.in_flight for n, o in self.owned.items()},
-            "delivered": {n: o.worker.delivered for n, o in self.owned.items()},
-            "failed": {n: o.worker.failed for n, o in self.owned.items()},
+            "in_flight": {n: w.in_flight for n, w in workers.items()},
+            "delivered_1m": {n: w.delivered.last(60) for n, w in workers.items()},
+            "failed_5m": {n: w.failed.last(300) for n, w in workers.items()},
+            "attempts_5m": {n: w.failed.last(300) + w.delivered.last(300) for n, w in workers.items()},
+            "delivered_total": {n: w.delivered.total for n, w in workers.items()},
         }
         await conn.execute(
             sql.query("relay_heartbeat"),

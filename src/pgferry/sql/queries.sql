@@ -133,7 +133,7 @@ select min(next_attempt_at) from ferry.retries where subscription = $1
 select ferry._set_subscription_state($1, 'disabled', $2)
 
 -- name: relay_heartbeat
-insert into ferry.relays (id, hostname, pid, owned, stats) values ($1, $2, $3, $4, $5)
+insert into ferry.relays (id, hostname, pid, owned, stats) values ($1, $2, $3, $4, $5::text::jsonb)
 on conflict (id) do update set heartbeat_at = now(), owned = excluded.owned, stats = excluded.stats
 
 -- name: relay_gone

@@ -317,6 +317,8 @@ end $$;
 -- Status
 ---------------------------------------------------------------------------
 
+-- Rates come from the owning relay's heartbeat (rolling in-memory counters),
+-- so status stays cheap however many attempts are stored.
 create function ferry.subscription_status()
 returns table (name text, state text, state_reason text, url text, streams text[],
                lag_events bigint, lag_seconds double precision, parked bigint, dead bigint,
@@ -329,19 +331,18 @@ language sql stable as $$
            coalesce(extract(epoch from now() - (select min(t.created_at) from ferry.ticks t where t.id > c.tick_id)), 0),
            (select count(*) from ferry.retries r where r.subscription = s.name),
            (select count(*) from ferry.dead_letters d where d.subscription = s.name),
-           (select count(*) from ferry.attempts a where a.subscription = s.name
-              and a.created_at > now() - interval '1 minute' and a.error_class is null),
-           (select count(*) from ferry.attempts a where a.subscription = s.name
-              and a.created_at > now() - interval '5 minutes' and a.error_class is not null),
-           (select count(*) from ferry.attempts a where a.subscription = s.name
-              and a.created_at > now() - interval '5 minutes'),
-           (select r.id from ferry.relays r where s.name = any (r.owned)
-              and r.heartbeat_at > now() - interval '15 seconds' limit 1),
-           (select (r.stats -> 'in_flight' ->> s.name)::int from ferry.relays r where s.name = any (r.owned)
-              and r.heartbeat_at > now() - interval '15 seconds' limit 1)
+           (r.stats -> 'delivered_1m' ->> s.name)::bigint,
+           (r.stats -> 'failed_5m' ->> s.name)::bigint,
+           (r.stats -> 'attempts_5m' ->> s.name)::bigint,
+           r.id,
+           (r.stats -> 'in_flight' ->> s.name)::int
     from ferry.subscriptions s
     left join ferry.consumers c on c.name = 'webhook:' || s.name
     left join ferry.ticks t0 on t0.id = c.tick_id
+    left join lateral (
+        select rl.id, rl.stats from ferry.relays rl
+        where s.name = any (rl.owned) and rl.heartbeat_at > now() - interval '15 seconds'
+        order by rl.heartbeat_at desc limit 1) r on true
     order by s.name
 $$;
 
