@@ -71,7 +71,12 @@ def main(verbose: bool) -> None:
 
 @main.command()
 @database_url_option
-def install(database_url: str | None) -> None:
+@click.option(
+    "--pg-net",
+    is_flag=True,
+    help="Also install the pg_net-compatible API (schema `net`, supabase_functions.http_request).",
+)
+def install(database_url: str | None, pg_net: bool) -> None:
     """Install or upgrade the ferry schema (safe to run twice or concurrently)."""
     from pgferry.schema import install as install_schema
 
@@ -81,7 +86,7 @@ def install(database_url: str | None) -> None:
     async def go() -> list[str]:
         conn = await db.connect(database_url)
         try:
-            return await install_schema(conn)
+            return await install_schema(conn, addons=("pg_net",) if pg_net else ())
         finally:
             await conn.close()
 

@@ -101,7 +101,7 @@ class _Protocol(asyncio.Protocol):
         self.receiver.stats.requests += 1
         action = self.receiver.behaviour(request)
         if isinstance(action, Respond):
-            if 200 <= action.status < 300:
+            if self.receiver.keep and 200 <= action.status < 300:
                 self.receiver.received.append(request)
             extra = "".join(f"{k}: {v}\r\n" for k, v in action.headers)
             reason = _REASONS.get(action.status, "Status")
@@ -129,8 +129,9 @@ class _Protocol(asyncio.Protocol):
 class Receiver:
     """``await Receiver().start()`` returns its URL; ``received`` lists requests answered with 2xx."""
 
-    def __init__(self, behaviour: Behaviour = always_ok) -> None:
+    def __init__(self, behaviour: Behaviour = always_ok, *, keep: bool = True) -> None:
         self.behaviour = behaviour
+        self.keep = keep
         self.received: list[Received] = []
         self.stats = Stats()
         self._server: asyncio.Server | None = None

@@ -1,17 +1,19 @@
 """Installing and checking the ferry schema.
 
-``install`` applies the versioned migrations in one transaction under an
-advisory lock, so running it twice, or from two processes at once, is safe.
+``install`` applies the versioned migrations (and those of any add-on asked
+for, such as the pg_net-compatible API) in one transaction under an advisory
+lock, so running it twice, or from two processes at once, is safe.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import asyncpg
 
 from pgferry import sql
-from pgferry.errors import SchemaMissing
+from pgferry.errors import PgferryError, SchemaMissing
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +22,11 @@ LOCK_CLASS = 0x7066
 INSTALL_LOCK = 1
 
 
-async def install(conn: asyncpg.Connection) -> list[str]:
+async def install(conn: asyncpg.Connection, addons: Sequence[str] = ()) -> list[str]:
     """Apply every migration not yet applied; return the names applied."""
+    unknown = sorted(set(addons) - set(sql.ADDONS))
+    if unknown:
+        raise PgferryError(f"unknown add-on(s) {', '.join(unknown)}; available: {', '.join(sql.ADDONS)}")
     applied_now: list[str] = []
     async with conn.transaction():
         await conn.execute(sql.query("install_lock"), LOCK_CLASS, INSTALL_LOCK)
@@ -34,7 +39,35 @@ async def install(conn: asyncpg.Connection) -> list[str]:
             await conn.execute(migration.sql)
             await conn.execute(sql.query("record_migration"), migration.version, migration.name)
             applied_now.append(f"{migration.version:04d}_{migration.name}")
+        await conn.execute(sql.query("create_addon_migrations_table"))
+        for addon in addons:
+            applied_now += await _install_addon(conn, addon)
     return applied_now
+
+
+async def _install_addon(conn: asyncpg.Connection, addon: str) -> list[str]:
+    if addon == "pg_net":
+        if await conn.fetchval(sql.query("pg_net_extension_installed")):
+            raise PgferryError(
+                "the pg_net extension is installed in this database, and pgferry's pg_net-compatible API needs "
+                "the `net` schema for itself. Move pending work off it, then `drop extension pg_net` and run "
+                "`pgferry install --pg-net` again (see docs/migrating-from-pg_net.md)."
+            )
+        if await conn.fetchval(sql.query("foreign_net_schema")):
+            raise PgferryError(
+                "a schema named `net` already exists and was not created by pgferry; "
+                "rename or drop it before `pgferry install --pg-net`"
+            )
+    done = {row["version"] for row in await conn.fetch(sql.query("applied_addon_migrations"), addon)}
+    applied = []
+    for migration in sql.migrations(addon):
+        if migration.version in done:
+            continue
+        log.info("applying %s migration %04d_%s", addon, migration.version, migration.name)
+        await conn.execute(migration.sql)
+        await conn.execute(sql.query("record_addon_migration"), addon, migration.version, migration.name)
+        applied.append(f"{addon}:{migration.version:04d}_{migration.name}")
+    return applied
 
 
 async def check_installed(conn: asyncpg.Connection) -> int:

@@ -18,8 +18,20 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import aiohttp
+from yarl import URL
 
 RESPONSE_SNIPPET_BYTES = 2048
+#: with ``capture``: the most of a response body kept (pg_net's net._http_response.content)
+MAX_CAPTURED_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Captured:
+    """The whole response, for callers that store it (the pg_net API)."""
+
+    headers: dict[str, str]
+    content_type: str | None
+    content: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +42,7 @@ class HttpResult:
     response: str | None  # start of the response body, kept for failures
     latency_ms: float
     retry_after: float | None = None
+    captured: Captured | None = None
 
     @property
     def ok(self) -> bool:
@@ -48,6 +61,19 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - (now if now is not None else time.time()))
+
+
+def _as_sent(url: str) -> URL | str:
+    """Send an ASCII URL byte for byte: pg_net users' query strings are already percent-encoded."""
+    return URL(url, encoded=True) if url.isascii() else url
+
+
+def _decode(raw: bytes, charset: str | None) -> str:
+    try:
+        text = raw.decode(charset or "utf-8", "replace")
+    except LookupError:  # a charset Python does not know
+        text = raw.decode("utf-8", "replace")
+    return text.split("\0", 1)[0]  # PostgreSQL text cannot hold NUL; pg_net stops there too
 
 
 def endpoint_of(url: str) -> tuple[str, str, int]:
@@ -82,34 +108,50 @@ class HttpSender:
             self._sessions[key] = session
         return session
 
-    async def post(  # noqa: PLR0911 - one return per way a request can end
+    async def send(  # noqa: PLR0911 - one return per way a request can end
         self,
         url: str,
-        body: bytes,
+        body: bytes | None,
         headers: Mapping[str, str],
         *,
         timeout: float,
         connect_timeout: float,
+        method: str = "POST",
+        follow_redirects: bool = False,
+        capture: bool = False,
     ) -> HttpResult:
         started = time.perf_counter()
+        captured: Captured | None = None
 
         def done(status: int | None, error_class: str | None, error: str | None, response: str | None = None,
                  retry_after: float | None = None) -> HttpResult:  # fmt: skip
-            return HttpResult(status, error_class, error, response, (time.perf_counter() - started) * 1000, retry_after)
+            latency = (time.perf_counter() - started) * 1000
+            return HttpResult(status, error_class, error, response, latency, retry_after, captured)
 
         try:
             session = self._session(url)
-            async with session.post(
-                url,
+            async with session.request(
+                method,
+                _as_sent(url),
                 data=body,
                 headers=headers,
-                allow_redirects=False,
+                allow_redirects=follow_redirects,
+                max_redirects=10,
                 timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout),
             ) as resp:
-                if 200 <= resp.status < 300:
+                if capture:
+                    raw = await resp.content.read(MAX_CAPTURED_BYTES)
+                    text = _decode(raw, resp.charset) if raw else None
+                    headers = {str(k): v for k, v in resp.headers.items()}
+                    captured = Captured(headers, resp.headers.get("Content-Type"), text)
+                    snippet = text[:RESPONSE_SNIPPET_BYTES] if text else ""
+                    if 200 <= resp.status < 300:
+                        return done(resp.status, None, None)
+                elif 200 <= resp.status < 300:
                     await resp.read()
                     return done(resp.status, None, None)
-                snippet = (await resp.content.read(RESPONSE_SNIPPET_BYTES)).decode("utf-8", "replace")
+                else:
+                    snippet = (await resp.content.read(RESPONSE_SNIPPET_BYTES)).decode("utf-8", "replace")
                 retry_after = parse_retry_after(resp.headers.get("Retry-After"))
                 if 300 <= resp.status < 400:
                     where = resp.headers.get("Location", "?")
@@ -125,6 +167,8 @@ class HttpSender:
             return done(
                 None, "connect", f"cannot connect to {exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error}"
             )
+        except aiohttp.TooManyRedirects as exc:
+            return done(None, "redirect", f"more than 10 redirects, last to {exc.request_info.real_url}")
         except aiohttp.ServerDisconnectedError:
             return done(None, "empty_reply", "server closed the connection without a complete response")
         except aiohttp.ClientPayloadError as exc:

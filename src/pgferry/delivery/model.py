@@ -33,6 +33,7 @@ class Subscription:
     retry_max_ms: int
     state: str
     updated_at: datetime
+    kind: str = "webhook"  # or "pg_net": each event is a request of its own (net.http_* API)
 
     @property
     def consumer(self) -> str:
@@ -57,6 +58,7 @@ class Subscription:
             retry_max_ms=row["retry_max_ms"],
             state=row["state"],
             updated_at=row["updated_at"],
+            kind=row.get("kind", "webhook"),
         )
 
 

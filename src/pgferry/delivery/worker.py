@@ -28,7 +28,7 @@ import asyncpg
 
 from pgferry import sql
 from pgferry.aio import wait_for_event
-from pgferry.delivery import request
+from pgferry.delivery import pg_net, request
 from pgferry.delivery.counters import RollingCounter
 from pgferry.delivery.http import HttpResult, HttpSender
 from pgferry.delivery.model import OutEvent, Subscription
@@ -63,6 +63,7 @@ class _Bookkeeping:
     delivered: list[int] = field(default_factory=list)
     park: list[tuple[Any, ...]] = field(default_factory=list)
     bury: list[tuple[Any, ...]] = field(default_factory=list)
+    responses: list[tuple[Any, ...]] = field(default_factory=list)  # net._http_response rows (pg_net API)
     gone: str | None = None
 
 
@@ -136,6 +137,13 @@ class SubscriptionWorker:
 
     async def _send(self, chunk: Sequence[OutEvent]) -> HttpResult:
         sub = self.sub
+        if sub.kind == "pg_net":
+            async with self.ctx.global_limit:
+                self.in_flight += 1
+                try:
+                    return await pg_net.send(self.ctx.sender, sub, chunk[0])
+                finally:
+                    self.in_flight -= 1
         try:
             req = request.build(sub, chunk, self.signer, max_body_bytes=self.ctx.max_body_bytes)
         except request.BadRequest as exc:
@@ -143,7 +151,7 @@ class SubscriptionWorker:
         async with self.ctx.global_limit:
             self.in_flight += len(chunk)
             try:
-                return await self.ctx.sender.post(
+                return await self.ctx.sender.send(
                     sub.url,
                     req.body,
                     req.headers,
@@ -156,8 +164,9 @@ class SubscriptionWorker:
     async def _deliver(self, events: Sequence[OutEvent], blocked: set[str]) -> list[Outcome]:
         sub = self.sub
         outcomes: list[Outcome] = []
+        batch_size = 1 if sub.kind == "pg_net" else sub.batch_size
         if not sub.ordered:
-            chunks = deque(events[i : i + sub.batch_size] for i in range(0, len(events), sub.batch_size))
+            chunks = deque(events[i : i + batch_size] for i in range(0, len(events), batch_size))
 
             async def drain() -> None:
                 while chunks:
@@ -189,7 +198,7 @@ class SubscriptionWorker:
                     outcomes.append((e, None))
                     continue
                 chunk.append(e)
-                if len(chunk) >= sub.batch_size:
+                if len(chunk) >= batch_size:
                     await flush()
             if chunk:
                 await flush()
@@ -212,15 +221,21 @@ class SubscriptionWorker:
                 (sub.name, event.id, attempt, result.status, result.error_class, result.error,
                  result.response, result.latency_ms, now)
             )  # fmt: skip
+            if sub.kind == "pg_net" and pg_net.is_final(result):
+                books.delivered.append(event.id)
+                books.responses.append(pg_net.response_row(event, result))
+                continue
             if result.ok:
                 books.delivered.append(event.id)
                 continue
-            if result.status == 410:
+            if result.status == 410 and sub.kind == "webhook":
                 books.gone = f"endpoint answered 410 Gone at {now:%Y-%m-%d %H:%M:%S}Z; resume the subscription to retry"
             first_failed = event.first_failed_at or now
             verdict = judge(sub, result, attempt, first_failed, now)
             if verdict.dead:
                 books.bury.append(_buried(event, attempt, first_failed, result))
+                if sub.kind == "pg_net":
+                    books.responses.append(pg_net.response_row(event, result))
             else:
                 books.park.append(_parked(event, attempt, first_failed, verdict.next_attempt_at or now, result))
         self.delivered.add(len(books.delivered))
@@ -239,6 +254,8 @@ class SubscriptionWorker:
                 await conn.execute(sql.query("park"), sub.name, *zip(*books.park, strict=True))
             if books.bury:
                 await conn.execute(sql.query("bury"), sub.name, *zip(*books.bury, strict=True))
+            if books.responses:
+                await conn.execute(sql.query("record_net_responses"), *zip(*books.responses, strict=True))
             if batch_id is None:
                 done = books.delivered + [row[0] for row in books.bury]
                 if done:

@@ -72,3 +72,7 @@ class Ticker:
         pruned = await self.conn.fetchval(sql.query("prune_attempts"))
         if pruned:
             log.info("retention: removed %d old delivery attempts", pruned)
+        if await self.conn.fetchval(sql.query("has_pg_net_addon")):
+            pruned = await self.conn.fetchval(sql.query("prune_net_responses"))
+            if pruned:
+                log.info("retention: removed %d expired net._http_response rows", pruned)

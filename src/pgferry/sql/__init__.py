@@ -43,15 +43,21 @@ def query(name: str) -> str:
 
 
 @cache
-def migrations() -> tuple[Migration, ...]:
-    """All migrations, in version order."""
+def migrations(addon: str | None = None) -> tuple[Migration, ...]:
+    """All migrations of the core schema (or of an add-on such as ``pg_net``), in version order."""
+    folder = resources.files(__package__).joinpath("migrations" if addon is None else f"addons/{addon}")
+    if not folder.is_dir():
+        raise KeyError(f"no add-on named {addon!r}")
     found = []
-    for entry in resources.files(__package__).joinpath("migrations").iterdir():
+    for entry in folder.iterdir():
         match = _MIGRATION_FILE.match(entry.name)
         if match:
             found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
     found.sort(key=lambda m: m.version)
     return tuple(found)
+
+
+ADDONS = ("pg_net",)
 
 
 def latest_version() -> int:

@@ -12,6 +12,28 @@ create table if not exists ferry.schema_migrations (
     applied_at timestamptz not null default now()
 );
 
+-- name: create_addon_migrations_table
+create table if not exists ferry.addon_migrations (
+    addon      text        not null,
+    version    integer     not null,
+    name       text        not null,
+    applied_at timestamptz not null default now(),
+    primary key (addon, version)
+);
+
+-- name: applied_addon_migrations
+select version from ferry.addon_migrations where addon = $1
+
+-- name: record_addon_migration
+insert into ferry.addon_migrations (addon, version, name) values ($1, $2, $3)
+
+-- name: pg_net_extension_installed
+select exists (select 1 from pg_extension where extname = 'pg_net')
+
+-- name: foreign_net_schema
+select exists (select 1 from pg_namespace where nspname = 'net')
+   and not exists (select 1 from ferry.addon_migrations where addon = 'pg_net')
+
 -- name: applied_migrations
 select version from ferry.schema_migrations
 
@@ -181,3 +203,14 @@ select ferry.dlq_replay($1, $2)
 
 -- name: dlq_discard
 select ferry.dlq_discard($1, $2)
+
+-- name: record_net_responses
+insert into net._http_response (id, status_code, content_type, headers, content, timed_out, error_msg)
+select * from unnest($1::bigint[], $2::int[], $3::text[], $4::text[]::jsonb[], $5::text[], $6::boolean[], $7::text[])
+on conflict (id) do nothing
+
+-- name: prune_net_responses
+select ferry.prune_net_responses()
+
+-- name: has_pg_net_addon
+select to_regproc('ferry.prune_net_responses') is not null

@@ -32,6 +32,15 @@ create table ferry.subscriptions (
     updated_at          timestamptz not null default now()
 );
 
+-- Settings changed by a plain UPDATE reach the delivering relay too.
+create function ferry._touch_updated_at() returns trigger language plpgsql as $$
+begin
+    new.updated_at := now();
+    return new;
+end $$;
+create trigger subscriptions_touch before update on ferry.subscriptions
+    for each row execute function ferry._touch_updated_at();
+
 comment on column ferry.subscriptions.secrets is
     'Standard Webhooks signing secrets (whsec_<base64>); every one signs each request, so secrets can be rotated.';
 

@@ -1,0 +1,63 @@
+"""The pg_net-compatible side of delivery: requests queued by net.http_get/post/delete.
+
+Each event of stream 'net.http' describes one request (method, url, headers,
+body, timeout). Unlike a webhook, any HTTP answer except 429 and 5xx is the
+final result, as in pg_net; those and transport errors are retried with the
+'pg_net' subscription's schedule. The final outcome becomes a row of
+net._http_response with pg_net's columns and, for errors, curl-like texts
+that existing checks (e.g. ``error_msg like 'Timeout of % ms reached%'``) match.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from pgferry.delivery.http import HttpResult, HttpSender
+from pgferry.delivery.model import OutEvent, Subscription
+
+_CURL_TEXT = {
+    "connect": "Couldn't connect to server",
+    "dns": "Couldn't resolve host name",
+    "empty_reply": "Server returned nothing (no headers, no data)",
+    "reset": "Failure when receiving data from the peer",
+    "invalid_response": "Weird server reply",
+    "redirect": "Number of redirects hit maximum amount",
+}
+
+
+def is_final(result: HttpResult) -> bool:
+    """An answer pg_net users see as the response: anything but 429 and 5xx."""
+    return result.status is not None and result.status != 429 and result.status < 500
+
+
+async def send(sender: HttpSender, sub: Subscription, event: OutEvent) -> HttpResult:
+    request: dict[str, Any] = orjson.loads(event.payload)
+    headers = {k: v for k, v in (request.get("headers") or {}).items() if v is not None}
+    body = request.get("body")
+    return await sender.send(
+        request["url"],
+        body.encode() if body is not None else None,
+        headers,
+        method=request["method"],
+        timeout=request["timeout_ms"] / 1000,
+        connect_timeout=min(sub.connect_timeout_ms, request["timeout_ms"]) / 1000,
+        follow_redirects=True,
+        capture=True,
+    )
+
+
+def response_row(event: OutEvent, result: HttpResult) -> tuple[Any, ...]:
+    """(id, status_code, content_type, headers, content, timed_out, error_msg) for net._http_response."""
+    if result.status is not None and result.captured is not None:
+        captured = result.captured
+        return (event.id, result.status, captured.content_type, orjson.dumps(captured.headers).decode(),
+                captured.content, False, None)  # fmt: skip
+    if result.error_class == "timeout":
+        timeout_ms = orjson.loads(event.payload)["timeout_ms"]
+        message = f"Timeout of {timeout_ms} ms reached. Total time: {result.latency_ms:f} ms"
+        return (event.id, None, None, None, None, True, message)
+    curl = _CURL_TEXT.get(result.error_class or "")
+    message = f"{curl}: {result.error}" if curl else (result.error or "request failed")
+    return (event.id, None, None, None, None, False, message)
