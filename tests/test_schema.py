@@ -51,7 +51,7 @@ async def test_only_the_ticker_notifies(conn: asyncpg.Connection) -> None:
         """select p.proname from pg_proc p join pg_namespace n on n.oid = p.pronamespace
            where n.nspname = 'ferry' and p.prosrc ilike '%notify%'"""
     )
-    assert [r["proname"] for r in notifying] == ["tick"]
+    assert [r["proname"] for r in notifying] == ["_tick"]
 
 
 async def test_suite_runs_on_uvloop_like_the_relay() -> None:

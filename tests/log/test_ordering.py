@@ -8,6 +8,8 @@ import os
 import random
 from dataclasses import dataclass, field
 
+import asyncpg
+
 import pgferry
 from pgferry import db
 from tests.helpers import tick
@@ -159,3 +161,21 @@ async def test_concurrent_writers_every_committed_event_exactly_once(db_url: str
 
     # Retention ran under the load: partitions were rotated, closed and truncated.
     assert any("truncated" in m for m in maintenance_log), maintenance_log
+
+
+async def test_newest_transaction_committing_after_a_tick_is_ticked(
+    db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    """A snapshot does not list running xids at or above its xmax: the writer holding
+    the newest xid is invisible to the in-progress check, yet must still get a tick."""
+    writer = await db.connect(db_url)
+    try:
+        tx = writer.transaction()
+        await tx.start()
+        await ferry.publish("s", {"n": 1}, conn=writer)
+        assert await tick(conn) is not None  # the event counter moved; the writer is still running
+        await tx.commit()
+        assert await tick(conn) is not None, "the committed event waited for the idle tick"
+        assert await tick(conn) is None
+    finally:
+        await writer.close()

@@ -46,13 +46,15 @@ class Batch:
     start_tick: int
     end_tick: int
     events: list[Event]
-    _ack: Callable[[Batch], Awaitable[None]] = field(repr=False)
+    _ack: Callable[[Batch], Awaitable[bool]] = field(repr=False)
     acked: bool = False
 
-    async def ack(self) -> None:
+    async def ack(self) -> bool:
+        """Mark the batch done. Returns False when the connection dropped first:
+        the batch is then handed out again after the reader reconnects."""
         if not self.acked:
-            await self._ack(self)
-            self.acked = True
+            self.acked = await self._ack(self)
+        return self.acked
 
     def __len__(self) -> int:
         return len(self.events)

@@ -163,9 +163,16 @@ class StreamReader:
                 return batch
             await batch.ack()
 
-    async def _ack(self, batch: Batch) -> None:
-        if self._conn is None:
-            raise RuntimeError(
-                f"cannot ack batch {batch.id}: the reader's connection is closed; the batch will be handed out again"
-            )
-        await self._conn.execute(sql.query("finish_batch"), batch.consumer, batch.id)
+    async def _ack(self, batch: Batch) -> bool:
+        conn = self._conn
+        if conn is None or conn.is_closed():
+            log.warning("reader %s: cannot ack batch %d, the connection is gone; it will be read again",
+                        batch.consumer, batch.id)  # fmt: skip
+            return False
+        try:
+            await conn.execute(sql.query("finish_batch"), batch.consumer, batch.id)
+        except CONNECTION_ERRORS as exc:
+            log.warning("reader %s: ack of batch %d lost with the connection (%s); it will be read again",
+                        batch.consumer, batch.id, exc)  # fmt: skip
+            return False
+        return True

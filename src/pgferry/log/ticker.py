@@ -26,7 +26,7 @@ class TickerSettings:
     busy_interval: float = 0.01
     idle_interval: float = 0.5
     backoff: float = 1.5
-    maintain_every: float = 2.0
+    maintain_every: float = 5.0
     report_every: float = 60.0
 
 
@@ -57,22 +57,17 @@ class Ticker:
                 if self.ticks > reported:
                     log.info("ticker: %d ticks in the last %.0f s", self.ticks - reported, s.report_every)
                 reported, next_report = self.ticks, now + s.report_every
-            tick_id = await self.conn.fetchval(sql.query("tick"))
-            if tick_id is not None:
+            row = await self.conn.fetchrow(sql.query("tick"))
+            if row is not None:
                 self.ticks += 1
+            # Only a tick that carried news makes the ticker look again soon;
+            # the periodic idle tick does not.
+            if row is not None and not row["idle"]:
                 interval = s.busy_interval
             else:
                 interval = min(interval * s.backoff, s.idle_interval)
             await wait_for_event(stop, interval)
 
     async def maintain(self) -> None:
-        done = await self.conn.fetchval(sql.query("maintain"))
-        for what in done or ():
+        for what in await self.conn.fetchval(sql.query("housekeeping")) or ():
             log.info("retention: %s", what)
-        pruned = await self.conn.fetchval(sql.query("prune_attempts"))
-        if pruned:
-            log.info("retention: removed %d old delivery attempts", pruned)
-        if await self.conn.fetchval(sql.query("has_pg_net_addon")):
-            pruned = await self.conn.fetchval(sql.query("prune_net_responses"))
-            if pruned:
-                log.info("retention: removed %d expired net._http_response rows", pruned)

@@ -86,7 +86,19 @@ class Ownership:
             owned.worker.wake.set()
 
     async def _round(self, conn: asyncpg.Connection) -> None:
-        active = {r["name"]: Subscription.from_row(r) for r in await conn.fetch(sql.query("active_subscriptions"))}
+        # One round trip: heartbeat, active subscriptions, number of live relays.
+        # A relay that missed three heartbeats is gone (its locks went with its connection).
+        rows = await conn.fetch(
+            sql.query("relay_round"),
+            self.relay_id,
+            socket.gethostname(),
+            os.getpid(),
+            sorted(self.owned),
+            orjson.dumps(self._stats()).decode(),
+            3 * self.settings.claim_interval + 1,
+        )
+        active = {r["name"]: Subscription.from_row(r) for r in rows}
+        relays = max(1, rows[0]["live_relays"]) if rows else 1
         # Reap workers that ended on their own (e.g. 410 disabled them) or whose subscription went away.
         for name in list(self.owned):
             owned = self.owned[name]
@@ -96,9 +108,6 @@ class Ownership:
             if name in self.owned and self.owned[name].worker.sub.updated_at != sub.updated_at:
                 self.owned[name].worker.update(sub)
 
-        await self._heartbeat(conn)
-        # A relay that missed three heartbeats is gone (its locks went with its connection).
-        relays = max(1, await conn.fetchval(sql.query("live_relays"), 3 * self.settings.claim_interval + 1))
         share = math.ceil(len(active) / relays)
         for name, sub in active.items():
             if len(self.owned) >= share:
@@ -116,23 +125,15 @@ class Ownership:
             log.info("delivery: handing subscription %s to another relay (fair share %d)", name, share)
             await self._release(conn, name, graceful=True)
 
-    async def _heartbeat(self, conn: asyncpg.Connection) -> None:
+    def _stats(self) -> dict[str, dict[str, int]]:
         workers = {n: o.worker for n, o in self.owned.items()}
-        stats = {
+        return {
             "in_flight": {n: w.in_flight for n, w in workers.items()},
             "delivered_1m": {n: w.delivered.last(60) for n, w in workers.items()},
             "failed_5m": {n: w.failed.last(300) for n, w in workers.items()},
             "attempts_5m": {n: w.failed.last(300) + w.delivered.last(300) for n, w in workers.items()},
             "delivered_total": {n: w.delivered.total for n, w in workers.items()},
         }
-        await conn.execute(
-            sql.query("relay_heartbeat"),
-            self.relay_id,
-            socket.gethostname(),
-            os.getpid(),
-            sorted(self.owned),
-            orjson.dumps(stats).decode(),
-        )
 
     async def _release(self, conn: asyncpg.Connection, name: str, *, graceful: bool) -> None:
         owned = self.owned.pop(name)

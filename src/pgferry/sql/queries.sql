@@ -59,10 +59,10 @@ select hashtext($1)
 select pg_advisory_unlock($1::int, $2::int)
 
 -- name: tick
-select ferry.tick()
+select tick_id, idle from ferry._tick()
 
--- name: maintain
-select ferry.maintain()
+-- name: housekeeping
+select ferry.housekeeping()
 
 -- name: publish
 select ferry.publish($1, $2::text::jsonb, $3, $4::text::jsonb)
@@ -95,14 +95,8 @@ from ferry.batch_events($1, $2, $3)
 -- name: finish_batch
 select ferry.finish_batch($1, $2)
 
--- name: prune_attempts
-select ferry.prune_attempts()
-
--- name: active_subscriptions
-select * from ferry.subscriptions where state = 'active' order by name
-
--- name: subscription
-select * from ferry.subscriptions where name = $1
+-- name: relay_round
+select live_relays, (subscription).* from ferry.relay_round($1, $2, $3, $4, $5::text::jsonb, make_interval(secs => $6))
 
 -- name: webhook_batch_events
 select id, stream, key, payload::text as payload, headers::text as headers, created_at
@@ -154,15 +148,8 @@ select min(next_attempt_at) from ferry.retries where subscription = $1
 -- name: disable_subscription
 select ferry._set_subscription_state($1, 'disabled', $2)
 
--- name: relay_heartbeat
-insert into ferry.relays (id, hostname, pid, owned, stats) values ($1, $2, $3, $4, $5::text::jsonb)
-on conflict (id) do update set heartbeat_at = now(), owned = excluded.owned, stats = excluded.stats
-
 -- name: relay_gone
 delete from ferry.relays where id = $1
-
--- name: live_relays
-select count(*) from ferry.relays where heartbeat_at > now() - make_interval(secs => $1)
 
 -- name: subscription_status
 select * from ferry.subscription_status()
@@ -208,9 +195,3 @@ select ferry.dlq_discard($1, $2)
 insert into net._http_response (id, status_code, content_type, headers, content, timed_out, error_msg)
 select * from unnest($1::bigint[], $2::int[], $3::text[], $4::text[]::jsonb[], $5::text[], $6::boolean[], $7::text[])
 on conflict (id) do nothing
-
--- name: prune_net_responses
-select ferry.prune_net_responses()
-
--- name: has_pg_net_addon
-select to_regproc('ferry.prune_net_responses') is not null

@@ -356,7 +356,7 @@ language sql stable as $$
 $$;
 
 ---------------------------------------------------------------------------
--- Retention of the attempt history (bounded, in chunks) is added to maintain()
+-- Retention of the attempt history (bounded, in chunks), relay heartbeats
 ---------------------------------------------------------------------------
 
 create function ferry.prune_attempts(max_rows integer default 10000) returns integer
@@ -371,4 +371,41 @@ begin
     get diagnostics n = row_count;
     delete from ferry.relays where heartbeat_at < now() - interval '1 hour';
     return n;
+end $$;
+
+-- One relay round trip per second: heartbeat, then the active subscriptions
+-- with the number of live relays (to compute a fair share).
+create function ferry.relay_round(relay_id text, hostname text, pid integer, owned text[], stats jsonb,
+                                  live_within interval)
+returns table (live_relays bigint, subscription ferry.subscriptions)
+language plpgsql as $$
+begin
+    insert into ferry.relays as r (id, hostname, pid, owned, stats)
+    values (relay_round.relay_id, relay_round.hostname, relay_round.pid, relay_round.owned, relay_round.stats)
+    on conflict (id) do update set heartbeat_at = now(), owned = excluded.owned, stats = excluded.stats;
+    return query
+        select (select count(*) from ferry.relays r where r.heartbeat_at > now() - live_within), s
+        from ferry.subscriptions s where s.state = 'active' order by s.name;
+end $$;
+
+-- Everything the elected relay does every few seconds, in one round trip:
+-- rotation and truncation, attempt history, and (with the pg_net API
+-- installed) expired net._http_response rows. Returns what it did.
+create function ferry.housekeeping() returns text[]
+language plpgsql as $$
+declare
+    v_done text[] := ferry.maintain();
+    n integer;
+begin
+    n := ferry.prune_attempts();
+    if n > 0 then
+        v_done := v_done || format('removed %s old delivery attempts', n);
+    end if;
+    if to_regproc('ferry.prune_net_responses') is not null then
+        execute 'select ferry.prune_net_responses()' into n;
+        if n > 0 then
+            v_done := v_done || format('removed %s expired net._http_response rows', n);
+        end if;
+    end if;
+    return v_done;
 end $$;
