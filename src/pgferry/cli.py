@@ -183,3 +183,17 @@ def consumers(database_url: str | None) -> None:
             f"{row['name']:<24} streams={streams:<30} tick={row['tick_id']:<8} "
             f"lag~{row['approx_lag_events']} events{pending}"
         )
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks (a throwaway durable PostgreSQL unless --database-url is given)."""
+
+
+def _register_bench() -> None:
+    from pgferry.bench.cli import register
+
+    register(bench)
+
+
+_register_bench()

@@ -1,0 +1,167 @@
+"""The `pgferry bench` subcommands (wired into the main CLI by ``register``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from pgferry import db
+from pgferry.errors import PgferryError
+
+SECTION_NAMES = ("inserts", "e2e", "producers", "idle")
+
+
+def _int_list(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        numbers = tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated whole numbers, got {value!r}") from None
+    if not numbers or any(n < 1 for n in numbers):
+        raise click.BadParameter(f"expected positive whole numbers, got {value!r}")
+    return numbers
+
+
+def _sections(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    chosen = [part.strip() for item in value for part in item.split(",") if part.strip()]
+    unknown = sorted(set(chosen) - set(SECTION_NAMES))
+    if unknown:
+        raise click.BadParameter(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTION_NAMES)}")
+    # Keep the canonical order whatever order they were given in.
+    return tuple(s for s in SECTION_NAMES if s in chosen) if chosen else SECTION_NAMES
+
+
+@click.command()
+@click.option(
+    "--database-url",
+    envvar=db.URL_ENV_VAR,
+    metavar="URL",
+    help="Server to measure (a scratch database `pgferry_bench` is created on it and dropped after). "
+    "Default: a throwaway PostgreSQL with durable settings (fsync on).",
+)
+@click.option(
+    "--only",
+    multiple=True,
+    callback=_sections,
+    metavar="SECTION[,SECTION]",
+    help=f"Run only these sections: {', '.join(SECTION_NAMES)} (default: all).",
+)
+@click.option(
+    "--clients", default="10,50", show_default=True, callback=_int_list, metavar="N[,N]", help="Insert clients."
+)
+@click.option(
+    "--rows", default="1,100", show_default=True, callback=_int_list, metavar="N[,N]", help="Rows per insert tx."
+)
+@click.option("--seconds", default=8.0, show_default=True, type=click.FloatRange(1), help="Seconds per cell.")
+@click.option("--rounds", default=1, show_default=True, type=click.IntRange(1), help="Interleaved rounds per cell.")
+@click.option("--rate", default=2000.0, show_default=True, type=click.FloatRange(1), help="End-to-end inserts/s.")
+@click.option("--e2e-seconds", default=20.0, show_default=True, type=click.FloatRange(1), help="End-to-end run.")
+@click.option("--e2e-clients", default=10, show_default=True, type=click.IntRange(1), help="End-to-end clients.")
+@click.option("--publish-tasks", default=16, show_default=True, type=click.IntRange(1), help="publish() tasks.")
+@click.option("--idle-seconds", default=10.0, show_default=True, type=click.FloatRange(1), help="Idle window.")
+@click.option(
+    "--pg-stat-statements",
+    "stat_statements",
+    is_flag=True,
+    help="Break the idle queries down by statement: loads pg_stat_statements into the throwaway server "
+    "(with --database-url it must already be in shared_preload_libraries; the extension is created "
+    "in the URL's database).",
+)
+@click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), help="Also write raw results here.")
+def capture(
+    database_url: str | None,
+    only: tuple[str, ...],
+    clients: tuple[int, ...],
+    rows: tuple[int, ...],
+    seconds: float,
+    rounds: int,
+    rate: float,
+    e2e_seconds: float,
+    e2e_clients: int,
+    publish_tasks: int,
+    idle_seconds: float,
+    stat_statements: bool,
+    json_out: Path | None,
+) -> None:
+    """Measure capture: insert overhead vs outbox and per-row NOTIFY, end-to-end latency, producers, idle cost.
+
+    Exits with status 1 when a target is missed.
+    """
+    import uvloop
+
+    from pgferry.bench.capture import run_capture_bench
+    from pgferry.bench.context import BenchSettings
+
+    settings = BenchSettings(
+        sections=only,
+        clients=clients,
+        rows=rows,
+        seconds=seconds,
+        rounds=rounds,
+        rate=rate,
+        e2e_seconds=e2e_seconds,
+        e2e_clients=e2e_clients,
+        publish_tasks=publish_tasks,
+        idle_seconds=idle_seconds,
+        stat_statements=stat_statements,
+    )
+    try:
+        if database_url:
+            met = uvloop.run(run_capture_bench(settings, database_url, json_out))
+        else:
+            from pgferry.embedded import embedded_postgres
+
+            click.echo("no --database-url: starting a throwaway PostgreSQL (durable: fsync on) ...", err=True)
+            extra = {"shared_preload_libraries": "pg_stat_statements"} if stat_statements else None
+            with embedded_postgres(extra) as pg:
+                met = uvloop.run(run_capture_bench(settings, pg.url, json_out))
+    except PgferryError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not met:
+        raise SystemExit(1)
+
+
+@click.command()
+@click.option(
+    "--database-url",
+    envvar=db.URL_ENV_VAR,
+    metavar="URL",
+    help="Server to use (a scratch database `pgferry_bench` is created on it and dropped after). "
+    "Default: a throwaway PostgreSQL with durable settings (fsync on).",
+)
+@click.option("--scale", default=1.0, show_default=True, type=click.FloatRange(0.01),
+              help="Multiply every scenario's transaction count (1.0: the seed's pgbench -c 10 -t 1000).")  # fmt: skip
+@click.option("--only", "only", multiple=True, type=click.IntRange(1, 4), help="Scenario number(s) to run (1-4).")
+@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for deliveries after the inserts.")
+def webhooks(database_url: str | None, scale: float, only: tuple[int, ...], timeout: float) -> None:
+    """The seed benchmark as webhooks: pgbench inserts -> capture -> relay -> receiver (exit 1 if not 100%)."""
+    import uvloop
+
+    from pgferry.bench.context import BenchSettings, scratch_database
+    from pgferry.bench.webhooks import print_table, run_webhooks_bench
+
+    async def go(admin_url: str) -> bool:
+        async with scratch_database(BenchSettings(), admin_url) as ctx:
+            outcomes = await run_webhooks_bench(ctx.url, scale, only, timeout)
+        print_table(outcomes)
+        return all(o.unique == o.inserted for o in outcomes)
+
+    try:
+        if database_url:
+            ok = uvloop.run(go(database_url))
+        else:
+            from pgferry.embedded import embedded_postgres
+
+            click.echo("no --database-url: starting a throwaway PostgreSQL (durable: fsync on) ...", err=True)
+            with embedded_postgres() as pg:
+                ok = uvloop.run(go(pg.url))
+    except PgferryError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not ok:
+        raise SystemExit(1)
+
+
+def register(group: click.Group) -> None:
+    """Add the bench subcommands to ``group`` (the `pgferry bench` group)."""
+    group.add_command(capture)
+    group.add_command(webhooks)

@@ -1,0 +1,78 @@
+"""A real relay for the benchmark: `pgferry run` in its own process, as in production.
+
+Running it out of process keeps the benchmark's own event loop (the stream
+reader, the latency bookkeeping) from delaying the ticker, and vice versa.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+
+from pgferry import db
+from pgferry.bench.sqlfiles import query
+from pgferry.errors import PgferryError
+from pgferry.relay.leader import TICKER_LOCK
+from pgferry.schema import LOCK_CLASS
+
+
+class RelayFailed(PgferryError):
+    """The relay subprocess exited or never became the ticker."""
+
+
+async def wait_for_lock(conn: asyncpg.Connection, objid: int, what: str, timeout: float = 20.0) -> None:
+    """Wait until some session holds pgferry's advisory lock ``objid`` (the ticker's, a reader's)."""
+    deadline = time.monotonic() + timeout
+    while not await conn.fetchval(query("advisory_lock_held"), LOCK_CLASS, objid):
+        if time.monotonic() > deadline:
+            raise RelayFailed(f"{what} did not start within {timeout:.0f} s")
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def running_relay(url: str, *, max_seconds: float) -> AsyncIterator[None]:
+    """Run `pgferry run --database-url URL` until the block ends (and never longer than ``max_seconds``)."""
+    with tempfile.TemporaryDirectory(prefix="pgferry-bench-relay-") as tmp:
+        log_path = Path(tmp) / "relay.log"
+        with log_path.open("wb") as log_file:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "pgferry", "run", "--database-url", url, "--exit-after", str(max_seconds),
+                stdout=log_file, stderr=log_file,
+            )  # fmt: skip
+            try:
+                conn = await db.connect(url)
+                try:
+                    waiter = asyncio.create_task(wait_for_lock(conn, TICKER_LOCK, "the relay's ticker"))
+                    exited = asyncio.create_task(proc.wait())
+                    await asyncio.wait({waiter, exited}, return_when=asyncio.FIRST_COMPLETED)
+                    if exited.done():
+                        waiter.cancel()
+                        raise RelayFailed(f"the relay exited with code {proc.returncode}:\n{_tail(log_path)}")
+                    exited.cancel()
+                    waiter.result()
+                finally:
+                    await conn.close()
+                yield
+            finally:
+                if proc.returncode is None:
+                    proc.send_signal(signal.SIGTERM)
+                    try:
+                        await asyncio.wait_for(proc.wait(), 10)
+                    except TimeoutError:
+                        proc.kill()
+                        await proc.wait()
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

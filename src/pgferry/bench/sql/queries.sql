@@ -1,0 +1,72 @@
+-- Named queries of `pgferry bench capture`. Each starts with "-- name: NAME".
+
+-- name: drop_database
+drop database if exists pgferry_bench with (force)
+
+-- name: create_database
+create database pgferry_bench
+
+-- name: server_info
+select current_setting('server_version') as version,
+       current_setting('fsync') as fsync,
+       current_setting('synchronous_commit') as synchronous_commit,
+       current_setting('wal_sync_method') as wal_sync_method,
+       current_setting('full_page_writes') as full_page_writes,
+       current_setting('shared_buffers') as shared_buffers,
+       current_setting('max_wal_size') as max_wal_size
+
+-- name: checkpoint
+checkpoint
+
+-- name: truncate_inserts
+truncate bench_plain, bench_capture, bench_outbox, bench_outbox_events, bench_notify, ferry.events
+
+-- name: truncate_e2e
+truncate bench_e2e, ferry.events
+
+-- name: truncate_events
+truncate ferry.events
+
+-- name: vacuum_analyze
+vacuum analyze
+
+-- name: count_e2e
+select count(*) from bench_e2e
+
+-- name: count_rows
+select (select count(*) from bench_plain) + (select count(*) from bench_capture)
+     + (select count(*) from bench_outbox) + (select count(*) from bench_notify) as rows,
+       (select count(*) from ferry.events) as events,
+       (select count(*) from bench_outbox_events) as outbox_events
+
+-- name: last_tick_id
+select last_value from ferry.tick_id_seq
+
+-- name: advisory_lock_held
+-- Whether some session of the bench database holds the advisory lock (classid, objid).
+select exists (
+    select 1 from pg_locks l join pg_database d on d.oid = l.database
+    where l.locktype = 'advisory' and l.granted and d.datname = current_database()
+      and l.classid = $1::int::oid and l.objid = $2::int::oid and l.objsubid = 2
+)
+
+-- name: database_xacts
+-- Transactions (queries, for autocommit clients) the database has run so far.
+select xact_commit + xact_rollback from pg_stat_database where datname = $1
+
+-- name: count_events
+select count(*) from ferry.events
+
+-- name: has_pg_stat_statements
+select to_regclass('pg_stat_statements') is not null
+    and current_setting('shared_preload_libraries') ~ 'pg_stat_statements'
+
+-- name: create_pg_stat_statements
+create extension if not exists pg_stat_statements
+
+-- name: statement_calls
+-- Calls per statement in database $1 so far (pg_stat_statements, when loaded).
+select s.query, sum(s.calls)::bigint as calls
+from pg_stat_statements s join pg_database d on d.oid = s.dbid
+where d.datname = $1
+group by s.query

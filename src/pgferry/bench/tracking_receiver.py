@@ -1,0 +1,119 @@
+"""A benchmark receiver process that keeps score: `python -m pgferry.bench.tracking_receiver`.
+
+It runs in its own process (its own core budget) and answers webhooks with
+200, or with 500 / a dropped connection at the given rates. For every
+answered event it records the event id and commit-to-receipt latency (the
+captured row's ``harvested_at`` is the commit time, give or take the
+statement's own duration). ``GET /__stats`` returns the score as JSON; the
+first line on stdout is the receiver's URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import time
+from datetime import datetime
+from typing import Any
+
+import orjson
+import uvloop
+
+from pgferry.receiver import Action, Drop, Received, Receiver, Respond
+
+STATS_PATH = "/__stats"
+
+
+class Score:
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.duplicates = 0
+        self.duplicate_same_id = 0
+        self.bodies_by_msg: dict[str, int] = {}
+        self.latencies_ms: list[float] = []
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        self.requests = 0
+        self.failed = 0
+
+    def record(self, request: Received) -> None:
+        body = orjson.loads(request.body)
+        items = body["data"] if isinstance(body, dict) and "data" in body else None
+        msg_id = request.headers.get("webhook-id", "")
+        digest = hash(request.body)
+        if msg_id in self.bodies_by_msg and self.bodies_by_msg[msg_id] == digest:
+            self.duplicate_same_id += 1
+        self.bodies_by_msg[msg_id] = digest
+        events: list[tuple[int, dict[str, Any]]] = []
+        if items is None:
+            events.append((int(msg_id.removeprefix("evt_")), body))
+        else:
+            events.extend((item["id"], item["payload"]) for item in items)
+        for event_id, payload in events:
+            if event_id in self.seen:
+                self.duplicates += 1
+                continue
+            self.seen.add(event_id)
+            stamp = (payload.get("record") or {}).get("harvested_at")
+            if stamp:
+                self.latencies_ms.append((request.at - datetime.fromisoformat(stamp).timestamp()) * 1000)
+        self.first_at = self.first_at or request.at
+        self.last_at = request.at
+
+    def as_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                "unique": len(self.seen),
+                "duplicates": self.duplicates,
+                "duplicate_requests_same_id_and_body": self.duplicate_same_id,
+                "requests": self.requests,
+                "failed_on_purpose": self.failed,
+                "first_at": self.first_at,
+                "last_at": self.last_at,
+                "latencies_ms": self.latencies_ms,
+            }
+        )
+
+
+def behaviour(score: Score, fail_rate: float, drop_rate: float, rng: random.Random):  # type: ignore[no-untyped-def]
+    def answer(request: Received) -> Action:
+        if request.path == STATS_PATH:
+            return Respond(200, score.as_json())
+        score.requests += 1
+        roll = rng.random()
+        if roll < fail_rate:
+            score.failed += 1
+            return Respond(500, b"failing on purpose")
+        if roll < fail_rate + drop_rate:
+            score.failed += 1
+            return Drop()
+        score.record(request)
+        return Respond()
+
+    return answer
+
+
+async def serve(fail_rate: float, drop_rate: float, seed: int) -> None:
+    score = Score()
+    receiver = Receiver(behaviour(score, fail_rate, drop_rate, random.Random(seed)), keep=False)
+    url = await receiver.start()
+    print(url, flush=True)
+    await asyncio.Event().wait()  # until the benchmark terminates this process
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--fail-rate", type=float, default=0.0)
+    parser.add_argument("--drop-rate", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    start = time.time()
+    try:
+        uvloop.run(serve(args.fail_rate, args.drop_rate, args.seed))
+    except KeyboardInterrupt:
+        print(f"receiver ran {time.time() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

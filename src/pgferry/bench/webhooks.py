@@ -1,0 +1,193 @@
+"""`pgferry bench webhooks`: the seed benchmark, delivered as webhooks.
+
+Table ``spice_harvests`` is captured; pgbench inserts into it (10 clients,
+2 threads, a fixed number of transactions); a relay (`pgferry run`, its own
+process) delivers to a receiver in a third process that keeps score. For
+each scenario we report: success rate (unique events received / rows
+inserted), end-to-end throughput (events received / time from the first
+insert to the last receipt), commit-to-receipt latency, how long after the
+last commit the last event arrived, and sockets left in TIME_WAIT toward the
+receiver (while the relay runs and after it stops).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import click
+
+from pgferry import db
+from pgferry.bench.pgbench import run_pgbench
+from pgferry.bench.relay import running_relay
+from pgferry.bench.report import Latency, ms, num
+from pgferry.bench.sqlfiles import named
+from pgferry.bench.tracking_receiver import STATS_PATH
+
+SINGLE_ROW = "insert into spice_harvests (harvester, amount) values ('harvester-' || :client_id, 1);\n"
+HUNDRED_ROWS = (
+    "insert into spice_harvests (harvester, amount)"
+    " select 'harvester-' || :client_id, g from generate_series(1, 100) g;\n"
+)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    rows_per_tx: int
+    batch_size: int
+    transactions: int  # per client
+    clients: int = 10
+    fail_rate: float = 0.0
+    drop_rate: float = 0.0
+    max_in_flight: int = 32
+
+
+def scenarios(scale: float) -> list[Scenario]:
+    def t(n: int) -> int:
+        return max(1, round(n * scale))
+
+    return [
+        Scenario("1-row inserts, batch 1", 1, 1, t(1000)),
+        Scenario("100-row inserts, batch 100", 100, 100, t(1000)),
+        Scenario("100-row inserts, batch 1", 100, 1, t(100)),
+        Scenario("1-row inserts, receiver fails 10% (500) + drops 5%", 1, 1, t(1000), fail_rate=0.10, drop_rate=0.05),
+    ]
+
+
+@dataclass
+class Outcome:
+    scenario: Scenario
+    inserted: int
+    unique: int
+    duplicates: int
+    dead: int
+    failed_attempts: int
+    insert_seconds: float
+    throughput: float
+    latency: Latency
+    last_after_commit_s: float
+    time_wait_running: int
+    time_wait_after: int
+    timed_out: bool
+
+
+@contextlib.asynccontextmanager
+async def tracking_receiver(fail_rate: float, drop_rate: float) -> AsyncIterator[str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pgferry.bench.tracking_receiver",
+        "--fail-rate", str(fail_rate), "--drop-rate", str(drop_rate),
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        url = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode().strip()
+        yield url
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+async def receiver_stats(url: str) -> dict[str, Any]:
+    parts = urlsplit(url)
+    async with aiohttp.ClientSession() as session, session.get(f"{parts.scheme}://{parts.netloc}{STATS_PATH}") as resp:
+        return dict(await resp.json(content_type=None))
+
+
+def time_wait_sockets(port: int) -> int:
+    """The relay's TCP sockets toward ``port`` in TIME_WAIT (ss from iproute2)."""
+    try:
+        out = subprocess.run(
+            ["ss", "-Htan", "state", "time-wait", f"( dport = :{port} )"],
+            capture_output=True, text=True, check=True, timeout=10,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return -1
+    return sum(1 for line in out.splitlines() if line.strip())
+
+
+async def run_scenario(url: str, scenario: Scenario, timeout: float) -> Outcome:
+    conn = await db.connect(url)
+    try:
+        await conn.execute(named("webhooks.sql", "reset"))
+        async with tracking_receiver(scenario.fail_rate, scenario.drop_rate) as hook:
+            await conn.execute(named("webhooks.sql", "subscribe"), hook, scenario.batch_size, scenario.max_in_flight)
+            port = urlsplit(hook).port or 80
+            async with running_relay(url, max_seconds=timeout + 600):
+                started = time.time()
+                script = SINGLE_ROW if scenario.rows_per_tx == 1 else HUNDRED_ROWS
+                await run_pgbench(url, script, clients=scenario.clients, transactions=scenario.transactions)
+                insert_end = time.time()
+                inserted = await conn.fetchval(named("webhooks.sql", "rows"))
+                deadline = insert_end + timeout
+                stats = await receiver_stats(hook)
+                while stats["unique"] < inserted and time.time() < deadline:
+                    await asyncio.sleep(0.2)
+                    stats = await receiver_stats(hook)
+                time_wait_running = time_wait_sockets(port)
+            time_wait_after = time_wait_sockets(port)
+            dead = await conn.fetchval(named("webhooks.sql", "dead"))
+            failed = await conn.fetchval(named("webhooks.sql", "failed_attempts"))
+    finally:
+        await conn.close()
+    last_at = stats["last_at"] or insert_end
+    return Outcome(
+        scenario=scenario,
+        inserted=inserted,
+        unique=stats["unique"],
+        duplicates=stats["duplicates"],
+        dead=dead,
+        failed_attempts=failed,
+        insert_seconds=insert_end - started,
+        throughput=stats["unique"] / max(1e-9, last_at - started),
+        latency=Latency.of(stats["latencies_ms"]),
+        last_after_commit_s=last_at - insert_end,
+        time_wait_running=time_wait_running,
+        time_wait_after=time_wait_after,
+        timed_out=stats["unique"] < inserted,
+    )
+
+
+def print_table(outcomes: list[Outcome]) -> None:
+    header = (
+        f"{'scenario':<52} {'rows':>9} {'delivered':>9} {'success':>8} {'ev/s':>8} {'p50 ms':>7} {'p99 ms':>7}"
+        f" {'last+s':>7} {'dups':>5} {'dead':>4} {'TW run':>6} {'TW end':>6}"
+    )
+    click.echo(header)
+    click.echo("-" * len(header))
+    for o in outcomes:
+        success = 100.0 * o.unique / o.inserted if o.inserted else float("nan")
+        click.echo(
+            f"{o.scenario.name:<52} {num(o.inserted):>9} {num(o.unique):>9} {success:>7.2f}% {num(o.throughput):>8}"
+            f" {ms(o.latency.p50):>7} {ms(o.latency.p99):>7} {o.last_after_commit_s:>7.2f} {o.duplicates:>5}"
+            f" {o.dead:>4} {o.time_wait_running:>6} {o.time_wait_after:>6}"
+        )
+    click.echo(
+        "rows: inserted by pgbench -c 10 -j 2 -t N; success: unique events received / rows; ev/s: received / "
+        "(last receipt - first insert); p50/p99: commit-to-receipt; last+s: last receipt after the last commit; "
+        "dups: events received more than once; TW run/end: the relay's sockets toward the receiver in TIME_WAIT "
+        "with it running / after it stopped (pool: 64 connections per endpoint, max_in_flight 32)."
+    )
+
+
+async def run_webhooks_bench(url: str, scale: float, only: tuple[int, ...], timeout: float) -> list[Outcome]:
+    conn = await db.connect(url)
+    try:
+        await conn.execute(named("webhooks.sql", "setup"))
+    finally:
+        await conn.close()
+    outcomes = []
+    for number, scenario in enumerate(scenarios(scale), start=1):
+        if only and number not in only:
+            continue
+        click.echo(f"scenario {number}: {scenario.name} ...", err=True)
+        outcomes.append(await run_scenario(url, scenario, timeout))
+    return outcomes
