@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -110,6 +111,10 @@ def run(database_url: str | None, tick_interval: float, idle_tick_interval: floa
     settings = RelaySettings(ticker=TickerSettings(busy_interval=tick_interval, idle_interval=idle_tick_interval))
 
     async def go(url: str, demo: bool) -> None:
+        # Long-lived objects made at startup never need collecting; freezing them
+        # and collecting less often trims GC pauses from delivery latency.
+        gc.freeze()
+        gc.set_threshold(50_000, 50, 100)
         stop = asyncio.Event()
         _stop_on_signals(stop)
         if exit_after is not None:

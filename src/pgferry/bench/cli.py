@@ -131,7 +131,7 @@ def capture(
 )
 @click.option("--scale", default=1.0, show_default=True, type=click.FloatRange(0.01),
               help="Multiply every scenario's transaction count (1.0: the seed's pgbench -c 10 -t 1000).")  # fmt: skip
-@click.option("--only", "only", multiple=True, type=click.IntRange(1, 4), help="Scenario number(s) to run (1-4).")
+@click.option("--only", "only", multiple=True, type=click.IntRange(1, 6), help="Scenario number(s) to run (1-6).")
 @click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for deliveries after the inserts.")
 def webhooks(database_url: str | None, scale: float, only: tuple[int, ...], timeout: float) -> None:
     """The seed benchmark as webhooks: pgbench inserts -> capture -> relay -> receiver (exit 1 if not 100%)."""

@@ -46,10 +46,12 @@ class Score:
             self.duplicate_same_id += 1
         self.bodies_by_msg[msg_id] = digest
         events: list[tuple[int, dict[str, Any]]] = []
-        if items is None:
-            events.append((int(msg_id.removeprefix("evt_")), body))
-        else:
+        if items is not None:
             events.extend((item["id"], item["payload"]) for item in items)
+        elif msg_id:
+            events.append((int(msg_id.removeprefix("evt_")), body))
+        else:  # a pg_net-style request: the body is the row itself
+            events.append((int(body["id"]), {"record": body}))
         for event_id, payload in events:
             if event_id in self.seen:
                 self.duplicates += 1

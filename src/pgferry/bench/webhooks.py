@@ -31,6 +31,7 @@ from pgferry.bench.relay import running_relay
 from pgferry.bench.report import Latency, ms, num
 from pgferry.bench.sqlfiles import named
 from pgferry.bench.tracking_receiver import STATS_PATH
+from pgferry.schema import install
 
 SINGLE_ROW = "insert into spice_harvests (harvester, amount) values ('harvester-' || :client_id, 1);\n"
 HUNDRED_ROWS = (
@@ -49,6 +50,7 @@ class Scenario:
     fail_rate: float = 0.0
     drop_rate: float = 0.0
     max_in_flight: int = 32
+    pg_net: bool = False  # through net.http_post in a row trigger instead of a subscription
 
 
 def scenarios(scale: float) -> list[Scenario]:
@@ -60,6 +62,8 @@ def scenarios(scale: float) -> list[Scenario]:
         Scenario("100-row inserts, batch 100", 100, 100, t(1000)),
         Scenario("100-row inserts, batch 1", 100, 1, t(100)),
         Scenario("1-row inserts, receiver fails 10% (500) + drops 5%", 1, 1, t(1000), fail_rate=0.10, drop_rate=0.05),
+        Scenario("pg_net API: net.http_post trigger, 1-row inserts", 1, 1, t(1000), pg_net=True),
+        Scenario("pg_net API, receiver fails 10% (500)", 1, 1, t(1000), fail_rate=0.10, pg_net=True),
     ]
 
 
@@ -96,10 +100,30 @@ async def tracking_receiver(fail_rate: float, drop_rate: float) -> AsyncIterator
         await proc.wait()
 
 
-async def receiver_stats(url: str) -> dict[str, Any]:
-    parts = urlsplit(url)
-    async with aiohttp.ClientSession() as session, session.get(f"{parts.scheme}://{parts.netloc}{STATS_PATH}") as resp:
-        return dict(await resp.json(content_type=None))
+class ReceiverStats:
+    """Polls the receiver's score over one kept-alive connection, so that the
+    measuring itself leaves no sockets in TIME_WAIT toward the receiver."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.url = f"{parts.scheme}://{parts.netloc}{STATS_PATH}"
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+
+    async def __call__(self) -> dict[str, Any]:
+        async with self.session.get(self.url) as resp:
+            return dict(await resp.json(content_type=None))
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+@contextlib.asynccontextmanager
+async def stats_of(url: str) -> AsyncIterator[ReceiverStats]:
+    stats = ReceiverStats(url)
+    try:
+        yield stats
+    finally:
+        await stats.close()
 
 
 def time_wait_sockets(port: int) -> int:
@@ -114,11 +138,61 @@ def time_wait_sockets(port: int) -> int:
     return sum(1 for line in out.splitlines() if line.strip())
 
 
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+async def run_pg_net_scenario(url: str, scenario: Scenario, timeout: float) -> Outcome:
+    """The seed trigger calling net.http_post; success is a 200 in net._http_response for every row."""
+    conn = await db.connect(url)
+    try:
+        async with tracking_receiver(scenario.fail_rate, scenario.drop_rate) as hook, stats_of(hook) as receiver_stats:
+            await conn.execute(named("webhooks.sql", "setup_pg_net").replace("{hook_url}", _literal(hook)))
+            await conn.execute(named("webhooks.sql", "reset_pg_net"))
+            port = urlsplit(hook).port or 80
+            async with running_relay(url, max_seconds=timeout + 600):
+                started = time.time()
+                script = "insert into spice_harvests_net (harvester, amount) values ('harvester-' || :client_id, 1);\n"
+                await run_pgbench(url, script, clients=scenario.clients, transactions=scenario.transactions)
+                insert_end = time.time()
+                inserted = await conn.fetchval(named("webhooks.sql", "net_rows"))
+                deadline = insert_end + timeout
+                responses = await conn.fetchrow(named("webhooks.sql", "net_responses"))
+                while responses["ok"] < inserted and time.time() < deadline:
+                    await asyncio.sleep(0.2)
+                    responses = await conn.fetchrow(named("webhooks.sql", "net_responses"))
+                stats = await receiver_stats()
+                time_wait_running = time_wait_sockets(port)
+            time_wait_after = time_wait_sockets(port)
+            failed = await conn.fetchval(named("webhooks.sql", "failed_attempts"))
+            dead = await conn.fetchval(named("webhooks.sql", "dead"))
+    finally:
+        await conn.close()
+    last_at = float(responses["last_at"] or insert_end)
+    return Outcome(
+        scenario=scenario,
+        inserted=inserted,
+        unique=responses["ok"],
+        duplicates=stats["duplicates"],
+        dead=dead,
+        failed_attempts=failed,
+        insert_seconds=insert_end - started,
+        throughput=responses["ok"] / max(1e-9, last_at - started),
+        latency=Latency.of(stats["latencies_ms"]),
+        last_after_commit_s=last_at - insert_end,
+        time_wait_running=time_wait_running,
+        time_wait_after=time_wait_after,
+        timed_out=responses["ok"] < inserted,
+    )
+
+
 async def run_scenario(url: str, scenario: Scenario, timeout: float) -> Outcome:
+    if scenario.pg_net:
+        return await run_pg_net_scenario(url, scenario, timeout)
     conn = await db.connect(url)
     try:
         await conn.execute(named("webhooks.sql", "reset"))
-        async with tracking_receiver(scenario.fail_rate, scenario.drop_rate) as hook:
+        async with tracking_receiver(scenario.fail_rate, scenario.drop_rate) as hook, stats_of(hook) as receiver_stats:
             await conn.execute(named("webhooks.sql", "subscribe"), hook, scenario.batch_size, scenario.max_in_flight)
             port = urlsplit(hook).port or 80
             async with running_relay(url, max_seconds=timeout + 600):
@@ -128,14 +202,16 @@ async def run_scenario(url: str, scenario: Scenario, timeout: float) -> Outcome:
                 insert_end = time.time()
                 inserted = await conn.fetchval(named("webhooks.sql", "rows"))
                 deadline = insert_end + timeout
-                stats = await receiver_stats(hook)
+                stats = await receiver_stats()
                 while stats["unique"] < inserted and time.time() < deadline:
                     await asyncio.sleep(0.2)
-                    stats = await receiver_stats(hook)
+                    stats = await receiver_stats()
                 time_wait_running = time_wait_sockets(port)
             time_wait_after = time_wait_sockets(port)
             dead = await conn.fetchval(named("webhooks.sql", "dead"))
             failed = await conn.fetchval(named("webhooks.sql", "failed_attempts"))
+            for row in await conn.fetch(named("webhooks.sql", "failure_classes")):
+                click.echo(f"  failed attempts: {row['n']} x {row['error_class']}", err=True)
     finally:
         await conn.close()
     last_at = stats["last_at"] or insert_end
@@ -159,7 +235,7 @@ async def run_scenario(url: str, scenario: Scenario, timeout: float) -> Outcome:
 def print_table(outcomes: list[Outcome]) -> None:
     header = (
         f"{'scenario':<52} {'rows':>9} {'delivered':>9} {'success':>8} {'ev/s':>8} {'p50 ms':>7} {'p99 ms':>7}"
-        f" {'last+s':>7} {'dups':>5} {'dead':>4} {'TW run':>6} {'TW end':>6}"
+        f" {'last+s':>7} {'retried':>7} {'dups':>5} {'dead':>4} {'TW run':>6} {'TW end':>6}"
     )
     click.echo(header)
     click.echo("-" * len(header))
@@ -167,12 +243,15 @@ def print_table(outcomes: list[Outcome]) -> None:
         success = 100.0 * o.unique / o.inserted if o.inserted else float("nan")
         click.echo(
             f"{o.scenario.name:<52} {num(o.inserted):>9} {num(o.unique):>9} {success:>7.2f}% {num(o.throughput):>8}"
-            f" {ms(o.latency.p50):>7} {ms(o.latency.p99):>7} {o.last_after_commit_s:>7.2f} {o.duplicates:>5}"
+            f" {ms(o.latency.p50):>7} {ms(o.latency.p99):>7} {o.last_after_commit_s:>7.2f} {num(o.failed_attempts):>7}"
+            f" {o.duplicates:>5}"
             f" {o.dead:>4} {o.time_wait_running:>6} {o.time_wait_after:>6}"
         )
     click.echo(
-        "rows: inserted by pgbench -c 10 -j 2 -t N; success: unique events received / rows; ev/s: received / "
+        "rows: inserted by pgbench -c 10 -j 2 -t N; success: unique events received / rows (pg_net rows: "
+        "responses with status 200 in net._http_response / rows); ev/s: received / "
         "(last receipt - first insert); p50/p99: commit-to-receipt; last+s: last receipt after the last commit; "
+        "retried: failed attempts (retried later); "
         "dups: events received more than once; TW run/end: the relay's sockets toward the receiver in TIME_WAIT "
         "with it running / after it stopped (pool: 64 connections per endpoint, max_in_flight 32)."
     )
@@ -181,6 +260,7 @@ def print_table(outcomes: list[Outcome]) -> None:
 async def run_webhooks_bench(url: str, scale: float, only: tuple[int, ...], timeout: float) -> list[Outcome]:
     conn = await db.connect(url)
     try:
+        await install(conn, addons=["pg_net"])
         await conn.execute(named("webhooks.sql", "setup"))
     finally:
         await conn.close()

@@ -15,6 +15,7 @@ import email.utils
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -63,9 +64,16 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     return max(0.0, when.timestamp() - (now if now is not None else time.time()))
 
 
-def _as_sent(url: str) -> URL | str:
-    """Send an ASCII URL byte for byte: pg_net users' query strings are already percent-encoded."""
-    return URL(url, encoded=True) if url.isascii() else url
+@lru_cache(maxsize=4096)
+def _as_sent(url: str) -> URL:
+    """Send an ASCII URL byte for byte: pg_net users' query strings are already percent-encoded.
+    Cached: parsing a URL costs more than a pooled request's own bookkeeping."""
+    return URL(url, encoded=True) if url.isascii() else URL(url)
+
+
+@lru_cache(maxsize=256)
+def _timeout(total: float, connect: float) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=total, sock_connect=connect)
 
 
 def _decode(raw: bytes, charset: str | None) -> str:
@@ -137,7 +145,7 @@ class HttpSender:
                 headers=headers,
                 allow_redirects=follow_redirects,
                 max_redirects=10,
-                timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout),
+                timeout=_timeout(timeout, connect_timeout),
             ) as resp:
                 if capture:
                     raw = await resp.content.read(MAX_CAPTURED_BYTES)

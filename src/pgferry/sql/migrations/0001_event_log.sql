@@ -132,18 +132,33 @@ create function ferry.publish(stream text, payload jsonb, key text default null,
 returns bigint language plpgsql as $$
 declare
     v_txid xid8;
+    v_part smallint;
     v_id   bigint;
 begin
-    perform ferry._check_stream(stream);
+    -- Checks inline (not via helper calls): publish is on the writer's hot path.
+    if stream is null or length(stream) > 200 or btrim(stream) = '' then
+        perform ferry._check_stream(stream);  -- raises the precise error
+    end if;
     if payload is null then
         raise exception 'pgferry: payload must not be NULL (use ''null''::jsonb for a JSON null)' using errcode = '22004';
     end if;
-    perform ferry._check_headers(headers);
+    if headers is not null and jsonb_typeof(headers) <> 'object' then
+        perform ferry._check_headers(headers);  -- raises the precise error
+    end if;
     -- Take the transaction id before reading the partition pointer: rotation relies on it.
     v_txid := pg_current_xact_id();
-    insert into ferry.events (part, txid, stream, key, payload, headers)
-    values (ferry._current_partition(), v_txid, stream, key, payload, headers)
-    returning id into v_id;
+    v_part := ferry._current_partition();
+    -- Straight into the partition: routing through the parent costs more than the insert.
+    if v_part = 0 then
+        insert into ferry.events_0 (part, txid, stream, key, payload, headers)
+        values (0, v_txid, stream, key, payload, headers) returning id into v_id;
+    elsif v_part = 1 then
+        insert into ferry.events_1 (part, txid, stream, key, payload, headers)
+        values (1, v_txid, stream, key, payload, headers) returning id into v_id;
+    else
+        insert into ferry.events_2 (part, txid, stream, key, payload, headers)
+        values (2, v_txid, stream, key, payload, headers) returning id into v_id;
+    end if;
     return v_id;
 end $$;
 
@@ -217,6 +232,8 @@ declare
     v_missing text;
     v_fn      text := ferry._capture_function(tbl);
     v_key     text;
+    v_body    text;
+    v_p       integer;
 begin
     select n.nspname, c.relname, c.relkind into v_schema, v_table, v_kind
     from pg_class c join pg_namespace n on n.oid = c.relnamespace where c.oid = tbl;
@@ -268,6 +285,38 @@ begin
                          from unnest(v_keys) with ordinality x(k, i)));
     end if;
 
+    -- One static INSERT per operation and partition, straight into the partition
+    -- (tuple routing through the parent costs a noticeable share of a
+    -- single-row statement). The UPDATE pairs old and new rows by position:
+    -- the transition tables are filled row by row in lockstep, so this holds
+    -- even when an update changes the key.
+    v_body := '';
+    foreach v_op in array array['INSERT', 'DELETE', 'UPDATE'] loop
+        v_body := v_body || case v_op when 'INSERT' then 'if' else 'elsif' end
+                  || format(' TG_OP = %L then', v_op) || E'\n';
+        for v_p in 0..2 loop
+            v_body := v_body || format(E'    %s v_part = %s then\n        insert into ferry.events_%s (part, txid, stream, key, payload)\n',
+                                       case v_p when 0 then 'if' else 'elsif' end, v_p, v_p)
+                || case v_op
+                    when 'INSERT' then format(
+                        '        select v_part, v_txid, %L, %s, to_jsonb(e) from pgferry_new r, lateral (select ''INSERT'' as type, '
+                        'TG_TABLE_NAME as "table", TG_TABLE_SCHEMA as schema, r as record, null::jsonb as old_record) e;', v_stream, v_key)
+                    when 'DELETE' then format(
+                        '        select v_part, v_txid, %L, %s, to_jsonb(e) from pgferry_old r, lateral (select ''DELETE'' as type, '
+                        'TG_TABLE_NAME as "table", TG_TABLE_SCHEMA as schema, null::jsonb as record, r as old_record) e;', v_stream, v_key)
+                    else format(
+                        '        select v_part, v_txid, %L, %s, to_jsonb(e) '
+                        'from (select row_number() over () as pos, n from pgferry_new n) nw '
+                        'join (select row_number() over () as pos, o from pgferry_old o) od using (pos), '
+                        'lateral (select (nw.n).*) r, '
+                        'lateral (select ''UPDATE'' as type, TG_TABLE_NAME as "table", TG_TABLE_SCHEMA as schema, '
+                        'nw.n as record, od.o as old_record) e order by nw.pos;', v_stream, v_key)
+                    end || E'\n';
+        end loop;
+        v_body := v_body || E'    end if;\n';
+    end loop;
+    v_body := v_body || 'end if;';
+
     perform ferry.uncapture_table(tbl);
     execute format($f$
         create function %1$s() returns trigger language plpgsql as $body$
@@ -275,34 +324,10 @@ begin
             v_txid xid8 := pg_current_xact_id();
             v_part smallint := ferry._current_partition();
         begin
-            if TG_OP = 'INSERT' then
-                insert into ferry.events (part, txid, stream, key, payload)
-                select v_part, v_txid, %2$L, %3$s, to_jsonb(e)
-                from pgferry_new r,
-                     lateral (select 'INSERT' as type, TG_TABLE_NAME as "table", TG_TABLE_SCHEMA as schema,
-                                     r as record, null::jsonb as old_record) e;
-            elsif TG_OP = 'DELETE' then
-                insert into ferry.events (part, txid, stream, key, payload)
-                select v_part, v_txid, %2$L, %3$s, to_jsonb(e)
-                from pgferry_old r,
-                     lateral (select 'DELETE' as type, TG_TABLE_NAME as "table", TG_TABLE_SCHEMA as schema,
-                                     null::jsonb as record, r as old_record) e;
-            else
-                -- The old and new transition tables are filled row by row in
-                -- lockstep, so their scan positions pair each new row with its
-                -- old version, even when the update changes the key.
-                insert into ferry.events (part, txid, stream, key, payload)
-                select v_part, v_txid, %2$L, %3$s, to_jsonb(e)
-                from (select row_number() over () as pos, n from pgferry_new n) nw
-                join (select row_number() over () as pos, o from pgferry_old o) od using (pos),
-                     lateral (select (nw.n).*) r,
-                     lateral (select 'UPDATE' as type, TG_TABLE_NAME as "table", TG_TABLE_SCHEMA as schema,
-                                     nw.n as record, od.o as old_record) e
-                order by nw.pos;
-            end if;
+            %4$s
             return null;
         end $body$
-    $f$, v_fn, v_stream, v_key);
+    $f$, v_fn, v_stream, v_key, v_body);
     execute format('comment on function %s() is %L', v_fn, format('pgferry: capture of %s into stream %s', tbl, v_stream));
 
     if 'insert' = any (v_ops) then

@@ -242,7 +242,7 @@ end $$;
 -- The built-in subscription that sends queued requests. Its retry settings
 -- are the knobs: max_attempts => 1 restores pg_net's single attempt.
 insert into ferry.subscriptions (name, streams, url, kind, max_in_flight, max_attempts, retry_base_ms, retry_max_ms)
-values ('pg_net', array['net.http'], 'http://pg_net.invalid/', 'pg_net', 64, 5, 500, 30000);
+values ('pg_net', array['net.http'], 'http://pg_net.invalid/', 'pg_net', 32, 5, 500, 30000);
 select ferry.register_consumer('webhook:pg_net', array['net.http'], 'now');
 
 create function ferry.prune_net_responses(max_rows integer default 10000) returns integer
