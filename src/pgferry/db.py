@@ -21,6 +21,17 @@ URL_ENV_VAR = "PGFERRY_DATABASE_URL"
 CONNECT_TIMEOUT_S = 10.0
 
 
+#: Errors after which a long-running loop reconnects (with backoff) instead of failing.
+CONNECTION_ERRORS = (
+    OSError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CannotConnectNowError,
+    DatabaseUnreachable,
+)
+
+
 def redact(url: str) -> str:
     """The URL with any password replaced, safe to print and log."""
     try:

@@ -299,3 +299,21 @@ async def test_unresolvable_host_and_oversized_payload_are_recorded_failures(
     assert received_ids(receiver) == [small]
     relay.stop_event.clear()
     relay.task = asyncio.create_task(relay.relay.run(relay.stop_event))
+
+
+async def test_secret_rotation_signs_with_every_secret(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    receiver, url = await receiver_factory()
+    old, new = new_secret(), new_secret()
+    await conn.execute("select ferry.subscribe('rotating', array['s'], $1, secret => $2)", url, old)
+    await conn.execute("select ferry.set_subscription_secrets('rotating', array[$1, $2])", old, new)
+    event_id = await ferry.publish("s", {"n": 1})
+    await all_delivered(receiver, {event_id})
+    request = receiver.received[0]
+    assert len(request.headers["webhook-signature"].split(" ")) == 2
+    for secret in (old, new):  # receivers on either secret accept it during the rotation
+        standardwebhooks.Webhook(secret).verify(request.body, request.headers)
+    with pytest.raises(asyncpg.PostgresError, match="whsec_"):
+        await conn.execute("select ferry.set_subscription_secrets('rotating', array['nope'])")
+    assert "whsec_" not in str(await ferry.subscriptions()), "secrets must not be listed"

@@ -245,3 +245,48 @@ async def test_install_refuses_a_foreign_net_schema(empty_db_url: str) -> None:
         assert await install(conn, addons=["pg_net"]) == []
     finally:
         await conn.close()
+
+
+async def test_readme_examples_of_pg_net(
+    net_relay: RunningRelay, net_conn: asyncpg.Connection, receiver_factory: MakeReceiver
+) -> None:
+    """pg_net's README snippets, with postman-echo.com replaced by a local receiver."""
+    receiver, url = await receiver_factory(lambda _: Respond(200, b'{"args": {"foo1": "bar1"}, "key": "value"}'))
+    root = base(url)
+    await net_conn.execute("create table target_table (id int primary key, name text)")
+    await net_conn.execute("insert into target_table values (1, 'a'), (2, 'b')")
+    snippets = [
+        f"SELECT net.http_get ('{root}/get?foo1=bar1&foo2=bar2') AS request_id;",
+        f"""SELECT net.http_get('{root}/get',
+               '{{"foo1": "bar1", "foo2": "bar2", "encoded": "!"}}'::JSONB) AS request_id;""",
+        f"""SELECT net.http_get('{root}/get?foo1=bar1&foo2=bar2',
+               headers := '{{"API-KEY-HEADER": "<API KEY>"}}'::JSONB) AS request_id;""",
+        f"""SELECT net.http_post('{root}/post', '{{"key": "value", "key": 5}}'::JSONB,
+               headers := '{{"API-KEY-HEADER": "<API KEY>"}}'::JSONB) AS request_id;""",
+        f"""WITH selected_row AS (SELECT * FROM target_table LIMIT 1)
+            SELECT net.http_post('{root}/post', to_jsonb(selected_row.*),
+                                 headers := '{{"API-KEY-HEADER": "<API KEY>"}}'::JSONB) AS request_id
+            FROM selected_row;""",
+        f"""WITH selected_rows AS (SELECT jsonb_agg(to_jsonb(target_table)) AS JSON_payload FROM target_table)
+            SELECT net.http_post('{root}/post'::TEXT, JSON_payload,
+                                 headers := '{{"API-KEY-HEADER": "<API KEY>"}}'::JSONB) AS request_id
+            FROM selected_rows;""",
+        f"SELECT net.http_delete('{root}/api/v1/delete/2') AS request_id;",
+        f"""WITH selected_id AS (SELECT id FROM target_table LIMIT 1)
+            SELECT net.http_delete('{root}/api/v1/delete/'::TEXT, format('{{"id": "%s"}}', id)::JSONB) AS request_id
+            FROM selected_id;""",
+    ]
+    ids = [await net_conn.fetchval(snippet) for snippet in snippets]
+    rows = {r["id"]: r for r in await responses(net_conn, len(snippets))}
+    assert all(rows[i]["status_code"] == 200 for i in ids)
+    result = await net_conn.fetchrow(
+        "SELECT *, ((response).body::JSON)->'args' AS args FROM net._http_collect_response($1);", ids[0]
+    )
+    assert result["status"] == "SUCCESS" and orjson.loads(result["args"]) == {"foo1": "bar1"}
+    seen = {(r.method, r.path) for r in receiver.received}
+    assert ("GET", "/get?foo1=bar1&foo2=bar2&encoded=%21") in seen
+    assert ("DELETE", "/api/v1/delete/?id=1") in seen
+    posts = [orjson.loads(r.body) for r in receiver.received if r.method == "POST"]
+    assert {"key": 5} in posts and {"id": 1, "name": "a"} in posts
+    assert [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}] in posts
+    assert await net_conn.fetchval("SELECT count(*) FROM net._http_response WHERE status_code >= 500") == 0

@@ -75,11 +75,14 @@ class SubscriptionWorker:
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.in_flight = 0
+        self.limit = asyncio.Semaphore(sub.max_in_flight)
         self.delivered = RollingCounter()
         self.failed = RollingCounter()
 
     def update(self, sub: Subscription) -> None:
         """New settings (from ferry.subscribe) take effect with the next request."""
+        if sub.max_in_flight != self.sub.max_in_flight:
+            self.limit = asyncio.Semaphore(sub.max_in_flight)
         self.sub = sub
         self.signer = Signer(sub.secrets)
 
@@ -137,20 +140,18 @@ class SubscriptionWorker:
 
     async def _send(self, chunk: Sequence[OutEvent]) -> HttpResult:
         sub = self.sub
-        if sub.kind == "pg_net":
-            async with self.ctx.global_limit:
-                self.in_flight += 1
-                try:
-                    return await pg_net.send(self.ctx.sender, sub, chunk[0])
-                finally:
-                    self.in_flight -= 1
-        try:
-            req = request.build(sub, chunk, self.signer, max_body_bytes=self.ctx.max_body_bytes)
-        except request.BadRequest as exc:
-            return HttpResult(None, exc.error_class, str(exc), None, 0.0)
-        async with self.ctx.global_limit:
+        req = None
+        if sub.kind != "pg_net":
+            try:
+                req = request.build(sub, chunk, self.signer, max_body_bytes=self.ctx.max_body_bytes)
+            except request.BadRequest as exc:
+                return HttpResult(None, exc.error_class, str(exc), None, 0.0)
+        # The subscription's limit covers the batch and the retry loop together.
+        async with self.limit, self.ctx.global_limit:
             self.in_flight += len(chunk)
             try:
+                if req is None:
+                    return await pg_net.send(self.ctx.sender, sub, chunk[0])
                 return await self.ctx.sender.send(
                     sub.url,
                     req.body,

@@ -20,6 +20,7 @@ import asyncpg
 
 from pgferry import db, sql
 from pgferry.aio import backoff_delay, wait_for_event
+from pgferry.db import CONNECTION_ERRORS
 from pgferry.errors import DatabaseUnreachable
 from pgferry.log.events import Batch, Event
 from pgferry.schema import LOCK_CLASS
@@ -27,16 +28,6 @@ from pgferry.schema import LOCK_CLASS
 log = logging.getLogger(__name__)
 
 TICK_CHANNEL = "pgferry_tick"
-
-#: Errors after which the reader reconnects instead of failing.
-CONNECTION_ERRORS = (
-    OSError,
-    asyncpg.InterfaceError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.AdminShutdownError,
-    asyncpg.CannotConnectNowError,
-    DatabaseUnreachable,
-)
 
 
 def _setter(event: asyncio.Event) -> Callable[..., None]:

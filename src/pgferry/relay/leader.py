@@ -17,21 +17,13 @@ import asyncpg
 
 from pgferry import db, sql
 from pgferry.aio import backoff_delay, wait_for_event
+from pgferry.db import CONNECTION_ERRORS
 from pgferry.errors import DatabaseUnreachable
 from pgferry.schema import LOCK_CLASS
 
 log = logging.getLogger(__name__)
 
 TICKER_LOCK = 2
-
-CONNECTION_ERRORS = (
-    OSError,
-    asyncpg.InterfaceError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.AdminShutdownError,
-    asyncpg.CannotConnectNowError,
-    DatabaseUnreachable,
-)
 
 
 async def lead(

@@ -4,8 +4,9 @@ Each relay keeps one "ownership" connection and holds a session advisory lock
 per subscription it delivers. Locks vanish with the connection, so when a
 relay dies its subscriptions are free at once and survivors claim them on
 their next round (every ``claim_interval`` seconds). Relays heartbeat into
-ferry.relays; each claims at most its fair share (subscriptions / live
-relays, rounded up) and hands back extras, so load spreads as relays join.
+ferry.relays (for `pgferry status`) and hold a shared "presence" lock; each
+claims at most its fair share (subscriptions / relays holding the presence
+lock, rounded up) and hands back extras, so load spreads as relays join.
 The same connection LISTENs for ticks and wakes the workers.
 """
 
@@ -24,17 +25,22 @@ import orjson
 
 from pgferry import db, sql
 from pgferry.aio import backoff_delay, wait_for_event
+from pgferry.db import CONNECTION_ERRORS
 from pgferry.delivery.model import Subscription
 from pgferry.delivery.worker import DeliveryContext, SubscriptionWorker
-from pgferry.log.reader import CONNECTION_ERRORS, TICK_CHANNEL
+from pgferry.log.reader import TICK_CHANNEL
 from pgferry.schema import LOCK_CLASS
 
 log = logging.getLogger(__name__)
 
 
+#: objid of the shared advisory lock every relay's ownership connection holds.
+PRESENCE_LOCK = 3
+
+
 @dataclass
 class OwnershipSettings:
-    claim_interval: float = 1.0
+    claim_interval: float = 2.0
     stop_grace: float = 10.0
 
 
@@ -66,6 +72,7 @@ class Ownership:
                 continue
             try:
                 failures = 0
+                await conn.fetchval(sql.query("announce_presence"), LOCK_CLASS, PRESENCE_LOCK)
                 await conn.add_listener(TICK_CHANNEL, self._on_tick)
                 while not stop.is_set():
                     await self._round(conn)
@@ -86,8 +93,8 @@ class Ownership:
             owned.worker.wake.set()
 
     async def _round(self, conn: asyncpg.Connection) -> None:
-        # One round trip: heartbeat, active subscriptions, number of live relays.
-        # A relay that missed three heartbeats is gone (its locks went with its connection).
+        # One round trip: heartbeat, active subscriptions, number of live relays
+        # (those whose ownership connection holds the presence lock).
         rows = await conn.fetch(
             sql.query("relay_round"),
             self.relay_id,
@@ -95,7 +102,6 @@ class Ownership:
             os.getpid(),
             sorted(self.owned),
             orjson.dumps(self._stats()).decode(),
-            3 * self.settings.claim_interval + 1,
         )
         active = {r["name"]: Subscription.from_row(r) for r in rows}
         relays = max(1, rows[0]["live_relays"]) if rows else 1

@@ -96,7 +96,10 @@ from ferry.batch_events($1, $2, $3)
 select ferry.finish_batch($1, $2)
 
 -- name: relay_round
-select live_relays, (subscription).* from ferry.relay_round($1, $2, $3, $4, $5::text::jsonb, make_interval(secs => $6))
+select live_relays, (subscription).* from ferry.relay_round($1, $2, $3, $4, $5::text::jsonb)
+
+-- name: announce_presence
+select pg_advisory_lock_shared($1::int, $2::int)
 
 -- name: webhook_batch_events
 select id, stream, key, payload::text as payload, headers::text as headers, created_at
