@@ -290,3 +290,42 @@ async def test_readme_examples_of_pg_net(
     assert {"key": 5} in posts and {"id": 1, "name": "a"} in posts
     assert [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}] in posts
     assert await net_conn.fetchval("SELECT count(*) FROM net._http_response WHERE status_code >= 500") == 0
+
+
+async def test_expired_responses_are_pruned(net_conn: asyncpg.Connection) -> None:
+    await net_conn.execute(
+        "insert into net._http_response (id, status_code, created) values (1, 200, now() - interval '7 hours')"
+    )
+    await net_conn.execute("insert into net._http_response (id, status_code) values (2, 200)")
+    done = await net_conn.fetchval("select ferry.housekeeping()")
+    assert "removed 1 expired net._http_response rows" in done
+    assert [r["id"] for r in await net_conn.fetch("select id from net._http_response")] == [2]
+
+
+async def test_queued_requests_survive_a_postgres_crash(receiver_factory: MakeReceiver) -> None:
+    """pg_net's queue is UNLOGGED and empties on a crash; pgferry's is the WAL-logged log."""
+    from pgferry.embedded import EmbeddedPostgres
+
+    server = EmbeddedPostgres(settings={"fsync": "on"})
+    server.start()
+    try:
+        conn = await db.connect(server.url)
+        await install(conn, addons=["pg_net"])
+        receiver, url = await receiver_factory()
+        ids = [
+            await conn.fetchval("select net.http_post($1, jsonb_build_object('n', $2::int))", url, n) for n in range(3)
+        ]
+        await conn.close()
+        await asyncio.to_thread(server.restart, "immediate")  # a crash: no shutdown checkpoint
+        conn = await db.connect(server.url)
+        assert await conn.fetchval("select count(*) from net.http_request_queue") == 3
+        relay = RunningRelay(server.url)
+        try:
+            rows = await responses(conn, 3)
+        finally:
+            await relay.stop()
+            await conn.close()
+        assert [r["id"] for r in rows] == ids and {r["status_code"] for r in rows} == {200}
+        assert sorted(orjson.loads(r.body)["n"] for r in receiver.received) == [0, 1, 2]
+    finally:
+        server.destroy()
