@@ -46,7 +46,12 @@ class Garbage:
     """Answer bytes that are not HTTP, then close."""
 
 
-Action = Respond | Drop | Hang | Garbage
+@dataclass(frozen=True, slots=True)
+class CutBody:
+    """Answer headers promising a body, send part of it, then close."""
+
+
+Action = Respond | Drop | Hang | Garbage | CutBody
 Behaviour = Callable[[Received], Action]
 
 _REASONS = {200: "OK", 201: "Created", 204: "No Content", 302: "Found", 400: "Bad Request", 410: "Gone",
@@ -110,6 +115,10 @@ class _Protocol(asyncio.Protocol):
                 + action.body
             )
         elif isinstance(action, Drop):
+            self.transport.close()
+            self.transport = None
+        elif isinstance(action, CutBody):
+            self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n" + b"x" * 100)
             self.transport.close()
             self.transport = None
         elif isinstance(action, Garbage):

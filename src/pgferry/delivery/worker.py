@@ -30,6 +30,7 @@ from pgferry import sql
 from pgferry.aio import wait_for_event
 from pgferry.delivery import pg_net, request
 from pgferry.delivery.counters import RollingCounter
+from pgferry.delivery.fasthttp import FastSender
 from pgferry.delivery.http import HttpResult, HttpSender
 from pgferry.delivery.model import OutEvent, Subscription
 from pgferry.delivery.retry import judge
@@ -49,7 +50,8 @@ class DeliveryContext:
     """What every worker of a relay shares."""
 
     pool: asyncpg.Pool
-    sender: HttpSender
+    sender: HttpSender  # pg_net requests: any method, redirects, whole responses
+    webhooks: FastSender  # webhook POSTs, the hot path
     global_limit: asyncio.Semaphore
     max_body_bytes: int = 1 << 20
     max_batch_events: int | None = None
@@ -152,7 +154,7 @@ class SubscriptionWorker:
             try:
                 if req is None:
                     return await pg_net.send(self.ctx.sender, sub, chunk[0])
-                return await self.ctx.sender.send(
+                return await self.ctx.webhooks.send(
                     sub.url,
                     req.body,
                     req.headers,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from pgferry import db, sql
+from pgferry.delivery.fasthttp import FastSender
 from pgferry.delivery.http import HttpSender
 from pgferry.delivery.worker import DeliveryContext
 from pgferry.log.ticker import Ticker, TickerSettings
@@ -71,13 +72,15 @@ class Relay:
                 on_change=changed,
             )
         ]
-        pool = sender = None
+        pool = sender = webhooks = None
         if self.settings.deliver:
             pool = await db.create_pool(self.url, min_size=1, max_size=self.settings.db_pool_size)
             sender = HttpSender(pool_size=self.settings.pool_size)
+            webhooks = FastSender(pool_size=self.settings.pool_size)
             ctx = DeliveryContext(
                 pool=pool,
                 sender=sender,
+                webhooks=webhooks,
                 global_limit=asyncio.Semaphore(self.settings.max_in_flight),
                 max_body_bytes=max_body_bytes,
             )
@@ -87,6 +90,8 @@ class Relay:
         finally:
             if sender is not None:
                 await sender.close()
+            if webhooks is not None:
+                await webhooks.close()
             if pool is not None:
                 await pool.close()
         log.info("relay stopped")

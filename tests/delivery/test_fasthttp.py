@@ -1,0 +1,73 @@
+"""The webhook HTTP sender against real misbehaving servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from pgferry.delivery.fasthttp import FastSender
+from pgferry.receiver import CutBody, Drop, Garbage, Hang, Receiver, Respond
+
+MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
+
+
+@pytest.fixture
+async def sender() -> FastSender:
+    return FastSender(pool_size=4)
+
+
+async def post(sender: FastSender, url: str, timeout: float = 2.0):  # type: ignore[no-untyped-def]
+    return await sender.send(url, b'{"a": 1}', {"content-type": "application/json"}, timeout=timeout, connect_timeout=1)
+
+
+async def test_success_reuses_connections(sender: FastSender, receiver_factory: MakeReceiver) -> None:
+    receiver, url = await receiver_factory()
+    results = await asyncio.gather(*(post(sender, url) for _ in range(50)))
+    assert all(r.ok and r.status == 200 for r in results)
+    assert receiver.stats.connections <= 4  # the pool bound
+    got = receiver.received[0]
+    assert got.method == "POST" and got.path == "/hook" and got.body == b'{"a": 1}'
+    assert got.headers["host"] == f"127.0.0.1:{receiver.port}" and got.headers["content-type"] == "application/json"
+
+
+async def test_failures_are_classified(sender: FastSender, receiver_factory: MakeReceiver) -> None:
+    cases: list[tuple[object, str, str]] = [
+        (Respond(500, b"boom"), "http_status", "HTTP 500 Internal Server Error"),
+        (Respond(302, b"", (("Location", "http://elsewhere/"),)), "redirect", "redirect to http://elsewhere/"),
+        (Drop(), "empty_reply", "without a complete response"),
+        (Garbage(), "invalid_response", "invalid HTTP response"),
+        (CutBody(), "reset", "cut off"),
+        (Hang(), "timeout", "no complete answer within 0.3 s"),
+    ]
+    for action, error_class, text in cases:
+        _, url = await receiver_factory(lambda _, a=action: a)
+        result = await post(sender, url, timeout=0.3)
+        assert (result.error_class, text in (result.error or "")) == (error_class, True), result
+    _, url = await receiver_factory(lambda _: Respond(429, b"slow", (("Retry-After", "7"),)))
+    throttled = await post(sender, url)
+    assert (throttled.status, throttled.retry_after, throttled.response) == (429, 7.0, "slow")
+
+
+async def test_refused_and_unresolvable(sender: FastSender) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    refused = await post(sender, f"http://127.0.0.1:{port}/x")
+    assert refused.error_class == "connect" and "cannot connect to 127.0.0.1" in (refused.error or "")
+    unknown = await post(sender, "http://no-such-host.invalid/x")
+    assert unknown.error_class == "dns" and "cannot resolve host 'no-such-host.invalid'" in (unknown.error or "")
+
+
+async def test_a_kept_alive_connection_closed_by_the_server_is_replaced(
+    sender: FastSender, receiver_factory: MakeReceiver
+) -> None:
+    receiver, url = await receiver_factory()
+    assert (await post(sender, url)).ok
+    for transport in list(receiver.stats.open):  # the server drops its idle connections
+        transport.close()
+    await asyncio.sleep(0.05)
+    assert (await post(sender, url)).ok
+    assert receiver.stats.connections == 2
