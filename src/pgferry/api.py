@@ -147,7 +147,14 @@ class Ferry:
     async def register_consumer(self, name: str, streams: Sequence[str] | None = None, start_at: str = "now") -> None:
         """Create (or change the streams of) a consumer. ``start_at``: 'now' or 'beginning'."""
         async with self.pool.acquire() as conn:
-            await conn.execute(sql.query("register_consumer"), name, list(streams) if streams else None, start_at)
+            try:
+                await conn.execute(
+                    sql.query("register_consumer"), name, None if streams is None else list(streams), start_at
+                )
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate in _BAD_INPUT:
+                    raise PgferryError(str(exc)) from exc
+                raise
 
     async def unregister_consumer(self, name: str) -> bool:
         async with self.pool.acquire() as conn:
@@ -232,10 +239,14 @@ class Ferry:
 
     async def replay_dead_letters(self, subscription: str, ids: Sequence[int] | None = None) -> int:
         """Send dead letters again (all of the subscription's, or those ids) with a fresh attempt budget."""
-        return int(await self._admin("fetchval", "dlq_replay", subscription, list(ids) if ids else None))
+        if ids is not None and not ids:
+            return 0
+        return int(await self._admin("fetchval", "dlq_replay", subscription, None if ids is None else list(ids)))
 
     async def discard_dead_letters(self, subscription: str, ids: Sequence[int] | None = None) -> int:
-        return int(await self._admin("fetchval", "dlq_discard", subscription, list(ids) if ids else None))
+        if ids is not None and not ids:
+            return 0
+        return int(await self._admin("fetchval", "dlq_discard", subscription, None if ids is None else list(ids)))
 
     async def _admin(self, method: str, query: str, *args: Any) -> Any:
         async with self.pool.acquire() as conn:

@@ -101,14 +101,14 @@ def install(database_url: str | None, pg_net: bool) -> None:
 @main.command()
 @database_url_option
 @click.option("--tick-interval", default=0.01, show_default=True, help="Seconds between tick checks while busy.")
-@click.option("--idle-tick-interval", default=0.5, show_default=True, help="Longest wait between tick checks.")
+@click.option("--idle-poll-interval", default=0.5, show_default=True, help="Longest wait between tick checks.")
 @click.option("--exit-after", type=float, help="Stop by itself after this many seconds.")
-def run(database_url: str | None, tick_interval: float, idle_tick_interval: float, exit_after: float | None) -> None:
+def run(database_url: str | None, tick_interval: float, idle_poll_interval: float, exit_after: float | None) -> None:
     """Run the relay. Without a database URL: a throwaway PostgreSQL and a demo."""
     from pgferry.log.ticker import TickerSettings
     from pgferry.relay.process import Relay, RelaySettings
 
-    settings = RelaySettings(ticker=TickerSettings(busy_interval=tick_interval, idle_interval=idle_tick_interval))
+    settings = RelaySettings(ticker=TickerSettings(busy_interval=tick_interval, idle_interval=idle_poll_interval))
 
     async def go(url: str, demo: bool) -> None:
         # Long-lived objects made at startup never need collecting; freezing them

@@ -104,7 +104,9 @@ async def connect(url: str, **kwargs: Any) -> asyncpg.Connection:
     return conn
 
 
-async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+async def create_pool(
+    url: str, *, min_size: int = 1, max_size: int = 10, server_settings: dict[str, str] | None = None
+) -> asyncpg.Pool:
     """Open a connection pool, or raise DatabaseUnreachable saying why not."""
     check_url(url)
     try:
@@ -114,6 +116,7 @@ async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> asy
             max_size=max_size,
             timeout=CONNECT_TIMEOUT_S,
             init=init_connection,
+            server_settings=server_settings,
         )
     except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
         raise _explain(url, exc) from exc

@@ -17,8 +17,11 @@ from pgferry.errors import PgferryError, SchemaMissing
 
 log = logging.getLogger(__name__)
 
-#: classid of every advisory lock pgferry takes ("pf").
+#: classid of pgferry's own advisory locks ("pf"): install 1, ticker 2, relay presence 3, tick 4.
 LOCK_CLASS = 0x7066
+#: classid of consumer ownership locks ("pg"), objid hashtext(consumer name): kept apart
+#: so that no consumer name can hash onto one of the fixed locks above.
+CONSUMER_LOCK_CLASS = 0x7067
 INSTALL_LOCK = 1
 
 

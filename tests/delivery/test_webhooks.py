@@ -317,3 +317,31 @@ async def test_secret_rotation_signs_with_every_secret(
     with pytest.raises(asyncpg.PostgresError, match="whsec_"):
         await conn.execute("select ferry.set_subscription_secrets('rotating', array['nope'])")
     assert "whsec_" not in str(await ferry.subscriptions()), "secrets must not be listed"
+
+
+async def test_dead_letter_bookkeeping_edges(conn: asyncpg.Connection, ferry: pgferry.Ferry) -> None:
+    from pgferry import sql
+
+    await conn.execute("select ferry.subscribe('edges', array['s'], 'http://127.0.0.1:9/x', ordered => true)")
+    row = ("edges", "s", "k", "{}", None)
+    await conn.execute(
+        """insert into ferry.retries (subscription, event_id, stream, key, payload, headers, event_created_at,
+                                      attempts, next_attempt_at)
+           values ($1, 1, $2, $3, $4::jsonb, $5, now(), 3, now() + interval '10 minutes'),
+                  ($1, 2, $2, $3, $4::jsonb, $5, now(), 0, now())""",
+        *row,
+    )
+    # The event waiting behind the failed one of its key is not what the retry loop waits for.
+    next_at = await conn.fetchval(sql.query("next_retry_at"), "edges", True)
+    assert next_at is not None and next_at > await conn.fetchval("select now() + interval '9 minutes'")
+    await conn.execute(
+        """insert into ferry.dead_letters (subscription, event_id, stream, key, payload, event_created_at,
+                                           attempts, first_failed_at)
+           values ('edges', 1, 's', 'k', '{}', now(), 12, now()), ('edges', 3, 's', 'k', '{}', now(), 12, now())"""
+    )
+    # Event 1 is parked again already: replaying must not drop its dead letter.
+    assert await conn.fetchval("select ferry.dlq_replay('edges')") == 1
+    assert [r["event_id"] for r in await conn.fetch("select event_id from ferry.dead_letters")] == [1]
+    assert await ferry.discard_dead_letters("edges", ids=[]) == 0  # an empty list is nothing, not everything
+    assert await ferry.replay_dead_letters("edges", ids=[]) == 0
+    assert await conn.fetchval("select count(*) from ferry.dead_letters") == 1

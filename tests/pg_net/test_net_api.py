@@ -329,3 +329,17 @@ async def test_queued_requests_survive_a_postgres_crash(receiver_factory: MakeRe
         assert sorted(orjson.loads(r.body)["n"] for r in receiver.received) == [0, 1, 2]
     finally:
         server.destroy()
+
+
+async def test_foreign_events_in_the_request_stream_and_long_bodies(
+    net_relay: RunningRelay, net_conn: asyncpg.Connection, receiver_factory: MakeReceiver
+) -> None:
+    big = b"y" * 300_000
+    _, url = await receiver_factory(lambda _: Respond(200, big))
+    bogus = await net_conn.fetchval("""select ferry.publish('net.http', '{"not": "a request"}')""")
+    good = await net_conn.fetchval("select net.http_get($1)", url)
+    rows = {r["id"]: r for r in await responses(net_conn, 2)}
+    assert rows[good]["content"] == big.decode()  # the whole body, not the first network read
+    assert "is not a request" in rows[bogus]["error_msg"]
+    with pytest.raises(asyncpg.PostgresError, match="timeout_milliseconds must be between 1 and 600000"):
+        await net_conn.execute("select net.http_get($1, timeout_milliseconds := 0)", url)

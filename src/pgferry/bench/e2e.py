@@ -25,6 +25,7 @@ from pgferry.bench.pgbench import run_pgbench
 from pgferry.bench.relay import running_relay, wait_for_lock
 from pgferry.bench.report import Latency, ms, num, pct, table
 from pgferry.bench.sqlfiles import pgbench_script, query
+from pgferry.schema import CONSUMER_LOCK_CLASS
 
 CONSUMER = "bench-e2e"
 STREAM = "bench.e2e"
@@ -85,7 +86,7 @@ async def run_e2e(ctx: BenchContext) -> None:
             reader = asyncio.create_task(_read(ferry, arrivals))
             try:
                 lock_key = await conn.fetchval(core_sql.query("consumer_lock_key"), CONSUMER)
-                await wait_for_lock(conn, lock_key, "the stream reader")
+                await wait_for_lock(conn, lock_key, "the stream reader", classid=CONSUMER_LOCK_CLASS)
                 first_tick = await conn.fetchval(query("last_tick_id"))
                 ctx.progress(f"[e2e] {s.rate:,.0f} inserts/s for {s.e2e_seconds:g} s, relay and reader running ...")
                 run = await run_pgbench(

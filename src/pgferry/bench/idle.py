@@ -24,6 +24,7 @@ from pgferry.bench.context import BENCH_DATABASE, BenchContext
 from pgferry.bench.relay import running_relay, wait_for_lock
 from pgferry.bench.report import num, table
 from pgferry.bench.sqlfiles import query
+from pgferry.schema import CONSUMER_LOCK_CLASS
 
 CONSUMER = "bench-idle"
 SETTLE_S = 4.0
@@ -58,7 +59,7 @@ async def run_idle(ctx: BenchContext) -> None:
                 reader = asyncio.create_task(_read(ferry, received))
                 try:
                     lock_key = await conn.fetchval(core_sql.query("consumer_lock_key"), CONSUMER)
-                    await wait_for_lock(conn, lock_key, "the stream reader")
+                    await wait_for_lock(conn, lock_key, "the stream reader", classid=CONSUMER_LOCK_CLASS)
                     ctx.progress(f"[idle] relay and one reader idle for {seconds:g} s (after {SETTLE_S:g} s to settle)")
                     await asyncio.sleep(SETTLE_S)
                     first_tick = int(await conn.fetchval(query("last_tick_id")))

@@ -28,10 +28,12 @@ class RelayFailed(PgferryError):
     """The relay subprocess exited or never became the ticker."""
 
 
-async def wait_for_lock(conn: asyncpg.Connection, objid: int, what: str, timeout: float = 20.0) -> None:
+async def wait_for_lock(
+    conn: asyncpg.Connection, objid: int, what: str, timeout: float = 20.0, classid: int = LOCK_CLASS
+) -> None:
     """Wait until some session holds pgferry's advisory lock ``objid`` (the ticker's, a reader's)."""
     deadline = time.monotonic() + timeout
-    while not await conn.fetchval(query("advisory_lock_held"), LOCK_CLASS, objid):
+    while not await conn.fetchval(query("advisory_lock_held"), classid, objid):
         if time.monotonic() > deadline:
             raise RelayFailed(f"{what} did not start within {timeout:.0f} s")
         await asyncio.sleep(0.05)

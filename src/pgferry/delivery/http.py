@@ -76,6 +76,17 @@ def _timeout(total: float, connect: float) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=total, sock_connect=connect)
 
 
+async def _read_up_to(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body, or its first ``limit`` bytes (read(n) alone returns only what is buffered)."""
+    chunks = bytearray()
+    while len(chunks) < limit:
+        chunk = await resp.content.read(limit - len(chunks))
+        if not chunk:
+            break
+        chunks += chunk
+    return bytes(chunks)
+
+
 def _decode(raw: bytes, charset: str | None) -> str:
     try:
         text = raw.decode(charset or "utf-8", "replace")
@@ -148,7 +159,7 @@ class HttpSender:
                 timeout=_timeout(timeout, connect_timeout),
             ) as resp:
                 if capture:
-                    raw = await resp.content.read(MAX_CAPTURED_BYTES)
+                    raw = await _read_up_to(resp, MAX_CAPTURED_BYTES)
                     text = _decode(raw, resp.charset) if raw else None
                     headers = {str(k): v for k, v in resp.headers.items()}
                     captured = Captured(headers, resp.headers.get("Content-Type"), text)

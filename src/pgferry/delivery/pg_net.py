@@ -33,16 +33,26 @@ def is_final(result: HttpResult) -> bool:
 
 
 async def send(sender: HttpSender, sub: Subscription, event: OutEvent) -> HttpResult:
-    request: dict[str, Any] = orjson.loads(event.payload)
-    headers = {k: v for k, v in (request.get("headers") or {}).items() if v is not None}
-    body = request.get("body")
+    try:
+        request: dict[str, Any] = orjson.loads(event.payload)
+        headers = {str(k): str(v) for k, v in (request.get("headers") or {}).items() if v is not None}
+        body = request.get("body")
+        if not isinstance(request["url"], str) or not isinstance(request["method"], str):
+            raise TypeError("url and method must be strings")
+        if body is not None and not isinstance(body, str):
+            raise TypeError("body must be JSON text")
+        timeout_ms = float(request["timeout_ms"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        # Only net.http_* should write to stream 'net.http'; anything else is not a request.
+        return HttpResult(None, "bad_request", f"event {event.id} in stream 'net.http' is not a request: {exc!r}",
+                          None, 0.0)  # fmt: skip
     return await sender.send(
         request["url"],
         body.encode() if body is not None else None,
         headers,
         method=request["method"],
-        timeout=request["timeout_ms"] / 1000,
-        connect_timeout=min(sub.connect_timeout_ms, request["timeout_ms"]) / 1000,
+        timeout=timeout_ms / 1000,
+        connect_timeout=min(sub.connect_timeout_ms, timeout_ms) / 1000,
         follow_redirects=True,
         capture=True,
     )

@@ -128,7 +128,9 @@ class SubscriptionWorker:
         while not self.stopping.is_set():
             async with self.ctx.pool.acquire() as conn:
                 rows = await conn.fetch(sql.query("due_retries"), self.sub.name, self.sub.ordered, self.ctx.retry_fetch)
-                next_at = None if rows else await conn.fetchval(sql.query("next_retry_at"), self.sub.name)
+                next_at = (
+                    None if rows else await conn.fetchval(sql.query("next_retry_at"), self.sub.name, self.sub.ordered)
+                )
             if not rows:
                 delay = self.ctx.poll_interval
                 if next_at is not None:
@@ -152,17 +154,24 @@ class SubscriptionWorker:
         async with self.limit, self.ctx.global_limit:
             self.in_flight += len(chunk)
             try:
-                if req is None:
-                    return await pg_net.send(self.ctx.sender, sub, chunk[0])
-                return await self.ctx.webhooks.send(
-                    sub.url,
-                    req.body,
-                    req.headers,
-                    timeout=sub.timeout_ms / 1000,
-                    connect_timeout=sub.connect_timeout_ms / 1000,
-                )
+                return await self._transmit(chunk, req)
+            except Exception as exc:  # a bug of ours must cost a retry, not the worker
+                log.exception("subscription %s: unexpected error sending events %s", sub.name, [e.id for e in chunk])
+                return HttpResult(None, "internal", f"pgferry internal error: {exc!r}", None, 0.0)
             finally:
                 self.in_flight -= len(chunk)
+
+    async def _transmit(self, chunk: Sequence[OutEvent], req: request.Request | None) -> HttpResult:
+        sub = self.sub
+        if req is None:
+            return await pg_net.send(self.ctx.sender, sub, chunk[0])
+        return await self.ctx.webhooks.send(
+            sub.url,
+            req.body,
+            req.headers,
+            timeout=sub.timeout_ms / 1000,
+            connect_timeout=sub.connect_timeout_ms / 1000,
+        )
 
     async def _deliver(self, events: Sequence[OutEvent], blocked: set[str]) -> list[Outcome]:
         sub = self.sub

@@ -23,7 +23,7 @@ from pgferry.aio import backoff_delay, wait_for_event
 from pgferry.db import CONNECTION_ERRORS
 from pgferry.errors import DatabaseUnreachable
 from pgferry.log.events import Batch, Event
-from pgferry.schema import LOCK_CLASS
+from pgferry.schema import CONSUMER_LOCK_CLASS
 
 log = logging.getLogger(__name__)
 
@@ -87,18 +87,26 @@ class StreamReader:
             first = False
             self._conn = conn
             try:
-                await self._ensure_consumer(conn)
+                # Lock first: a standby must not re-register (and so change the
+                # streams of) a consumer another process is reading.
                 await self._acquire(conn)
+                await self._ensure_consumer(conn)
                 wake = asyncio.Event()
                 await conn.add_listener(TICK_CHANNEL, _setter(wake))
                 failures = 0
+                unacked: int | None = None
                 while True:
                     wake.clear()
                     batch = await self._next_batch(conn)
                     if batch is None:
                         await wait_for_event(wake, self.settings.poll_interval)
                         continue
+                    if batch.id == unacked:
+                        # The caller went on without acking: hand the batch out
+                        # again, but not in a tight loop.
+                        await asyncio.sleep(self.settings.poll_interval)
                     yield batch
+                    unacked = None if batch.acked else batch.id
             except CONNECTION_ERRORS as exc:
                 failures += 1
                 log.warning("reader %s lost its database connection: %s", self.settings.consumer, exc)
@@ -126,7 +134,7 @@ class StreamReader:
     async def _acquire(self, conn: asyncpg.Connection) -> None:
         key = await conn.fetchval(sql.query("consumer_lock_key"), self.settings.consumer)
         warned = False
-        while not await conn.fetchval(sql.query("try_advisory_lock"), LOCK_CLASS, key):
+        while not await conn.fetchval(sql.query("try_advisory_lock"), CONSUMER_LOCK_CLASS, key):
             if not warned:
                 log.info("consumer %s is being read by another process; waiting to take over", self.settings.consumer)
                 warned = True
@@ -163,7 +171,7 @@ class StreamReader:
         try:
             await conn.execute(sql.query("finish_batch"), batch.consumer, batch.id)
         except CONNECTION_ERRORS as exc:
-            log.warning("reader %s: ack of batch %d lost with the connection (%s); it will be read again",
-                        batch.consumer, batch.id, exc)  # fmt: skip
+            log.warning("reader %s: connection lost while acking batch %d (%s); unless that ack committed, "
+                        "the batch will be read again", batch.consumer, batch.id, exc)  # fmt: skip
             return False
         return True

@@ -66,6 +66,12 @@ async def lead(
         except CONNECTION_ERRORS as exc:
             log.warning("%s: lost the database connection (%s); reconnecting", name, exc)
             await wait_for_event(stop, retry_interval * random.uniform(0.5, 1.0))
+        except Exception:
+            # e.g. a statement_timeout or deadlock in housekeeping: step down, let
+            # another relay (or this one, later) lead, rather than crash.
+            failures += 1
+            log.exception("%s: unexpected error; stepping down for a while", name)
+            await wait_for_event(stop, backoff_delay(failures, base=1.0, cap=30.0))
         finally:
             if leading:
                 log.info("%s: stepped down", name)

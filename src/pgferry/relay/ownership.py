@@ -29,7 +29,7 @@ from pgferry.db import CONNECTION_ERRORS
 from pgferry.delivery.model import Subscription
 from pgferry.delivery.worker import DeliveryContext, SubscriptionWorker
 from pgferry.log.reader import TICK_CHANNEL
-from pgferry.schema import LOCK_CLASS
+from pgferry.schema import CONSUMER_LOCK_CLASS, LOCK_CLASS
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,7 @@ class Ownership:
                 failures = 0
                 await conn.fetchval(sql.query("announce_presence"), LOCK_CLASS, PRESENCE_LOCK)
                 await conn.add_listener(TICK_CHANNEL, self._on_tick)
+                conn.add_termination_listener(self._on_lost)
                 while not stop.is_set():
                     await self._round(conn)
                     await wait_for_event(stop, self.settings.claim_interval)
@@ -81,12 +82,24 @@ class Ownership:
                 await conn.execute(sql.query("relay_gone"), self.relay_id)
             except CONNECTION_ERRORS as exc:
                 log.warning("delivery: lost the ownership connection (%s); stopping workers and reconnecting", exc)
-                await self._abandon_all()
                 await wait_for_event(stop, self.settings.claim_interval)
+            except Exception:
+                failures += 1
+                log.exception("delivery: unexpected error; stopping workers and starting over")
+                await wait_for_event(stop, backoff_delay(failures, base=1.0, cap=30.0))
             finally:
+                # The subscription locks live and die with this connection: no
+                # worker may outlive it.
+                await self._abandon_all()
                 if not conn.is_closed():
                     conn.terminate()
         await self._abandon_all()
+
+    def _on_lost(self, *_: object) -> None:
+        """The ownership connection is gone, and with it our locks: stop sending at once."""
+        for owned in self.owned.values():
+            owned.worker.stop()
+            owned.task.cancel()
 
     def _on_tick(self, *_: object) -> None:
         for owned in self.owned.values():
@@ -112,7 +125,10 @@ class Ownership:
                 await self._release(conn, name, graceful=True)
         for name, sub in active.items():
             if name in self.owned and self.owned[name].worker.sub.updated_at != sub.updated_at:
-                self.owned[name].worker.update(sub)
+                try:
+                    self.owned[name].worker.update(sub)
+                except ValueError as exc:
+                    log.error("delivery: keeping the old settings of subscription %s: %s", name, exc)
 
         share = math.ceil(len(active) / relays)
         for name, sub in active.items():
@@ -121,8 +137,13 @@ class Ownership:
             if name in self.owned:
                 continue
             key = await conn.fetchval(sql.query("consumer_lock_key"), sub.consumer)
-            if await conn.fetchval(sql.query("try_advisory_lock"), LOCK_CLASS, key):
-                worker = SubscriptionWorker(sub, self.ctx)
+            if await conn.fetchval(sql.query("try_advisory_lock"), CONSUMER_LOCK_CLASS, key):
+                try:
+                    worker = SubscriptionWorker(sub, self.ctx)
+                except ValueError as exc:  # e.g. a secret that is not whsec_<base64>
+                    log.error("delivery: cannot deliver subscription %s: %s", name, exc)
+                    await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, key)
+                    continue
                 task = asyncio.create_task(worker.run(), name=f"deliver {name}")
                 self.owned[name] = _Owned(worker, task, key)
                 log.info("delivery: now delivering subscription %s -> %s", name, _host(sub.url))
@@ -144,7 +165,7 @@ class Ownership:
     async def _release(self, conn: asyncpg.Connection, name: str, *, graceful: bool) -> None:
         owned = self.owned.pop(name)
         await self._stop_worker(name, owned, graceful)
-        await conn.fetchval(sql.query("advisory_unlock"), LOCK_CLASS, owned.lock_key)
+        await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, owned.lock_key)
         log.info("delivery: released subscription %s", name)
 
     async def _stop_worker(self, name: str, owned: _Owned, graceful: bool) -> None:
@@ -163,8 +184,12 @@ class Ownership:
                 log.error("delivery: worker for %s failed: %r", name, result)
 
     async def _release_all(self, conn: asyncpg.Connection, *, graceful: bool) -> None:
-        for name in list(self.owned):
-            await self._release(conn, name, graceful=graceful)
+        """Stop every worker at once (each within its grace period), then give the locks back."""
+        owned, self.owned = self.owned, {}
+        await asyncio.gather(*(self._stop_worker(name, o, graceful) for name, o in owned.items()))
+        for name, o in owned.items():
+            await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, o.lock_key)
+            log.info("delivery: released subscription %s", name)
 
     async def _abandon_all(self) -> None:
         """The locks are gone with the connection: stop every worker now."""

@@ -74,7 +74,16 @@ class Relay:
         ]
         pool = sender = webhooks = None
         if self.settings.deliver:
-            pool = await db.create_pool(self.url, min_size=1, max_size=self.settings.db_pool_size)
+            # Delivery bookkeeping commits without waiting for its WAL flush: if a
+            # crash loses such a commit, the batch's cursor move is lost with it
+            # and the batch is sent again (at-least-once, same webhook-ids), so
+            # nothing is lost, and a delivery round saves an fsync.
+            pool = await db.create_pool(
+                self.url,
+                min_size=1,
+                max_size=self.settings.db_pool_size,
+                server_settings={"application_name": "pgferry delivery", "synchronous_commit": "off"},
+            )
             sender = HttpSender(pool_size=self.settings.pool_size)
             webhooks = FastSender(pool_size=self.settings.pool_size)
             ctx = DeliveryContext(

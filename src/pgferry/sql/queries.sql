@@ -146,7 +146,12 @@ order by r.event_id
 limit $3
 
 -- name: next_retry_at
-select min(next_attempt_at) from ferry.retries where subscription = $1
+-- With ordering on, only the earliest parked event of a key can be due.
+select min(r.next_attempt_at) from ferry.retries r
+where r.subscription = $1
+  and (not $2 or r.key is null or not exists (
+        select 1 from ferry.retries r2
+        where r2.subscription = r.subscription and r2.key = r.key and r2.event_id < r.event_id))
 
 -- name: disable_subscription
 select ferry._set_subscription_state($1, 'disabled', $2)

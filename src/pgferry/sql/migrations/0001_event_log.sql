@@ -360,6 +360,9 @@ declare
     v_seq  bigint;
     v_new  boolean;
 begin
+    -- One tick at a time, even if someone calls ferry.tick() by hand while the
+    -- relay's ticker runs: tick ids must follow snapshot order.
+    perform pg_advisory_xact_lock(28774, 4);
     -- Something may have committed since the last tick when: the event counter
     -- moved; or a transaction the last tick listed as in progress committed
     -- with events; or an event of a transaction at or above the last tick's
@@ -439,7 +442,7 @@ begin
         select t.event_seq into v_start_seq from ferry.ticks t where t.id = c.tick_id;
         if not found then
             raise exception 'pgferry: the position of consumer % (tick %) is no longer retained', quote_literal(consumer), c.tick_id
-                using errcode = '55000', hint = 'Re-register the consumer to start again.';
+                using errcode = '55000', hint = 'Drop it with ferry.unregister_consumer(name) and register it again to start over.';
         end if;
         select max(t.id) into v_end from ferry.ticks t
         where t.id > c.tick_id and t.event_seq <= v_start_seq + v_limit;
@@ -533,8 +536,9 @@ begin
     end if;
     for p in select * from ferry.partitions where state = 'closed' and closed_xmax <= v_min_xmin loop
         begin
-            set local lock_timeout = '200ms';
+            perform set_config('lock_timeout', '200ms', true);
             execute format('truncate ferry.events_%s', p.part);
+            perform set_config('lock_timeout', '0', true);
             update ferry.partitions set state = 'empty', opened_at = null, open_tick = null, closed_at = null, closed_xmax = null
             where part = p.part;
             v_done := v_done || format('partition %s truncated', p.part);

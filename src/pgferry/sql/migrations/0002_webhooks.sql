@@ -16,7 +16,8 @@ create table ferry.subscriptions (
     streams             text[]      not null check (cardinality(streams) > 0),
     url                 text        not null,
     headers             jsonb       not null default '{}',
-    secrets             text[]      not null default '{}',
+    secrets             text[]      not null default '{}'
+                                    check (array_to_string(secrets, ' ') ~ '^(whsec_[A-Za-z0-9+/]+={0,2}( |$))*$'),
     batch_size          integer     not null default 1 check (batch_size between 1 and 1000),
     max_in_flight       integer     not null default 32 check (max_in_flight between 1 and 1000),
     ordered             boolean     not null default false,
@@ -299,6 +300,8 @@ begin
     with moved as (
         delete from ferry.dead_letters d
         where d.subscription = dlq_replay.subscription and (ids is null or d.id = any (ids))
+          -- an event already parked again (e.g. replayed twice) keeps its dead letter
+          and not exists (select 1 from ferry.retries r where r.subscription = d.subscription and r.event_id = d.event_id)
         returning d.*
     )
     insert into ferry.retries (subscription, event_id, stream, key, payload, headers, event_created_at,

@@ -103,6 +103,10 @@ begin
         raise exception 'null value in column "timeout_milliseconds" of relation "http_request_queue" violates not-null constraint'
             using errcode = '23502';
     end if;
+    if timeout_milliseconds not between 1 and 600000 then
+        raise exception 'timeout_milliseconds must be between 1 and 600000, got %', timeout_milliseconds
+            using errcode = '22023';
+    end if;
     if headers is not null then
         perform ferry._check_headers_map(headers);
     end if;
@@ -157,7 +161,11 @@ create view net.http_request_queue as
            e.payload -> 'headers' as headers, convert_to(e.payload ->> 'body', 'UTF8') as body,
            (e.payload ->> 'timeout_ms')::integer as timeout_milliseconds
     from ferry.events e
-    where e.stream = 'net.http' and not exists (select 1 from net._http_response r where r.id = e.id)
+    where e.stream = 'net.http'
+      -- not yet passed by the relay (retention may keep passed events for long)
+      and not pg_visible_in_snapshot(e.txid, (select t.snapshot from ferry.consumers c join ferry.ticks t on t.id = c.tick_id
+                                              where c.name = 'webhook:pg_net'))
+      and not exists (select 1 from net._http_response r where r.id = e.id)
     union
     select r.event_id, (r.payload ->> 'method')::net.http_method, r.payload ->> 'url', r.payload -> 'headers',
            convert_to(r.payload ->> 'body', 'UTF8'), (r.payload ->> 'timeout_ms')::integer
