@@ -149,6 +149,7 @@ async def run_pg_net_scenario(url: str, scenario: Scenario, timeout: float) -> O
         async with tracking_receiver(scenario.fail_rate, scenario.drop_rate) as hook, stats_of(hook) as receiver_stats:
             await conn.execute(named("webhooks.sql", "setup_pg_net").replace("{hook_url}", _literal(hook)))
             await conn.execute(named("webhooks.sql", "reset_pg_net"))
+            await conn.execute(named("webhooks.sql", "checkpoint"))
             port = urlsplit(hook).port or 80
             async with running_relay(url, max_seconds=timeout + 600):
                 started = time.time()
@@ -192,6 +193,7 @@ async def run_scenario(url: str, scenario: Scenario, timeout: float) -> Outcome:
     conn = await db.connect(url)
     try:
         await conn.execute(named("webhooks.sql", "reset"))
+        await conn.execute(named("webhooks.sql", "checkpoint"))  # no scenario pays for an earlier one's WAL
         async with tracking_receiver(scenario.fail_rate, scenario.drop_rate) as hook, stats_of(hook) as receiver_stats:
             await conn.execute(named("webhooks.sql", "subscribe"), hook, scenario.batch_size, scenario.max_in_flight)
             port = urlsplit(hook).port or 80

@@ -17,6 +17,7 @@ sender's, so the rest of the engine cannot tell them apart.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import ssl
 import time
@@ -68,6 +69,10 @@ class _Connection(asyncio.Protocol):
     # asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports quack like Transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # no Nagle delay on the last segment of a large body
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True

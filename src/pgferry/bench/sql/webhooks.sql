@@ -19,6 +19,9 @@ truncate ferry.events, ferry.attempts, ferry.retries, ferry.dead_letters;
 select ferry.subscribe('bench', array['public.spice_harvests'], $1, batch_size => $2, max_in_flight => $3,
                        retry_base_ms => 100, retry_max_ms => 2000, max_attempts => 1000)
 
+-- name: checkpoint
+checkpoint
+
 -- name: rows
 select count(*) from spice_harvests
 
