@@ -1,11 +1,13 @@
-"""The HTTP side of delivery, behind a small interface so the client can be swapped.
+"""HTTP results shared by both senders, and the general-purpose sender (aiohttp).
 
-One keep-alive pool per endpoint (scheme, host, port) with a bounded number
-of connections: this is what keeps a busy relay from leaving thousands of
-sockets in TIME_WAIT the way one-connection-per-request senders do. Every
-outcome, good or bad, comes back as an ``HttpResult`` with a short error
+``HttpResult`` is what every request ends as, good or bad: a short error
 class and a human-readable error text; nothing here raises for a failed
-delivery.
+delivery. ``HttpSender`` serves the pg_net API's requests, which need what
+webhooks do not (any method, redirects followed, the whole response kept);
+webhook POSTs take the leaner path in ``delivery.fasthttp``. Both keep one
+bounded keep-alive pool per endpoint (scheme, host, port): this is what keeps
+a busy relay from leaving thousands of sockets in TIME_WAIT the way
+one-connection-per-request senders do.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import aiohttp
 from yarl import URL
 
 RESPONSE_SNIPPET_BYTES = 2048
-#: with ``capture``: the most of a response body kept (pg_net's net._http_response.content)
+#: the most of a response body kept (pg_net's net._http_response.content)
 MAX_CAPTURED_BYTES = 1 << 20
 
 
@@ -102,7 +104,7 @@ def endpoint_of(url: str) -> tuple[str, str, int]:
 
 
 class HttpSender:
-    """Sends POSTs over per-endpoint keep-alive pools."""
+    """Sends any request, follows redirects and keeps the whole answer (the pg_net API's needs)."""
 
     def __init__(self, *, pool_size: int = 64) -> None:
         self.pool_size = pool_size
@@ -136,8 +138,6 @@ class HttpSender:
         timeout: float,
         connect_timeout: float,
         method: str = "POST",
-        follow_redirects: bool = False,
-        capture: bool = False,
     ) -> HttpResult:
         started = time.perf_counter()
         captured: Captured | None = None
@@ -154,23 +154,17 @@ class HttpSender:
                 _as_sent(url),
                 data=body,
                 headers=headers,
-                allow_redirects=follow_redirects,
+                allow_redirects=True,
                 max_redirects=10,
                 timeout=_timeout(timeout, connect_timeout),
             ) as resp:
-                if capture:
-                    raw = await _read_up_to(resp, MAX_CAPTURED_BYTES)
-                    text = _decode(raw, resp.charset) if raw else None
-                    headers = {str(k): v for k, v in resp.headers.items()}
-                    captured = Captured(headers, resp.headers.get("Content-Type"), text)
-                    snippet = text[:RESPONSE_SNIPPET_BYTES] if text else ""
-                    if 200 <= resp.status < 300:
-                        return done(resp.status, None, None)
-                elif 200 <= resp.status < 300:
-                    await resp.read()
+                raw = await _read_up_to(resp, MAX_CAPTURED_BYTES)
+                text = _decode(raw, resp.charset) if raw else None
+                headers = {str(k): v for k, v in resp.headers.items()}
+                captured = Captured(headers, resp.headers.get("Content-Type"), text)
+                if 200 <= resp.status < 300:
                     return done(resp.status, None, None)
-                else:
-                    snippet = (await resp.content.read(RESPONSE_SNIPPET_BYTES)).decode("utf-8", "replace")
+                snippet = text[:RESPONSE_SNIPPET_BYTES] if text else ""
                 retry_after = parse_retry_after(resp.headers.get("Retry-After"))
                 if 300 <= resp.status < 400:
                     where = resp.headers.get("Location", "?")

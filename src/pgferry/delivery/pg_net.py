@@ -53,8 +53,6 @@ async def send(sender: HttpSender, sub: Subscription, event: OutEvent) -> HttpRe
         method=request["method"],
         timeout=timeout_ms / 1000,
         connect_timeout=min(sub.connect_timeout_ms, timeout_ms) / 1000,
-        follow_redirects=True,
-        capture=True,
     )
 
 
