@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+import asyncpg
 import click
 
 from pgferry import db
@@ -142,72 +143,48 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-async def run_pg_net_scenario(url: str, scenario: Scenario, timeout: float) -> Outcome:
-    """The seed trigger calling net.http_post; success is a 200 in net._http_response for every row."""
-    conn = await db.connect(url)
-    try:
-        async with tracking_receiver(scenario.fail_rate, scenario.drop_rate) as hook, stats_of(hook) as receiver_stats:
-            await conn.execute(named("webhooks.sql", "setup_pg_net").replace("{hook_url}", _literal(hook)))
-            await conn.execute(named("webhooks.sql", "reset_pg_net"))
-            await conn.execute(named("webhooks.sql", "checkpoint"))
-            port = urlsplit(hook).port or 80
-            async with running_relay(url, max_seconds=timeout + 600):
-                started = time.time()
-                script = "insert into spice_harvests_net (harvester, amount) values ('harvester-' || :client_id, 1);\n"
-                await run_pgbench(url, script, clients=scenario.clients, transactions=scenario.transactions)
-                insert_end = time.time()
-                inserted = await conn.fetchval(named("webhooks.sql", "net_rows"))
-                deadline = insert_end + timeout
-                responses = await conn.fetchrow(named("webhooks.sql", "net_responses"))
-                while responses["ok"] < inserted and time.time() < deadline:
-                    await asyncio.sleep(0.2)
-                    responses = await conn.fetchrow(named("webhooks.sql", "net_responses"))
-                stats = await receiver_stats()
-                time_wait_running = time_wait_sockets(port)
-            time_wait_after = time_wait_sockets(port)
-            failed = await conn.fetchval(named("webhooks.sql", "failed_attempts"))
-            dead = await conn.fetchval(named("webhooks.sql", "dead"))
-    finally:
-        await conn.close()
-    last_at = float(responses["last_at"] or insert_end)
-    return Outcome(
-        scenario=scenario,
-        inserted=inserted,
-        unique=responses["ok"],
-        duplicates=stats["duplicates"],
-        dead=dead,
-        failed_attempts=failed,
-        insert_seconds=insert_end - started,
-        throughput=responses["ok"] / max(1e-9, last_at - started),
-        latency=Latency.of(stats["latencies_ms"]),
-        last_after_commit_s=last_at - insert_end,
-        time_wait_running=time_wait_running,
-        time_wait_after=time_wait_after,
-        timed_out=responses["ok"] < inserted,
-    )
+async def _delivered(conn: asyncpg.Connection, scenario: Scenario, stats: dict[str, Any]) -> tuple[int, float | None]:
+    """(events delivered, time of the last delivery): receipts at the receiver for webhooks,
+    responses with status 200 in net._http_response for the pg_net API."""
+    if not scenario.pg_net:
+        return stats["unique"], stats["last_at"]
+    responses = await conn.fetchrow(named("webhooks.sql", "net_responses"))
+    return responses["ok"], float(responses["last_at"]) if responses["last_at"] else None
 
 
 async def run_scenario(url: str, scenario: Scenario, timeout: float) -> Outcome:
-    if scenario.pg_net:
-        return await run_pg_net_scenario(url, scenario, timeout)
     conn = await db.connect(url)
     try:
-        await conn.execute(named("webhooks.sql", "reset"))
-        await conn.execute(named("webhooks.sql", "checkpoint"))  # no scenario pays for an earlier one's WAL
         async with tracking_receiver(scenario.fail_rate, scenario.drop_rate) as hook, stats_of(hook) as receiver_stats:
-            await conn.execute(named("webhooks.sql", "subscribe"), hook, scenario.batch_size, scenario.max_in_flight)
+            if scenario.pg_net:
+                # the seed's trigger calling net.http_post, with this receiver's URL
+                await conn.execute(named("webhooks.sql", "setup_pg_net").replace("{hook_url}", _literal(hook)))
+                await conn.execute(named("webhooks.sql", "reset_pg_net"))
+                table = "spice_harvests_net"
+            else:
+                await conn.execute(named("webhooks.sql", "reset"))
+                await conn.execute(
+                    named("webhooks.sql", "subscribe"), hook, scenario.batch_size, scenario.max_in_flight
+                )
+                table = "spice_harvests"
+            await conn.execute(named("webhooks.sql", "checkpoint"))  # no scenario pays for an earlier one's WAL
             port = urlsplit(hook).port or 80
             async with running_relay(url, max_seconds=timeout + 600):
                 started = time.time()
                 script = SINGLE_ROW if scenario.rows_per_tx == 1 else HUNDRED_ROWS
-                await run_pgbench(url, script, clients=scenario.clients, transactions=scenario.transactions)
+                await run_pgbench(
+                    url, script.replace("spice_harvests", table), clients=scenario.clients,
+                    transactions=scenario.transactions,
+                )  # fmt: skip
                 insert_end = time.time()
-                inserted = await conn.fetchval(named("webhooks.sql", "rows"))
+                inserted = await conn.fetchval(named("webhooks.sql", "rows").replace("spice_harvests", table))
                 deadline = insert_end + timeout
                 stats = await receiver_stats()
-                while stats["unique"] < inserted and time.time() < deadline:
+                delivered, last_at = await _delivered(conn, scenario, stats)
+                while delivered < inserted and time.time() < deadline:
                     await asyncio.sleep(0.2)
                     stats = await receiver_stats()
+                    delivered, last_at = await _delivered(conn, scenario, stats)
                 time_wait_running = time_wait_sockets(port)
             time_wait_after = time_wait_sockets(port)
             dead = await conn.fetchval(named("webhooks.sql", "dead"))
@@ -216,21 +193,21 @@ async def run_scenario(url: str, scenario: Scenario, timeout: float) -> Outcome:
                 click.echo(f"  failed attempts: {row['n']} x {row['error_class']}", err=True)
     finally:
         await conn.close()
-    last_at = stats["last_at"] or insert_end
+    last_at = last_at or insert_end
     return Outcome(
         scenario=scenario,
         inserted=inserted,
-        unique=stats["unique"],
+        unique=delivered,
         duplicates=stats["duplicates"],
         dead=dead,
         failed_attempts=failed,
         insert_seconds=insert_end - started,
-        throughput=stats["unique"] / max(1e-9, last_at - started),
+        throughput=delivered / max(1e-9, last_at - started),
         latency=Latency.of(stats["latencies_ms"]),
         last_after_commit_s=last_at - insert_end,
         time_wait_running=time_wait_running,
         time_wait_after=time_wait_after,
-        timed_out=stats["unique"] < inserted,
+        timed_out=delivered < inserted,
     )
 
 

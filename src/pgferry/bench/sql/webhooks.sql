@@ -56,9 +56,6 @@ create trigger spice_harvests_webhook after insert on spice_harvests_net
 truncate spice_harvests_net, net._http_response, ferry.events, ferry.attempts, ferry.retries, ferry.dead_letters;
 update ferry.subscriptions set retry_base_ms = 100, retry_max_ms = 2000, max_attempts = 1000 where name = 'pg_net';
 
--- name: net_rows
-select count(*) from spice_harvests_net
-
 -- name: net_responses
 select count(*) filter (where status_code = 200) as ok, count(*) as total,
        extract(epoch from max(created)) as last_at
