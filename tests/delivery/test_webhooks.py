@@ -306,8 +306,9 @@ async def test_secret_rotation_signs_with_every_secret(
 ) -> None:
     receiver, url = await receiver_factory()
     old, new = new_secret(), new_secret()
-    await conn.execute("select ferry.subscribe('rotating', array['s'], $1, secret => $2)", url, old)
-    await conn.execute("select ferry.set_subscription_secrets('rotating', array[$1, $2])", old, new)
+    async with conn.transaction():  # the relay sees the subscription with both secrets at once
+        await conn.execute("select ferry.subscribe('rotating', array['s'], $1, secret => $2)", url, old)
+        await conn.execute("select ferry.set_subscription_secrets('rotating', array[$1, $2])", old, new)
     event_id = await ferry.publish("s", {"n": 1})
     await all_delivered(receiver, {event_id})
     request = receiver.received[0]

@@ -102,6 +102,7 @@ async def test_timeouts_unreachable_hosts_and_plain_text_answers(
     net_relay: RunningRelay, net_conn: asyncpg.Connection, receiver_factory: MakeReceiver
 ) -> None:
     await net_conn.execute("update ferry.subscriptions set max_attempts = 1 where name = 'pg_net'")  # pg_net's way
+    await asyncio.sleep(0.5)  # the relay picks up new settings on its next round (every 0.2 s here)
     _, slow = await receiver_factory(lambda _: Hang())
     _, text = await receiver_factory(lambda _: Respond(200, b"plain words", (("Content-Type", "text/plain"),)))
     timed = await net_conn.fetchval("select net.http_get($1, timeout_milliseconds := 300)", slow)
@@ -183,6 +184,7 @@ async def test_failing_receiver_still_ends_with_200_for_every_request(
 
     receiver, url = await receiver_factory(flaky)
     await net_conn.execute("update ferry.subscriptions set max_attempts = 50 where name = 'pg_net'")
+    await asyncio.sleep(0.5)  # the relay picks up new settings on its next round (every 0.2 s here)
     await net_conn.execute("select net.http_post($1, jsonb_build_object('n', g)) from generate_series(1, 300) g", url)
     rows = await responses(net_conn, 300, timeout=60)
     assert [r["status_code"] for r in rows] == [200] * 300

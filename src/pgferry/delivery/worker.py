@@ -82,7 +82,8 @@ class SubscriptionWorker:
         self.failed = RollingCounter()
 
     def update(self, sub: Subscription) -> None:
-        """New settings (from ferry.subscribe) take effect with the next request."""
+        """New settings take effect with the next request; the owning relay notices a change
+        on its next round (every claim_interval seconds)."""
         if sub.max_in_flight != self.sub.max_in_flight:
             self.limit = asyncio.Semaphore(sub.max_in_flight)
         self.sub = sub
