@@ -60,6 +60,10 @@ async def test_delivers_payload_with_standard_webhook_headers(
     with pytest.raises(standardwebhooks.webhooks.WebhookVerificationError):
         standardwebhooks.Webhook(new_secret()).verify(first.body, first.headers)
 
+    async def recorded() -> bool:  # the relay records attempts right after the answers arrive
+        return bool(await conn.fetchval("select count(*) from ferry.attempts") == 2)
+
+    await eventually(recorded, what="two attempt rows")
     attempts = await conn.fetch("select * from ferry.attempts order by id")
     assert [(a["subscription"], a["status"], a["error_class"]) for a in attempts] == [("orders-hook", 200, None)] * 2
     assert all(a["latency_ms"] > 0 for a in attempts)

@@ -258,6 +258,16 @@ class SubscriptionWorker:
     async def _record(self, outcomes: Sequence[Outcome], *, batch_id: int | None) -> None:
         books = self._account(outcomes)
         sub = self.sub
+        if batch_id is not None and not (books.park or books.bury or books.responses or books.gone):
+            # Everything delivered (the usual case): one round trip.
+            attempts = books.attempts
+            async with self.ctx.pool.acquire() as conn:
+                await conn.execute(
+                    sql.query("record_delivered_batch"), sub.name, sub.consumer, batch_id,
+                    [a[1] for a in attempts], [a[2] for a in attempts], [a[3] for a in attempts],
+                    [a[7] for a in attempts],
+                )  # fmt: skip
+            return
         async with self.ctx.pool.acquire() as conn, conn.transaction():
             if books.attempts:
                 await conn.copy_records_to_table(

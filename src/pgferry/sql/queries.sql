@@ -203,3 +203,6 @@ select ferry.dlq_discard($1, $2)
 insert into net._http_response (id, status_code, content_type, headers, content, timed_out, error_msg)
 select * from unnest($1::bigint[], $2::int[], $3::text[], $4::text[]::jsonb[], $5::text[], $6::boolean[], $7::text[])
 on conflict (id) do nothing
+
+-- name: record_delivered_batch
+select ferry.record_delivered_batch($1, $2, $3, $4, $5, $6, $7)

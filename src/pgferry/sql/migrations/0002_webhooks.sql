@@ -417,3 +417,17 @@ begin
     end if;
     return v_done;
 end $$;
+
+-- The common end of a webhook batch, every event delivered, in one statement:
+-- the attempts and the cursor move commit together, without a transaction
+-- block of several round trips.
+create function ferry.record_delivered_batch(
+    subscription text, consumer text, batch bigint, event_ids bigint[], attempt_nos integer[],
+    statuses integer[], latencies real[])
+returns void language plpgsql as $$
+begin
+    insert into ferry.attempts (subscription, event_id, attempt, status, latency_ms)
+    select record_delivered_batch.subscription, u.e, u.a, u.s, u.l
+    from unnest(event_ids, attempt_nos, statuses, latencies) as u(e, a, s, l);
+    perform ferry.finish_batch(consumer, batch);
+end $$;
