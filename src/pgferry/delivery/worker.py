@@ -109,21 +109,17 @@ class SubscriptionWorker:
         while not self.stopping.is_set():
             self.wake.clear()
             async with self.ctx.pool.acquire() as conn:
-                row = await conn.fetchrow(sql.query("next_batch"), self.sub.consumer, self.ctx.max_batch_events)
-                if row is not None:
-                    rows = await conn.fetch(
-                        sql.query("webhook_batch_events"), row["start_tick"], row["end_tick"], row["streams"]
-                    )
-                    events = [OutEvent.from_row(r) for r in rows]
-                    blocked: set[str] = set()
-                    keys = list({e.key for e in events if e.key is not None})
-                    if self.sub.ordered and keys:
-                        blocked = {r["key"] for r in await conn.fetch(sql.query("parked_keys"), sub_name, keys)}
-            if row is None:
+                rows = await conn.fetch(sql.query("next_webhook_batch"), self.sub.consumer, self.ctx.max_batch_events)
+                events = [OutEvent.from_row(r) for r in rows if r["id"] is not None]
+                blocked: set[str] = set()
+                keys = list({e.key for e in events if e.key is not None})
+                if self.sub.ordered and keys:
+                    blocked = {r["key"] for r in await conn.fetch(sql.query("parked_keys"), sub_name, keys)}
+            if not rows:
                 await wait_for_event(self.wake, self.ctx.poll_interval)
                 continue
             outcomes = await self._deliver(events, blocked) if events else []
-            await self._record(outcomes, batch_id=row["batch_id"])
+            await self._record(outcomes, batch_id=rows[0]["batch_id"])
 
     async def _retry_loop(self) -> None:
         while not self.stopping.is_set():

@@ -101,9 +101,8 @@ select live_relays, (subscription).* from ferry.relay_round($1, $2, $3, $4, $5::
 -- name: announce_presence
 select pg_advisory_lock_shared($1::int, $2::int)
 
--- name: webhook_batch_events
-select id, stream, key, payload::text as payload, headers::text as headers, created_at
-from ferry.batch_events($1, $2, $3)
+-- name: next_webhook_batch
+select batch_id, id, stream, key, payload, headers, created_at from ferry.next_webhook_batch($1, $2)
 
 -- name: parked_keys
 select distinct key from ferry.retries where subscription = $1 and key = any ($2::text[])

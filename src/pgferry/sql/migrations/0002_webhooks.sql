@@ -431,3 +431,24 @@ begin
     from unnest(event_ids, attempt_nos, statuses, latencies) as u(e, a, s, l);
     perform ferry.finish_batch(consumer, batch);
 end $$;
+
+-- A webhook worker's next batch and its events in one round trip. A batch
+-- with no events for the subscription comes back as one row with a null id,
+-- so that it can still be acknowledged.
+create function ferry.next_webhook_batch(consumer text, max_events integer default null)
+returns table (batch_id bigint, id bigint, stream text, key text, payload text, headers text, created_at timestamptz)
+language plpgsql as $$
+declare
+    b record;
+begin
+    select * into b from ferry.next_batch(consumer, max_events);
+    if b.batch_id is null then
+        return;
+    end if;
+    return query
+        select b.batch_id, e.id, e.stream, e.key, e.payload::text, e.headers::text, e.created_at
+        from ferry.batch_events(b.start_tick, b.end_tick, b.streams) e;
+    if not found then
+        return query select b.batch_id, null::bigint, null::text, null::text, null::text, null::text, null::timestamptz;
+    end if;
+end $$;
