@@ -6,6 +6,7 @@ import asyncio
 import socket
 from collections.abc import Awaitable, Callable
 
+import asyncpg
 import pytest
 
 from pgferry.delivery.fasthttp import FastSender
@@ -71,3 +72,29 @@ async def test_a_kept_alive_connection_closed_by_the_server_is_replaced(
     await asyncio.sleep(0.05)
     assert (await post(sender, url)).ok
     assert receiver.stats.connections == 2
+
+
+@pytest.mark.parametrize(
+    "url", ["http://169.254.169.254/latest/meta-data/", "http://[fe80::1]/x", "http://[fd00:ec2::254]/"]
+)
+async def test_metadata_and_link_local_addresses_are_refused_without_connecting(sender: FastSender, url: str) -> None:
+    result = await post(sender, url)
+    assert result.error_class == "refused_address" and "cloud-metadata" in (result.error or "")
+
+
+async def test_aiohttp_sender_refuses_them_too() -> None:
+    from pgferry.delivery.http import HttpSender
+
+    sender = HttpSender(pool_size=2)
+    try:
+        result = await sender.send("http://169.254.169.254/latest/meta-data/", None, {}, timeout=2, connect_timeout=1)
+    finally:
+        await sender.close()
+    assert result.error_class == "refused_address", result
+
+
+async def test_subscribe_refuses_metadata_ip_literals(conn: asyncpg.Connection) -> None:
+    for url in ("http://169.254.169.254/latest", "http://[fe80::1]:8080/x"):
+        with pytest.raises(asyncpg.PostgresError, match="link-local or cloud-metadata address"):
+            await conn.execute("select ferry.subscribe('x', array['s'], $1)", url)
+    await conn.execute("select ferry.subscribe('ok', array['s'], 'http://127.0.0.1:9/x')")  # loopback stays allowed

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from pgferry.delivery.addresses import RefusedAddress, allowed_addresses
 from pgferry.delivery.http import RESPONSE_SNIPPET_BYTES, HttpResult, parse_retry_after
 
 _USER_AGENT = b"pgferry"
@@ -148,11 +149,19 @@ class _Pool:
         return None
 
     async def connect(self) -> _Connection:
+        """Resolve, refuse forbidden addresses, then connect to one allowed address itself."""
         loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(
-            _Connection, self.host, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None
-        )
-        return conn
+        last_error: OSError | None = None
+        for _, ip in await allowed_addresses(self.host, self.port):
+            try:
+                _, conn = await loop.create_connection(
+                    _Connection, ip, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None
+                )
+                return conn
+            except OSError as exc:
+                last_error = exc
+        assert last_error is not None
+        raise last_error
 
     def give_back(self, conn: _Connection, reusable: bool) -> None:
         if reusable and not conn.closed:
@@ -224,6 +233,8 @@ class FastSender:
                 return done(None, "timeout", f"no complete answer within {timeout:g} s")
             except socket.gaierror as exc:
                 return done(None, "dns", f"cannot resolve host {endpoint[1]!r}: {exc}")
+            except RefusedAddress as exc:
+                return done(None, "refused_address", str(exc))
             except _ConnectTimeout:
                 return done(
                     None, "timeout", f"cannot connect to {endpoint[1]}:{endpoint[2]} within {connect_timeout:g} s"

@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 from yarl import URL
+
+from pgferry.delivery.addresses import RefusedAddress, refusal
 
 RESPONSE_SNIPPET_BYTES = 2048
 #: the most of a response body kept (pg_net's net._http_response.content)
@@ -97,6 +101,18 @@ def _decode(raw: bytes, charset: str | None) -> str:
     return text.split("\0", 1)[0]  # PostgreSQL text cannot hold NUL; pg_net stops there too
 
 
+def _guarded_socket(addr_info: tuple[Any, ...]) -> socket.socket:
+    """aiohttp's socket factory: the last point before connecting, so it sees the very
+    address used, whether it came from DNS, an IP literal or a redirect."""
+    family, type_, proto, _, sockaddr = addr_info
+    reason = refusal(str(sockaddr[0]))
+    if reason is not None:
+        raise RefusedAddress(reason)
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
 def endpoint_of(url: str) -> tuple[str, str, int]:
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -115,6 +131,7 @@ class HttpSender:
         session = self._sessions.get(key)
         if session is None or session.closed:
             connector = aiohttp.TCPConnector(
+                socket_factory=_guarded_socket,
                 limit=self.pool_size,
                 limit_per_host=self.pool_size,
                 ttl_dns_cache=60,
@@ -177,6 +194,8 @@ class HttpSender:
         except aiohttp.ClientConnectorDNSError as exc:
             return done(None, "dns", f"cannot resolve host {endpoint_of(url)[1]!r}: {exc.os_error}")
         except aiohttp.ClientConnectorError as exc:
+            if isinstance(exc.os_error, RefusedAddress):
+                return done(None, "refused_address", str(exc.os_error))
             return done(
                 None, "connect", f"cannot connect to {exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error}"
             )

@@ -10,7 +10,7 @@ from pgferry.delivery.http import HttpResult
 from pgferry.delivery.model import Subscription
 
 #: Failures that another attempt cannot fix.
-PERMANENT = {"bad_request", "too_large"}
+PERMANENT = {"bad_request", "too_large", "refused_address"}
 #: The longest we honour a Retry-After header.
 MAX_RETRY_AFTER = timedelta(hours=6)
 

@@ -117,6 +117,7 @@ create function ferry._check_url(url text) returns void
 language plpgsql immutable as $$
 declare
     v_scheme text;
+    v_ip inet;
 begin
     if url is null or btrim(url) = '' then
         raise exception 'pgferry: url must not be empty' using errcode = '22023';
@@ -133,6 +134,18 @@ begin
     if url !~ '^[A-Za-z]+://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]+)(:[0-9]{1,5})?([/?#][^\s]*)?$' then
         raise exception 'pgferry: malformed URL %', quote_literal(url)
             using errcode = '22023', hint = 'Expected http(s)://host[:port]/path with no spaces or user:password part.';
+    end if;
+    -- The relay refuses link-local and cloud-metadata addresses when it
+    -- connects (whatever a name resolves to); an IP literal can be refused now.
+    begin
+        v_ip := coalesce(substring(url from '^[A-Za-z]+://\[([0-9A-Fa-f:.]+)\]'),
+                         substring(url from '^[A-Za-z]+://([0-9.]+)(?:[:/?#]|$)'))::inet;
+    exception when others then
+        v_ip := null;
+    end;
+    if v_ip is not null and (v_ip << '169.254.0.0/16' or v_ip << 'fe80::/10' or v_ip = 'fd00:ec2::254') then
+        raise exception 'pgferry: % is a link-local or cloud-metadata address; webhooks may not be sent there', host(v_ip)
+            using errcode = '22023', hint = 'This protects the relay''s network from SSRF.';
     end if;
 end $$;
 
