@@ -146,23 +146,13 @@ class Ferry:
 
     async def register_consumer(self, name: str, streams: Sequence[str] | None = None, start_at: str = "now") -> None:
         """Create (or change the streams of) a consumer. ``start_at``: 'now' or 'beginning'."""
-        async with self.pool.acquire() as conn:
-            try:
-                await conn.execute(
-                    sql.query("register_consumer"), name, None if streams is None else list(streams), start_at
-                )
-            except asyncpg.PostgresError as exc:
-                if exc.sqlstate in _BAD_INPUT:
-                    raise PgferryError(str(exc)) from exc
-                raise
+        await self._admin("execute", "register_consumer", name, None if streams is None else list(streams), start_at)
 
     async def unregister_consumer(self, name: str) -> bool:
-        async with self.pool.acquire() as conn:
-            return bool(await conn.fetchval(sql.query("unregister_consumer"), name))
+        return bool(await self._admin("fetchval", "unregister_consumer", name))
 
     async def consumers(self) -> list[dict[str, Any]]:
-        async with self.pool.acquire() as conn:
-            return [dict(r) for r in await conn.fetch(sql.query("list_consumers"))]
+        return [dict(r) for r in await self._admin("fetch", "list_consumers")]
 
     def read(
         self,

@@ -48,6 +48,12 @@ def _run(coro: Coroutine[Any, Any, Any]) -> Any:
         raise click.ClickException(str(exc)) from exc
 
 
+def require_url(database_url: str | None) -> str:
+    if not database_url:
+        raise click.UsageError(f"give --database-url or set {db.URL_ENV_VAR}")
+    return database_url
+
+
 def _stop_on_signals(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
 
@@ -79,19 +85,9 @@ def main(verbose: bool) -> None:
 )
 def install(database_url: str | None, pg_net: bool) -> None:
     """Install or upgrade the ferry schema (safe to run twice or concurrently)."""
-    from pgferry.schema import install as install_schema
+    from pgferry.schema import install_at
 
-    if not database_url:
-        raise click.UsageError(f"give --database-url or set {db.URL_ENV_VAR}")
-
-    async def go() -> list[str]:
-        conn = await db.connect(database_url)
-        try:
-            return await install_schema(conn, addons=("pg_net",) if pg_net else ())
-        finally:
-            await conn.close()
-
-    applied = _run(go())
+    applied = _run(install_at(require_url(database_url), addons=("pg_net",) if pg_net else ()))
     if applied:
         click.echo(f"installed: {', '.join(applied)}")
     else:
@@ -137,20 +133,13 @@ def run(database_url: str | None, tick_interval: float, idle_poll_interval: floa
         return
 
     from pgferry.embedded import embedded_postgres
-    from pgferry.schema import install as install_schema
-
-    async def install_into(url: str) -> None:
-        conn = await db.connect(url)
-        try:
-            await install_schema(conn)
-        finally:
-            await conn.close()
+    from pgferry.schema import install_at
 
     click.echo("no --database-url given: starting a throwaway PostgreSQL for a demo ...")
     try:
         with embedded_postgres() as pg:
             click.echo(f"PostgreSQL is up at {pg.url} (removed on exit); try: psql {pg.url}")
-            _run(install_into(pg.url))
+            _run(install_at(pg.url))
             _run(go(pg.url, demo=True))
     except PgferryError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -169,16 +158,9 @@ _register_webhooks()
 @database_url_option
 def consumers(database_url: str | None) -> None:
     """List consumers and their positions."""
-    import pgferry
+    from pgferry.cli_webhooks import with_ferry
 
-    if not database_url:
-        raise click.UsageError(f"give --database-url or set {db.URL_ENV_VAR}")
-
-    async def go() -> list[dict[str, Any]]:
-        async with pgferry.connect(database_url) as ferry:
-            return await ferry.consumers()
-
-    rows = _run(go())
+    rows = with_ferry(database_url, lambda f: f.consumers())
     if not rows:
         click.echo("no consumers")
     for row in rows:

@@ -21,15 +21,14 @@ T = TypeVar("T")
 console = Console()
 
 
-def _with_ferry(database_url: str | None, action: Callable[[pgferry.Ferry], Awaitable[T]]) -> T:
-    from pgferry import db
-    from pgferry.cli import _run
+def with_ferry(database_url: str | None, action: Callable[[pgferry.Ferry], Awaitable[T]]) -> T:
+    """Run ``action`` with a Ferry on the given database, as one CLI command."""
+    from pgferry.cli import _run, require_url
 
-    if not database_url:
-        raise click.UsageError(f"give --database-url or set {db.URL_ENV_VAR}")
+    url = require_url(database_url)
 
     async def go() -> T:
-        async with pgferry.connect(database_url, pool_size=2) as ferry:
+        async with pgferry.connect(url, pool_size=2) as ferry:
             return await action(ferry)
 
     return _run(go())  # type: ignore[no-any-return]
@@ -95,7 +94,7 @@ def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> No
                 raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--header")
             header_map[key.strip()] = value.strip()
         _warn_unresolvable(url)
-        _with_ferry(
+        with_ferry(
             database_url,
             lambda f: f.subscribe(
                 name, streams, url, headers=header_map, start_at="beginning" if from_beginning else "now", **options
@@ -108,7 +107,7 @@ def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> No
     @json_option
     def list_(database_url: str | None, as_json: bool) -> None:
         """List subscriptions and their settings (secrets are never shown)."""
-        rows = _with_ferry(database_url, lambda f: f.subscriptions())
+        rows = with_ferry(database_url, lambda f: f.subscriptions())
         if as_json:
             _print_json(rows)
             return
@@ -122,7 +121,7 @@ def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> No
 
         def make(method: str = method, done: str = done) -> Callable[..., None]:
             def command(database_url: str | None, name: str) -> None:
-                _with_ferry(database_url, lambda f: getattr(f, method)(name))
+                with_ferry(database_url, lambda f: getattr(f, method)(name))
                 click.echo(f"subscription {name} {done}")
 
             return command
@@ -147,7 +146,7 @@ def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> No
     @json_option
     def dlq_list(database_url: str | None, subscription: str | None, limit: int, as_json: bool) -> None:
         """List dead letters with their last error."""
-        rows = _with_ferry(database_url, lambda f: f.dead_letters(subscription, limit))
+        rows = with_ferry(database_url, lambda f: f.dead_letters(subscription, limit))
         if as_json:
             _print_json(rows)
             return
@@ -161,7 +160,7 @@ def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> No
     @click.option("--id", "ids", multiple=True, type=int, help="Dead letter id (repeatable); default: all.")
     def dlq_replay(database_url: str | None, subscription: str, ids: tuple[int, ...]) -> None:
         """Queue dead letters of SUBSCRIPTION for delivery again."""
-        n = _with_ferry(database_url, lambda f: f.replay_dead_letters(subscription, ids or None))
+        n = with_ferry(database_url, lambda f: f.replay_dead_letters(subscription, ids or None))
         click.echo(f"{n} dead letter(s) queued for delivery")
 
     @dlq.command("discard")
@@ -170,7 +169,7 @@ def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> No
     @click.option("--id", "ids", multiple=True, type=int, help="Dead letter id (repeatable); default: all.")
     def dlq_discard(database_url: str | None, subscription: str, ids: tuple[int, ...]) -> None:
         """Delete dead letters of SUBSCRIPTION for good."""
-        n = _with_ferry(database_url, lambda f: f.discard_dead_letters(subscription, ids or None))
+        n = with_ferry(database_url, lambda f: f.discard_dead_letters(subscription, ids or None))
         click.echo(f"{n} dead letter(s) discarded")
 
     @main.command()
@@ -178,7 +177,7 @@ def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> No
     @json_option
     def status(database_url: str | None, as_json: bool) -> None:
         """Per subscription: lag, in flight, parked, dead, delivery and error rates, owner."""
-        rows = _with_ferry(database_url, lambda f: f.status())
+        rows = with_ferry(database_url, lambda f: f.status())
         for row in rows:
             attempts = row["attempts_5m"] or 0
             row["error_rate"] = f"{100 * (row['failed_5m'] or 0) / attempts:.1f}%" if attempts else "-"

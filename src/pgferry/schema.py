@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from pgferry import sql
+from pgferry import db, sql
 from pgferry.errors import PgferryError, SchemaMissing
 
 log = logging.getLogger(__name__)
@@ -34,14 +34,7 @@ async def install(conn: asyncpg.Connection, addons: Sequence[str] = ()) -> list[
     async with conn.transaction():
         await conn.execute(sql.query("install_lock"), LOCK_CLASS, INSTALL_LOCK)
         await conn.execute(sql.query("create_migrations_table"))
-        done = {row["version"] for row in await conn.fetch(sql.query("applied_migrations"))}
-        for migration in sql.migrations():
-            if migration.version in done:
-                continue
-            log.info("applying migration %04d_%s", migration.version, migration.name)
-            await conn.execute(migration.sql)
-            await conn.execute(sql.query("record_migration"), migration.version, migration.name)
-            applied_now.append(f"{migration.version:04d}_{migration.name}")
+        applied_now += await _apply(conn, None)
         await conn.execute(sql.query("create_addon_migrations_table"))
         for addon in addons:
             applied_now += await _install_addon(conn, addon)
@@ -61,16 +54,39 @@ async def _install_addon(conn: asyncpg.Connection, addon: str) -> list[str]:
                 "a schema named `net` already exists and was not created by pgferry; "
                 "rename or drop it before `pgferry install --pg-net`"
             )
-    done = {row["version"] for row in await conn.fetch(sql.query("applied_addon_migrations"), addon)}
+    return await _apply(conn, addon)
+
+
+async def _apply(conn: asyncpg.Connection, addon: str | None) -> list[str]:
+    """Apply the core's (addon None) or an add-on's migrations not applied yet."""
+    if addon is None:
+        rows = await conn.fetch(sql.query("applied_migrations"))
+    else:
+        rows = await conn.fetch(sql.query("applied_addon_migrations"), addon)
+    done = {row["version"] for row in rows}
+    prefix = "" if addon is None else f"{addon}:"
     applied = []
     for migration in sql.migrations(addon):
         if migration.version in done:
             continue
-        log.info("applying %s migration %04d_%s", addon, migration.version, migration.name)
+        name = f"{prefix}{migration.version:04d}_{migration.name}"
+        log.info("applying migration %s", name)
         await conn.execute(migration.sql)
-        await conn.execute(sql.query("record_addon_migration"), addon, migration.version, migration.name)
-        applied.append(f"{addon}:{migration.version:04d}_{migration.name}")
+        if addon is None:
+            await conn.execute(sql.query("record_migration"), migration.version, migration.name)
+        else:
+            await conn.execute(sql.query("record_addon_migration"), addon, migration.version, migration.name)
+        applied.append(name)
     return applied
+
+
+async def install_at(url: str, addons: Sequence[str] = ()) -> list[str]:
+    """``install`` over a connection of its own."""
+    conn = await db.connect(url)
+    try:
+        return await install(conn, addons)
+    finally:
+        await conn.close()
 
 
 async def check_installed(conn: asyncpg.Connection) -> int:

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from pgferry.delivery.addresses import RefusedAddress, allowed_addresses
-from pgferry.delivery.http import RESPONSE_SNIPPET_BYTES, HttpResult, parse_retry_after
+from pgferry.delivery.http import RESPONSE_SNIPPET_BYTES, HttpResult, endpoint_of, parse_retry_after
 
 _USER_AGENT = b"pgferry"
 
@@ -178,9 +178,8 @@ class _Pool:
 @lru_cache(maxsize=4096)
 def _target(url: str) -> tuple[tuple[str, str, int], bytes]:
     parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return (parts.scheme, parts.hostname or "", port), path.encode("ascii", "strict")
+    return endpoint_of(url), path.encode("ascii", "strict")
 
 
 class FastSender:

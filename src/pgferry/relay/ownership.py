@@ -26,6 +26,7 @@ import orjson
 from pgferry import db, sql
 from pgferry.aio import backoff_delay, wait_for_event
 from pgferry.db import CONNECTION_ERRORS
+from pgferry.delivery.http import endpoint_of
 from pgferry.delivery.model import Subscription
 from pgferry.delivery.worker import DeliveryContext, SubscriptionWorker
 from pgferry.log.reader import TICK_CHANNEL
@@ -199,7 +200,5 @@ class Ownership:
 
 
 def _host(url: str) -> str:
-    from pgferry.delivery.http import endpoint_of
-
     scheme, host, port = endpoint_of(url)
     return f"{scheme}://{host}:{port}"

@@ -33,12 +33,6 @@ vacuum analyze
 -- name: count_e2e
 select count(*) from bench_e2e
 
--- name: count_rows
-select (select count(*) from bench_plain) + (select count(*) from bench_capture)
-     + (select count(*) from bench_outbox) + (select count(*) from bench_notify) as rows,
-       (select count(*) from ferry.events) as events,
-       (select count(*) from bench_outbox_events) as outbox_events
-
 -- name: last_tick_id
 select last_value from ferry.tick_id_seq
 
