@@ -277,6 +277,9 @@ async def test_unresolvable_host_and_oversized_payload_are_recorded_failures(
     relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
 ) -> None:
     receiver, url = await receiver_factory()
+    # max_body_bytes is read at relay start: stop the relay before anything is
+    # published (it must not send the big event under the old limit), restart it after.
+    await relay.stop()
     await conn.execute("update ferry.config set max_body_bytes = 1000")
     await conn.execute(
         "select ferry.subscribe('nowhere', array['s'], 'http://no-such-host.invalid/hook', "
@@ -290,8 +293,6 @@ async def test_unresolvable_host_and_oversized_payload_are_recorded_failures(
     async def both_dead() -> bool:
         return bool(await conn.fetchval("select count(*) from ferry.dead_letters") == 2)
 
-    # max_body_bytes is read at relay start: restart the relay to apply it.
-    await relay.stop()
     restarted = RunningRelay(relay.relay.url)
     try:
         await eventually(both_dead, timeout=30, what="two dead letters")
