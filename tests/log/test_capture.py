@@ -119,3 +119,46 @@ async def test_writers_never_notify(ferry: pgferry.Ferry, conn: asyncpg.Connecti
         assert received == [str(tick_id)]
     finally:
         await listener.close()
+
+
+async def test_captures_are_recorded_and_events_keep_the_names_they_were_written_under(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """Rows are stored compactly; the envelope is rebuilt at read time from ferry.captures."""
+    await conn.execute("create schema shop")
+    await conn.execute("create table shop.orders (id int primary key)")
+    await conn.execute("select ferry.capture_table('shop.orders', stream => 'orders', operations => array['INSERT'])")
+    await ferry.register_consumer("c", ["orders"])
+    await conn.execute("insert into shop.orders values (1)")
+    await conn.execute("select ferry.capture_table('shop.orders', stream => 'orders')")  # again: replaces the first
+    await conn.execute("insert into shop.orders values (2)")
+    await conn.execute("select ferry.uncapture_table('shop.orders')")
+    await conn.execute("alter table shop.orders rename to orders_old")
+    captures = await conn.fetch(
+        "select schema_name, table_name, stream, operations, uncaptured_at is not null as gone "
+        "from ferry.captures order by id"
+    )
+    assert [tuple(r) for r in captures] == [
+        ("shop", "orders", "orders", ["insert"], True),
+        ("shop", "orders", "orders", ["delete", "insert", "update"], True),
+    ]
+    assert await conn.fetchval("select count(*) from pg_proc where proname ~ '^_capture_[0-9]'") == 0
+
+    events = await read_all(ferry, conn, "c")
+    assert [(e.payload["schema"], e.payload["table"], e.payload["record"]["id"]) for e in events] == [
+        ("shop", "orders", 1),
+        ("shop", "orders", 2),
+    ]
+
+
+async def test_rows_stored_with_their_whole_envelope_are_read_unchanged(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """Capture functions from before migration 0003 stored the envelope itself (op is NULL): read as stored."""
+    envelope = '{"type": "INSERT", "schema": "public", "table": "t", "record": {"id": 1}, "old_record": null}'
+    await ferry.register_consumer("c")
+    await conn.execute("select ferry.publish('public.t', $1::text::jsonb, '1')", envelope)
+    events = await read_all(ferry, conn, "c")
+    assert [e.payload for e in events] == [
+        {"type": "INSERT", "schema": "public", "table": "t", "record": {"id": 1}, "old_record": None}
+    ]
