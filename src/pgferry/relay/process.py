@@ -83,6 +83,7 @@ class Relay:
                 min_size=1,
                 max_size=self.settings.db_pool_size,
                 server_settings={"application_name": "pgferry delivery", "synchronous_commit": "off"},
+                stateless=True,
             )
             sender = HttpSender(pool_size=self.settings.pool_size)
             webhooks = FastSender(pool_size=self.settings.pool_size)
