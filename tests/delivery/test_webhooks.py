@@ -351,3 +351,43 @@ async def test_dead_letter_bookkeeping_edges(conn: asyncpg.Connection, ferry: pg
     assert await ferry.discard_dead_letters("edges", ids=[]) == 0  # an empty list is nothing, not everything
     assert await ferry.replay_dead_letters("edges", ids=[]) == 0
     assert await conn.fetchval("select count(*) from ferry.dead_letters") == 1
+
+
+async def test_a_cursor_moved_by_another_process_is_followed_not_fatal(
+    relay: RunningRelay,
+    conn: asyncpg.Connection,
+    ferry: pgferry.Ferry,
+    receiver_factory: MakeReceiver,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two relays may deliver one subscription for a moment; the one whose acknowledgement
+    finds the cursor elsewhere starts over from the cursor instead of failing."""
+    requests = 0
+
+    def hang_first(_: Received) -> Action:
+        nonlocal requests
+        requests += 1
+        return Hang() if requests == 1 else Respond()
+
+    receiver, url = await receiver_factory(hang_first)
+    await conn.execute(f"select ferry.subscribe('moved', array['s'], $1, timeout_ms => 1000, {FAST_RETRY})", url)
+    await asyncio.sleep(0.5)  # the relay's next round starts the worker
+    await ferry.publish("s", {"n": "hung"})
+
+    async def in_flight() -> bool:
+        return requests >= 1
+
+    await eventually(in_flight, what="the first request to hang")
+    # What another relay's acknowledgement would do: move the cursor past the hung batch.
+    await conn.execute("select ferry.tick()")
+    await conn.execute(
+        "update ferry.consumers set tick_id = (select max(id) from ferry.ticks) where name = 'webhook:moved'"
+    )
+    later = await ferry.publish("s", {"n": "later"})
+    await all_delivered(receiver, {later})
+    await eventually(lambda: _logged(caplog, "reading again from its cursor"), what="the worker to start over")
+    assert await conn.fetchval("select count(*) from ferry.retries") == 0  # the failed batch was someone else's
+
+
+async def _logged(caplog: pytest.LogCaptureFixture, text: str) -> bool:
+    return text in caplog.text

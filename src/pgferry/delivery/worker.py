@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import zlib
 from collections import deque
 from collections.abc import Sequence
@@ -41,6 +42,11 @@ log = logging.getLogger(__name__)
 ATTEMPT_COLUMNS = (
     "subscription", "event_id", "attempt", "status", "error_class", "error", "response", "latency_ms", "created_at",
 )  # fmt: skip
+
+#: Batches a worker reads ahead while earlier ones are still being sent.
+PIPELINE_DEPTH = 3
+#: SQLSTATE of ferry.advance_consumer when another process moved the cursor.
+CURSOR_MOVED = "PF001"
 
 Outcome = tuple[OutEvent, HttpResult | None]  # None: not sent, waiting behind an earlier event of its key
 
@@ -67,6 +73,46 @@ class _Bookkeeping:
     bury: list[tuple[Any, ...]] = field(default_factory=list)
     responses: list[tuple[Any, ...]] = field(default_factory=list)  # net._http_response rows (pg_net API)
     gone: str | None = None
+
+    @property
+    def all_delivered(self) -> bool:
+        return not (self.park or self.bury or self.responses or self.gone)
+
+
+@dataclass
+class _Acks:
+    """Delivered batches whose cursor move and attempts ride along with the next webhook_step call."""
+
+    start_tick: int
+    end_tick: int
+    attempts: list[tuple[Any, ...]]
+
+    def add(self, flight: _Flight, books: _Bookkeeping) -> None:
+        self.end_tick = flight.end_tick
+        self.attempts.extend(books.attempts)
+
+    def args(self) -> tuple[Any, ...]:
+        a = self.attempts
+        return (
+            self.start_tick,
+            self.end_tick,
+            [x[1] for x in a],
+            [x[2] for x in a],
+            [x[3] for x in a],
+            [x[7] for x in a],
+        )
+
+
+NO_ACKS: tuple[None, ...] = (None,) * 6
+
+
+@dataclass
+class _Flight:
+    """A batch read from the log and being sent."""
+
+    start_tick: int
+    end_tick: int
+    task: asyncio.Task[_Bookkeeping]
 
 
 class SubscriptionWorker:
@@ -105,21 +151,94 @@ class SubscriptionWorker:
     # -- loops -------------------------------------------------------------
 
     async def _batch_loop(self) -> None:
-        sub_name = self.sub.name
-        while not self.stopping.is_set():
-            self.wake.clear()
-            async with self.ctx.pool.acquire() as conn:
-                rows = await conn.fetch(sql.query("next_webhook_batch"), self.sub.consumer, self.ctx.max_batch_events)
-                events = [OutEvent.from_row(r) for r in rows if r["id"] is not None]
-                blocked: set[str] = set()
-                keys = list({e.key for e in events if e.key is not None})
-                if self.sub.ordered and keys:
-                    blocked = {r["key"] for r in await conn.fetch(sql.query("parked_keys"), sub_name, keys)}
-            if not rows:
-                await wait_for_event(self.wake, self.ctx.poll_interval)
-                continue
-            outcomes = await self._deliver(events, blocked) if events else []
-            await self._record(outcomes, batch_id=rows[0]["batch_id"])
+        """Reads batches ahead while earlier ones are being sent; moves the cursor in order.
+
+        Up to PIPELINE_DEPTH batches are in flight (one for an ordered
+        subscription: a later batch must see which keys an earlier one
+        parked). Fully delivered batches are acknowledged in the call that
+        reads the next batch; a batch with failures is recorded in its own
+        transaction, after the batches before it.
+        """
+        flights: deque[_Flight] = deque()
+        acks: _Acks | None = None
+        ahead: int | None = None  # end tick of the newest batch read; None: start at the consumer's cursor
+        fresh = True  # nothing read yet (or starting over): read at once
+        more = False  # the last read stopped short of the newest tick (batch size limit)
+        last_read = 0.0
+        try:
+            while True:
+                try:
+                    while flights and flights[0].task.done():
+                        flight = flights.popleft()
+                        books = flight.task.result()
+                        if books.all_delivered:
+                            if acks is None:
+                                acks = _Acks(flight.start_tick, flight.end_tick, [])
+                            acks.add(flight, books)
+                            continue
+                        if acks is not None:
+                            await self._step(acks, peek_after=None, peek=False)
+                            acks = None
+                        await self._record(books, advance=(flight.start_tick, flight.end_tick))
+                    if self.stopping.is_set() and not flights:
+                        break
+                    room = not self.stopping.is_set() and len(flights) < (1 if self.sub.ordered else PIPELINE_DEPTH)
+                    # Read when there may be something new: a tick was announced, the
+                    # last read was cut short, acknowledgements are waiting, or the
+                    # fallback poll is due (a lost notification costs latency, not data).
+                    due = fresh or more or acks is not None or self.wake.is_set()
+                    if room and (due or time.monotonic() - last_read >= self.ctx.poll_interval):
+                        self.wake.clear()
+                        last_read = time.monotonic()
+                        rows = await self._step(acks, peek_after=ahead, peek=True)
+                        acks, fresh, more = None, False, False
+                        if rows:
+                            events = [OutEvent.from_row(r) for r in rows if r["id"] is not None]
+                            blocked = {r["key"] for r in rows if r["blocked"]}
+                            task = asyncio.create_task(self._deliver_batch(events, blocked))
+                            flights.append(_Flight(rows[0]["start_tick"], rows[0]["end_tick"], task))
+                            ahead, more = rows[0]["end_tick"], rows[0]["more"]
+                            continue
+                    timeout = max(0.0, last_read + self.ctx.poll_interval - time.monotonic()) if room else None
+                    await self._wait(flights[0].task if flights else None, wake=room, timeout=timeout)
+                except asyncpg.PostgresError as exc:
+                    if exc.sqlstate != CURSOR_MOVED:
+                        raise
+                    # Another relay delivered this subscription for a moment: what it
+                    # acknowledged is done; start over from where the cursor is now.
+                    log.warning("subscription %s: %s; reading again from its cursor", self.sub.name, exc)
+                    for flight in flights:
+                        flight.task.cancel()
+                    await asyncio.gather(*(f.task for f in flights), return_exceptions=True)
+                    flights.clear()
+                    acks, ahead, fresh = None, None, True
+        finally:
+            for flight in flights:
+                flight.task.cancel()
+            if acks is not None:  # delivered batches not recorded yet: record them now, not after a restart
+                await self._step(acks, peek_after=None, peek=False)
+
+    async def _step(self, acks: _Acks | None, *, peek_after: int | None, peek: bool) -> list[asyncpg.Record]:
+        async with self.ctx.pool.acquire() as conn:
+            return await conn.fetch(  # type: ignore[no-any-return]
+                sql.query("webhook_step"), self.sub.name, self.sub.consumer, self.ctx.max_batch_events,
+                self.sub.ordered, *(acks.args() if acks else NO_ACKS), peek, peek_after,
+            )  # fmt: skip
+
+    async def _deliver_batch(self, events: Sequence[OutEvent], blocked: set[str]) -> _Bookkeeping:
+        return self._account(await self._deliver(events, blocked) if events else [])
+
+    async def _wait(self, head: asyncio.Task[_Bookkeeping] | None, *, wake: bool, timeout: float | None) -> None:
+        """Until the oldest batch in flight is done, or (``wake``) a tick is announced, or ``timeout``."""
+        waiters: set[asyncio.Future[Any]] = set() if head is None else {head}
+        waker = asyncio.ensure_future(self.wake.wait()) if wake else None
+        if waker is not None:
+            waiters.add(waker)
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if waker is not None:
+                waker.cancel()
 
     async def _retry_loop(self) -> None:
         while not self.stopping.is_set():
@@ -135,7 +254,7 @@ class SubscriptionWorker:
                 await wait_for_event(self.stopping, delay)
                 continue
             events = [OutEvent.from_row(r) for r in rows]
-            await self._record(await self._deliver(events, set()), batch_id=None)
+            await self._record(self._account(await self._deliver(events, set())), advance=None)
 
     # -- sending -----------------------------------------------------------
 
@@ -251,19 +370,10 @@ class SubscriptionWorker:
         self.failed.add(len(books.attempts) - len(books.delivered))
         return books
 
-    async def _record(self, outcomes: Sequence[Outcome], *, batch_id: int | None) -> None:
-        books = self._account(outcomes)
+    async def _record(self, books: _Bookkeeping, *, advance: tuple[int, int] | None) -> None:
+        """Records attempts, parks and buries failures, and moves the cursor over the batch
+        (``advance``: from tick, to tick; None for parked retries), in one transaction."""
         sub = self.sub
-        if batch_id is not None and not (books.park or books.bury or books.responses or books.gone):
-            # Everything delivered (the usual case): one round trip.
-            attempts = books.attempts
-            async with self.ctx.pool.acquire() as conn:
-                await conn.execute(
-                    sql.query("record_delivered_batch"), sub.name, sub.consumer, batch_id,
-                    [a[1] for a in attempts], [a[2] for a in attempts], [a[3] for a in attempts],
-                    [a[7] for a in attempts],
-                )  # fmt: skip
-            return
         async with self.ctx.pool.acquire() as conn, conn.transaction():
             if books.attempts:
                 await conn.copy_records_to_table(
@@ -275,7 +385,7 @@ class SubscriptionWorker:
                 await conn.execute(sql.query("bury"), sub.name, *zip(*books.bury, strict=True))
             if books.responses:
                 await conn.execute(sql.query("record_net_responses"), *zip(*books.responses, strict=True))
-            if batch_id is None:
+            if advance is None:
                 done = books.delivered + [row[0] for row in books.bury]
                 if done:
                     await conn.execute(sql.query("unpark"), sub.name, done)
@@ -283,8 +393,8 @@ class SubscriptionWorker:
                 log.warning("subscription %s disabled: %s", sub.name, books.gone)
                 await conn.execute(sql.query("disable_subscription"), sub.name, books.gone)
                 self.stop()
-            if batch_id is not None:
-                await conn.execute(sql.query("finish_batch"), sub.consumer, batch_id)
+            if advance is not None:
+                await conn.execute(sql.query("advance_consumer"), sub.consumer, *advance)
         if books.bury:
             log.warning("subscription %s: %d event(s) moved to dead letters", sub.name, len(books.bury))
 

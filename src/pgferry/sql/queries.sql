@@ -101,11 +101,12 @@ select live_relays, (subscription).* from ferry.relay_round($1, $2, $3, $4, $5::
 -- name: announce_presence
 select pg_advisory_lock_shared($1::int, $2::int)
 
--- name: next_webhook_batch
-select batch_id, id, stream, key, payload, headers, created_at from ferry.next_webhook_batch($1, $2)
+-- name: webhook_step
+select start_tick, end_tick, more, id, stream, key, payload, headers, created_at, blocked
+from ferry.webhook_step($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 
--- name: parked_keys
-select distinct key from ferry.retries where subscription = $1 and key = any ($2::text[])
+-- name: advance_consumer
+select ferry.advance_consumer($1, $2, $3)
 
 -- name: park
 insert into ferry.retries (subscription, event_id, stream, key, payload, headers, event_created_at, attempts,
@@ -202,6 +203,3 @@ select ferry.dlq_discard($1, $2)
 insert into net._http_response (id, status_code, content_type, headers, content, timed_out, error_msg)
 select * from unnest($1::bigint[], $2::int[], $3::text[], $4::text[]::jsonb[], $5::text[], $6::boolean[], $7::text[])
 on conflict (id) do nothing
-
--- name: record_delivered_batch
-select ferry.record_delivered_batch($1, $2, $3, $4, $5, $6, $7)
