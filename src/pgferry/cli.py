@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from pgferry import db
+from pgferry.delivery.addresses import ALLOW_ENV_VAR, STRICT_ENV_VAR
 from pgferry.errors import PgferryError
 
 log = logging.getLogger("pgferry")
@@ -99,12 +100,41 @@ def install(database_url: str | None, pg_net: bool) -> None:
 @click.option("--tick-interval", default=0.01, show_default=True, help="Seconds between tick checks while busy.")
 @click.option("--idle-poll-interval", default=0.5, show_default=True, help="Longest wait between tick checks.")
 @click.option("--exit-after", type=float, help="Stop by itself after this many seconds.")
-def run(database_url: str | None, tick_interval: float, idle_poll_interval: float, exit_after: float | None) -> None:
+@click.option(
+    "--strict-addresses",
+    is_flag=True,
+    envvar=STRICT_ENV_VAR,
+    help=f"Multi-tenant mode: also refuse loopback, private, CGNAT, unspecified and multicast addresses "
+    f"(or set {STRICT_ENV_VAR}=1).",
+)
+@click.option(
+    "--allow-address",
+    "allow_addresses",
+    multiple=True,
+    metavar="CIDR",
+    envvar=ALLOW_ENV_VAR,
+    help=f"Allow this address range although refused otherwise (repeatable; or {ALLOW_ENV_VAR}=cidr,...).",
+)
+def run(
+    database_url: str | None,
+    tick_interval: float,
+    idle_poll_interval: float,
+    exit_after: float | None,
+    strict_addresses: bool,
+    allow_addresses: tuple[str, ...],
+) -> None:
     """Run the relay. Without a database URL: a throwaway PostgreSQL and a demo."""
+    from pgferry.delivery.addresses import AddressPolicy, parse_networks
     from pgferry.log.ticker import TickerSettings
     from pgferry.relay.process import Relay, RelaySettings
 
-    settings = RelaySettings(ticker=TickerSettings(busy_interval=tick_interval, idle_interval=idle_poll_interval))
+    try:
+        policy = AddressPolicy(strict=strict_addresses, allow=parse_networks(allow_addresses))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--allow-address") from exc
+    settings = RelaySettings(
+        ticker=TickerSettings(busy_interval=tick_interval, idle_interval=idle_poll_interval), addresses=policy
+    )
 
     async def go(url: str, demo: bool) -> None:
         # Long-lived objects made at startup never need collecting; freezing them

@@ -1,0 +1,160 @@
+"""SSRF: which addresses the relay refuses, checked on the address actually connected to.
+
+Everything here runs against receivers on 127.0.0.x; "refused" always means
+refused before a connection was made (the receivers count connections), and
+ranges that are not on this machine are only ever refused, never contacted.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+import pytest
+
+import pgferry
+from pgferry.delivery.addresses import AddressPolicy, parse_networks
+from pgferry.delivery.fasthttp import FastSender
+from pgferry.delivery.http import HttpResult, HttpSender
+from pgferry.receiver import Receiver, Respond
+from tests.delivery.conftest import FAST, RunningRelay
+from tests.helpers import eventually
+
+MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
+STRICT = AddressPolicy(strict=True)
+
+
+async def send_both(policy: AddressPolicy, url: str) -> list[HttpResult]:
+    """The same POST through the webhook sender and the pg_net sender."""
+    fast, general = FastSender(pool_size=2, policy=policy), HttpSender(pool_size=2, policy=policy)
+    try:
+        return [
+            await fast.send(url, b"{}", {"content-type": "application/json"}, timeout=2, connect_timeout=1),
+            await general.send(url, b"{}", {"content-type": "application/json"}, timeout=2, connect_timeout=1),
+        ]
+    finally:
+        await fast.close()
+        await general.close()
+
+
+async def test_strict_mode_refuses_a_name_resolving_to_loopback_without_connecting(
+    receiver_factory: MakeReceiver,
+) -> None:
+    receiver, url = await receiver_factory()
+    port = receiver.port
+    # Every spelling that reaches the receiver on this machine: a name (checked
+    # after DNS, which is what defeats DNS rebinding), IP literals, legacy
+    # numeric forms, IPv4-mapped IPv6 and the unspecified address.
+    spellings = ["localhost", "127.0.0.1", "2130706433", "127.1", "[::ffff:127.0.0.1]", "0.0.0.0"]
+    for host in spellings:
+        for result in await send_both(STRICT, f"http://{host}:{port}/hook"):
+            assert result.error_class in ("refused_address", "bad_request"), (host, result)
+            if result.error_class == "refused_address":
+                text = result.error or ""
+                assert "strict mode" in text and "PGFERRY_ALLOW_ADDRESSES" in text, (host, text)
+    assert receiver.stats.connections == 0
+    # the default policy lets local development reach loopback
+    assert all(r.ok for r in await send_both(AddressPolicy(), url))
+    assert receiver.stats.connections == 2
+
+
+@pytest.mark.parametrize(
+    ("ip", "rule"),
+    [
+        ("10.1.2.3", "private"),
+        ("172.16.0.1", "private"),
+        ("192.168.1.1", "private"),
+        ("[fc00::1]", "private"),
+        ("100.64.0.1", "carrier-grade NAT"),
+        ("224.0.0.1", "multicast"),
+        ("[ff02::1]", "multicast"),
+        ("[::1]", "loopback"),
+        ("169.254.169.254", "cloud-metadata"),
+        ("[fd00:ec2::254]", "cloud-metadata"),
+    ],
+)
+async def test_strict_mode_refuses_private_cgnat_multicast_ranges_by_rule(ip: str, rule: str) -> None:
+    for result in await send_both(STRICT, f"http://{ip}:80/x"):
+        assert result.error_class == "refused_address", result
+        assert rule in (result.error or ""), result
+        assert result.latency_ms < 500  # refused before any connection attempt
+
+
+async def test_allow_list_overrides_strict_mode_for_the_listed_range_only(receiver_factory: MakeReceiver) -> None:
+    receiver, _ = await receiver_factory()
+    policy = AddressPolicy(strict=True, allow=parse_networks("127.0.0.1/32"))
+    assert all(r.ok for r in await send_both(policy, f"http://localhost:{receiver.port}/hook"))
+    other = Receiver()
+    url = await other.start(host="127.0.0.2")
+    try:
+        assert all(r.error_class == "refused_address" for r in await send_both(policy, url))
+        assert other.stats.connections == 0
+    finally:
+        await other.stop()
+
+
+def test_allow_list_parsing_and_metadata_override() -> None:
+    # Only checked, never connected to: these addresses are not on this machine.
+    assert AddressPolicy().refusal("169.254.169.254") is not None
+    allowed = AddressPolicy(allow=parse_networks("169.254.169.254, fd00:ec2::254"))
+    assert allowed.refusal("169.254.169.254") is None and allowed.refusal("fd00:ec2::254") is None
+    assert allowed.refusal("169.254.169.253") is not None
+    assert AddressPolicy.from_env(
+        {"PGFERRY_ALLOW_ADDRESSES": "10.0.0.0/8 192.168.0.1", "PGFERRY_STRICT_ADDRESSES": "1"}
+    ) == (
+        AddressPolicy(strict=True, allow=(ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("192.168.0.1/32")))
+    )
+    with pytest.raises(ValueError, match=r"'10\.0\.0\.0/33' is not an IP address or CIDR range"):
+        parse_networks("10.0.0.0/33")
+
+
+async def test_pg_net_sender_refuses_a_redirect_to_a_refused_name() -> None:
+    """A (allowed, 127.0.0.2) redirects to localhost (refused): B on 127.0.0.1 never sees a connection."""
+    target = Receiver()
+    target_url = await target.start(host="127.0.0.1")
+    bouncer = Receiver(lambda _: Respond(302, b"", (("Location", target_url.replace("127.0.0.1", "localhost")),)))
+    bounce_url = await bouncer.start(host="127.0.0.2")
+    sender = HttpSender(pool_size=2, policy=AddressPolicy(strict=True, allow=parse_networks("127.0.0.2")))
+    try:
+        result = await sender.send(bounce_url, None, {}, method="GET", timeout=2, connect_timeout=1)
+    finally:
+        await sender.close()
+        await bouncer.stop()
+        await target.stop()
+    assert result.error_class == "refused_address" and "loopback" in (result.error or ""), result
+    assert bouncer.stats.requests == 1 and target.stats.connections == 0
+
+
+async def test_relay_in_strict_mode_dead_letters_refused_endpoints_and_keeps_delivering(
+    db_url: str, ferry: pgferry.Ferry, conn: asyncpg.Connection, receiver_factory: MakeReceiver
+) -> None:
+    local, _ = await receiver_factory()
+    allowed = Receiver()
+    allowed_url = await allowed.start(host="127.0.0.2")
+    settings = FAST.__class__(
+        **{**FAST.__dict__, "addresses": AddressPolicy(strict=True, allow=parse_networks("127.0.0.2"))}
+    )
+    relay = RunningRelay(db_url, settings)
+    try:
+        await ferry.subscribe("tenant-a", ["s"], f"http://localhost:{local.port}/hook", max_attempts=5)
+        await ferry.subscribe("tenant-b", ["s"], allowed_url)
+        await ferry.publish("s", {"n": 1})
+
+        async def settled() -> bool:
+            return (
+                bool(await conn.fetchval("select count(*) from ferry.dead_letters") == 1) and len(allowed.received) == 1
+            )
+
+        await eventually(settled, what="one dead letter and one delivery")
+        letter = await conn.fetchrow("select subscription, attempts, last_error from ferry.dead_letters")
+        attempt = await conn.fetchrow("select error_class, error from ferry.attempts where subscription = 'tenant-a'")
+        assert letter["subscription"] == "tenant-a" and letter["attempts"] == 1  # permanent: no retries
+        assert attempt["error_class"] == "refused_address"
+        assert "127.0.0.1 is a loopback address (refused in strict mode" in letter["last_error"]
+        assert "PGFERRY_ALLOW_ADDRESSES" in letter["last_error"]
+        assert local.stats.connections == 0
+        assert not relay.task.done()
+    finally:
+        await relay.stop()
+        await allowed.stop()
