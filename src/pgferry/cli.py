@@ -85,7 +85,13 @@ def main(verbose: bool) -> None:
     help="Also install the pg_net-compatible API (schema `net`, supabase_functions.http_request).",
 )
 def install(database_url: str | None, pg_net: bool) -> None:
-    """Install or upgrade the ferry schema (safe to run twice or concurrently)."""
+    """Install or upgrade the ferry schema (safe to run twice or concurrently).
+
+    Also creates, when missing, the NOLOGIN roles ferry_writer (may only append
+    events: ferry.publish, captured tables, the net.http_* API) and ferry_relay
+    (what `pgferry run` and the operator commands need). The first install in a
+    cluster therefore needs CREATEROLE. See docs/security.md.
+    """
     from pgferry.schema import install_at
 
     applied = _run(install_at(require_url(database_url), addons=("pg_net",) if pg_net else ()))
@@ -93,6 +99,10 @@ def install(database_url: str | None, pg_net: bool) -> None:
         click.echo(f"installed: {', '.join(applied)}")
     else:
         click.echo("already up to date")
+    click.echo(
+        "roles: ferry_writer (publish, captured tables, net.http_*), ferry_relay (pgferry run); "
+        "grant them to login roles, e.g. `grant ferry_writer to app`"
+    )
 
 
 @main.command()
