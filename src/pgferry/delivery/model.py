@@ -89,4 +89,7 @@ class OutEvent:
         )
 
     def header_map(self) -> dict[str, Any]:
-        return dict(orjson.loads(self.headers)) if self.headers else {}
+        value = orjson.loads(self.headers) if self.headers else {}
+        if not isinstance(value, dict):
+            raise ValueError(f"headers are a JSON {type(value).__name__}, not an object")
+        return value
