@@ -11,6 +11,7 @@ import click
 import orjson
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 import pgferry
 from pgferry.delivery.http import endpoint_of
@@ -47,16 +48,21 @@ def _table(title: str, rows: list[dict[str, Any]], columns: list[tuple[str, str]
     console.print(table)
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any) -> Text:
+    """Plain text, never rich markup: cells hold what receivers answered (reason phrases,
+    Location headers), and "[/bold]" there must neither crash the command nor style the
+    output; control characters are shown escaped so none reaches the terminal."""
     if value is None:
-        return "-"
-    if isinstance(value, list | tuple):
-        return ",".join(map(str, value))
-    if isinstance(value, float):
-        return f"{value:.1f}"
-    if isinstance(value, datetime):
-        return f"{value:%Y-%m-%d %H:%M:%S}"
-    return str(value)
+        text = "-"
+    elif isinstance(value, list | tuple):
+        text = ",".join(map(str, value))
+    elif isinstance(value, float):
+        text = f"{value:.1f}"
+    elif isinstance(value, datetime):
+        text = f"{value:%Y-%m-%d %H:%M:%S}"
+    else:
+        text = str(value)
+    return Text("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
 
 
 def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> None:
