@@ -138,9 +138,12 @@ class Ferry:
             async with self.pool.acquire() as pooled:
                 return await (pooled.fetch(query, *args) if many else pooled.fetchval(query, *args))
         except asyncpg.PostgresError as exc:
-            if exc.sqlstate in _BAD_INPUT:
+            # 22xxx: data exceptions, e.g. NUL or invalid UTF-8 in a stream name, too deeply nested JSON
+            if exc.sqlstate in _BAD_INPUT or exc.sqlstate.startswith("22") or exc.sqlstate == "54001":
                 raise InvalidEvent(str(exc)) from exc
             raise
+        except asyncpg.DataError as exc:  # could not even be encoded, e.g. a lone surrogate in a key
+            raise InvalidEvent(str(exc)) from exc
 
     # -- consuming ---------------------------------------------------------
 
