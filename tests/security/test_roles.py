@@ -77,7 +77,7 @@ async def test_writer_publishes_captures_and_uses_the_net_api(
     assert captured == [("public.orders", k, op) for k, op in (("1", "I"), ("2", "I"), ("1", "U"), ("2", "D"))]
     assert rows[7]["stream"] == "net.http" and rows[7]["id"] == request
     # The Python API works for a writer too.
-    async with pgferry.connect(as_role(net_db, writer._params.user), pool_size=1) as ferry:
+    async with pgferry.connect(as_role(net_db, await writer.fetchval("select current_user")), pool_size=1) as ferry:
         assert await ferry.publish("billing", {"invoice": 2}) > request
 
 
