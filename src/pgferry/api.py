@@ -16,6 +16,7 @@ import asyncpg
 import orjson
 
 from pgferry import db, sql
+from pgferry.delivery.signing import redact_secrets
 from pgferry.errors import InvalidEvent, PgferryError
 from pgferry.log.reader import ReaderSettings, StreamReader
 from pgferry.schema import check_installed
@@ -247,7 +248,7 @@ class Ferry:
                 return await getattr(conn, method)(sql.query(query), *args)
             except asyncpg.PostgresError as exc:
                 if exc.sqlstate in _BAD_INPUT or exc.sqlstate == "42704":
-                    raise PgferryError(str(exc)) from exc
+                    raise PgferryError(redact_secrets(str(exc))) from None
                 raise
 
 

@@ -27,11 +27,15 @@ database_url_option = click.option(
 
 
 def _setup_logging(verbose: bool) -> None:
+    from pgferry.delivery.signing import RedactSecrets
+
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactSecrets())
     logging.getLogger("asyncio").setLevel(logging.WARNING)
 
 
@@ -43,10 +47,12 @@ def _run(coro: Coroutine[Any, Any, Any]) -> Any:
         runner: Any = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency, but stay usable without it
         runner = asyncio.run
+    from pgferry.delivery.signing import redact_secrets
+
     try:
         return runner(coro)
     except PgferryError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(redact_secrets(str(exc))) from exc
 
 
 def require_url(database_url: str | None) -> str:
