@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypeVar
@@ -82,7 +83,12 @@ def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> No
     @click.option(
         "--ordered", is_flag=True, help="Keep per-key order (later events of a key wait behind a failed one)."
     )
-    @click.option("--secret", help="Signing secret (whsec_...); see `pgferry subscription secret`.")
+    @click.option(
+        "--secret",
+        envvar="PGFERRY_WEBHOOK_SECRET",
+        help="Signing secret (whsec_...), or - to read it from stdin (keeps it out of `ps` and shell history); "
+        "or set PGFERRY_WEBHOOK_SECRET. See `pgferry subscription secret`.",
+    )
     @click.option("--header", "headers", multiple=True, metavar="NAME=VALUE", help="Extra header (repeatable).")
     @click.option("--timeout-ms", default=10000, show_default=True)
     @click.option("--max-attempts", default=12, show_default=True)
@@ -99,6 +105,8 @@ def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> No
             if not sep:
                 raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--header")
             header_map[key.strip()] = value.strip()
+        if options.get("secret") == "-":
+            options["secret"] = sys.stdin.readline().strip()
         _warn_unresolvable(url)
         with_ferry(
             database_url,
