@@ -158,3 +158,13 @@ async def test_relay_in_strict_mode_dead_letters_refused_endpoints_and_keeps_del
     finally:
         await relay.stop()
         await allowed.stop()
+
+
+async def test_subscribe_refuses_metadata_ip_literals_unless_the_session_allows_them(conn: asyncpg.Connection) -> None:
+    with pytest.raises(asyncpg.PostgresError, match="link-local or cloud-metadata address") as refused:
+        await conn.execute("select ferry.subscribe('meta', array['s'], 'http://169.254.169.254/latest')")
+    assert "pgferry.allow_addresses" in (refused.value.hint or "")
+    await conn.execute("set pgferry.allow_addresses = '10.0.0.0/8, 169.254.169.254/32'")
+    await conn.execute("select ferry.subscribe('meta', array['s'], 'http://169.254.169.254/latest')")
+    with pytest.raises(asyncpg.PostgresError, match="link-local or cloud-metadata address"):
+        await conn.execute("select ferry.subscribe('meta2', array['s'], 'http://169.254.169.253/latest')")

@@ -165,7 +165,9 @@ async def test_relay_runs_with_only_ferry_relay(
         "select ferry.subscribe('bad', array['billing'], $1, max_attempts => 2, retry_base_ms => 10)", bad_url
     )
     # rotate, truncate and prune as fast as possible, so the relay must do all of it
-    await admin.execute("update ferry.config set rotation_interval = '0', attempts_retention = '0'")
+    await admin.execute(
+        "update ferry.config set rotation_interval = '0', attempts_retention = '0', idle_tick_interval = '100 ms'"
+    )
     caplog.set_level(logging.INFO)
     relay = RunningRelay(as_role(net_db, relay_role))
     try:
