@@ -7,7 +7,11 @@ ranges that are not on this machine are only ever refused, never contacted.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import ipaddress
+import os
+import subprocess
 from collections.abc import Awaitable, Callable
 
 import asyncpg
@@ -132,9 +136,7 @@ async def test_relay_in_strict_mode_dead_letters_refused_endpoints_and_keeps_del
     local, _ = await receiver_factory()
     allowed = Receiver()
     allowed_url = await allowed.start(host="127.0.0.2")
-    settings = FAST.__class__(
-        **{**FAST.__dict__, "addresses": AddressPolicy(strict=True, allow=parse_networks("127.0.0.2"))}
-    )
+    settings = dataclasses.replace(FAST, addresses=AddressPolicy(strict=True, allow=parse_networks("127.0.0.2")))
     relay = RunningRelay(db_url, settings)
     try:
         await ferry.subscribe("tenant-a", ["s"], f"http://localhost:{local.port}/hook", max_attempts=5)
@@ -168,3 +170,45 @@ async def test_subscribe_refuses_metadata_ip_literals_unless_the_session_allows_
     await conn.execute("select ferry.subscribe('meta', array['s'], 'http://169.254.169.254/latest')")
     with pytest.raises(asyncpg.PostgresError, match="link-local or cloud-metadata address"):
         await conn.execute("select ferry.subscribe('meta2', array['s'], 'http://169.254.169.253/latest')")
+
+
+async def test_pgferry_run_strict_mode_and_allow_list_from_the_environment(
+    pgferry_cmd: list[str], db_url: str, ferry: pgferry.Ferry, conn: asyncpg.Connection, receiver_factory: MakeReceiver
+) -> None:
+    local, _ = await receiver_factory()
+    allowed = Receiver()
+    allowed_url = await allowed.start(host="127.0.0.2")
+    try:
+        await ferry.subscribe("tenant-a", ["s"], f"http://localhost:{local.port}/hook")
+        await ferry.subscribe("tenant-b", ["s"], allowed_url)
+        await ferry.publish("s", {"n": 1})
+        env = {**os.environ, "PGFERRY_DATABASE_URL": db_url, "PGFERRY_STRICT_ADDRESSES": "1",
+               "PGFERRY_ALLOW_ADDRESSES": "127.0.0.2/32,192.0.2.0/24"}  # fmt: skip
+        run = await asyncio.create_subprocess_exec(
+            *pgferry_cmd, "run", "--exit-after", "20", env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+
+            async def settled() -> bool:
+                dead = await conn.fetchval("select count(*) from ferry.dead_letters where subscription = 'tenant-a'")
+                return bool(dead == 1) and len(allowed.received) == 1
+
+            await eventually(settled, timeout=20, what="tenant-a refused, tenant-b delivered")
+        finally:
+            if run.returncode is None:
+                run.terminate()
+            output, _ = await asyncio.wait_for(run.communicate(), 30)
+    finally:
+        await allowed.stop()
+    assert local.stats.connections == 0
+    text = output.decode()
+    assert "address policy strict" in text and "allowed: 127.0.0.2/32, 192.0.2.0/24" in text
+    assert "loopback address (refused in strict mode" in await conn.fetchval(
+        "select last_error from ferry.dead_letters"
+    )
+    bad = await asyncio.to_thread(
+        subprocess.run, [*pgferry_cmd, "run", "--allow-address", "10.0.0.0/33", "--exit-after", "1"],
+        capture_output=True, text=True, timeout=60, check=False, env={**os.environ, "PGFERRY_DATABASE_URL": db_url},
+    )  # fmt: skip
+    assert bad.returncode == 2 and "'10.0.0.0/33' is not an IP address or CIDR range" in bad.stderr

@@ -125,11 +125,6 @@ class AddressPolicy:
 DEFAULT_POLICY = AddressPolicy()
 
 
-def refusal(ip: str, policy: AddressPolicy = DEFAULT_POLICY) -> str | None:
-    """Why ``ip`` is refused under ``policy``, or None when it may be used."""
-    return policy.refusal(ip)
-
-
 async def allowed_addresses(host: str, port: int, policy: AddressPolicy = DEFAULT_POLICY) -> list[tuple[int, str]]:
     """(family, ip) of ``host`` that may be connected to; RefusedAddress if none."""
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
