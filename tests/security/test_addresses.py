@@ -104,6 +104,10 @@ def test_allow_list_parsing_and_metadata_override() -> None:
     allowed = AddressPolicy(allow=parse_networks("169.254.169.254, fd00:ec2::254"))
     assert allowed.refusal("169.254.169.254") is None and allowed.refusal("fd00:ec2::254") is None
     assert allowed.refusal("169.254.169.253") is not None
+    # IPv6 spellings that reach an IPv4 address are judged as that address: mapped, NAT64, 6to4
+    for ip in ("::ffff:169.254.169.254", "64:ff9b::a9fe:a9fe", "2002:a9fe:a9fe::1"):
+        assert "169.254.169.254 is a link-local or cloud-metadata address" in (AddressPolicy().refusal(ip) or ""), ip
+    assert "10.0.0.1 is a private address" in (STRICT.refusal("64:ff9b::a00:1") or "")
     assert AddressPolicy.from_env(
         {"PGFERRY_ALLOW_ADDRESSES": "10.0.0.0/8 192.168.0.1", "PGFERRY_STRICT_ADDRESSES": "1"}
     ) == (

@@ -83,11 +83,22 @@ def parse_networks(text: str | Iterable[str]) -> tuple[Network, ...]:
     return tuple(networks)
 
 
+#: The well-known NAT64 prefix (RFC 6052): its last 32 bits are the IPv4 address reached.
+_NAT64 = _nets("64:ff9b::/96")
+
+
 def _plain(ip: str) -> Address:
-    """The address without a zone id; IPv4-mapped IPv6 as the IPv4 address it reaches."""
+    """The address without a zone id. IPv6 forms that reach an IPv4 address (IPv4-mapped,
+    NAT64, 6to4) are judged as that IPv4 address: 64:ff9b::a9fe:a9fe reaches 169.254.169.254
+    on a network with a NAT64 gateway."""
     address = ipaddress.ip_address(ip.split("%", 1)[0])
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return address.ipv4_mapped
+        if any(address in prefix for prefix in _NAT64):
+            return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+        if address.sixtofour is not None:
+            return address.sixtofour
     return address
 
 
