@@ -22,6 +22,7 @@ from pgferry.delivery.addresses import AddressPolicy, parse_networks
 from pgferry.delivery.fasthttp import FastSender
 from pgferry.delivery.http import HttpResult, HttpSender
 from pgferry.receiver import Receiver, Respond
+from pgferry.schema import install
 from tests.delivery.conftest import FAST, RunningRelay
 from tests.helpers import eventually
 
@@ -140,20 +141,32 @@ async def test_relay_in_strict_mode_dead_letters_refused_endpoints_and_keeps_del
     local, _ = await receiver_factory()
     allowed = Receiver()
     allowed_url = await allowed.start(host="127.0.0.2")
+    bouncer = Receiver(lambda _: Respond(302, b"", (("Location", f"http://localhost:{local.port}/bounced"),)))
+    bounce_url = await bouncer.start(host="127.0.0.2")
+    await install(conn, addons=["pg_net"])
     settings = dataclasses.replace(FAST, addresses=AddressPolicy(strict=True, allow=parse_networks("127.0.0.2")))
     relay = RunningRelay(db_url, settings)
     try:
         await ferry.subscribe("tenant-a", ["s"], f"http://localhost:{local.port}/hook", max_attempts=5)
         await ferry.subscribe("tenant-b", ["s"], allowed_url)
         await ferry.publish("s", {"n": 1})
+        # the pg_net API: directly, and through a redirect from an allowed host
+        direct = await conn.fetchval("select net.http_get($1)", f"http://localhost:{local.port}/direct")
+        bounced = await conn.fetchval("select net.http_get($1)", bounce_url)
 
         async def settled() -> bool:
-            return (
-                bool(await conn.fetchval("select count(*) from ferry.dead_letters") == 1) and len(allowed.received) == 1
-            )
+            dead = await conn.fetchval("select count(*) from ferry.dead_letters where subscription = 'tenant-a'")
+            answered = await conn.fetchval("select count(*) from net._http_response")
+            return dead == 1 and answered == 2 and len(allowed.received) == 1
 
-        await eventually(settled, what="one dead letter and one delivery")
-        letter = await conn.fetchrow("select subscription, attempts, last_error from ferry.dead_letters")
+        await eventually(settled, what="one dead letter, two pg_net answers and one delivery")
+        for request in (direct, bounced):
+            error = await conn.fetchval("select error_msg from net._http_response where id = $1", request)
+            assert "127.0.0.1 is a loopback address (refused in strict mode" in error, error
+        assert bouncer.stats.requests == 1
+        letter = await conn.fetchrow(
+            "select subscription, attempts, last_error from ferry.dead_letters where subscription = 'tenant-a'"
+        )
         attempt = await conn.fetchrow("select error_class, error from ferry.attempts where subscription = 'tenant-a'")
         assert letter["subscription"] == "tenant-a" and letter["attempts"] == 1  # permanent: no retries
         assert attempt["error_class"] == "refused_address"
@@ -164,6 +177,7 @@ async def test_relay_in_strict_mode_dead_letters_refused_endpoints_and_keeps_del
     finally:
         await relay.stop()
         await allowed.stop()
+        await bouncer.stop()
 
 
 async def test_subscribe_refuses_metadata_ip_literals_unless_the_session_allows_them(conn: asyncpg.Connection) -> None:

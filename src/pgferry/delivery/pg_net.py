@@ -18,7 +18,6 @@ from pgferry.delivery.http import HttpResult, HttpSender
 from pgferry.delivery.model import OutEvent, Subscription
 
 _CURL_TEXT = {
-    "refused_address": "Refused to connect to this address",
     "too_large": "Request body too large",
     "bad_request": "Request could not be sent",
     "connect": "Couldn't connect to server",
