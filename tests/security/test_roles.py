@@ -63,6 +63,14 @@ async def test_writer_publishes_captures_and_uses_the_net_api(
         await writer.execute("update orders set total = 11 where id = 1")
         await writer.execute("delete from orders where id = 2")
     request = await writer.fetchval("select net.http_post('http://127.0.0.1:9/x', '{\"a\": 1}')")
+    # a Supabase Database Webhook trigger on the writer's own table
+    await admin.execute("create table hooked (id int primary key)")
+    await admin.execute("alter table hooked owner to " + await writer.fetchval("select current_user"))
+    await writer.execute(
+        "create trigger hook after insert on hooked for each row "
+        "execute function supabase_functions.http_request('http://127.0.0.1:9/hook', 'POST', '{}', '{}', '1000')"
+    )
+    await writer.execute("insert into hooked values (1)")
     # pg_net's way of looking at results works for a writer
     assert (await writer.fetchval("select (net._http_collect_response($1)).status::text", request)) == "PENDING"
     assert await writer.fetchval("select count(*) from net._http_response") == 0
@@ -76,6 +84,8 @@ async def test_writer_publishes_captures_and_uses_the_net_api(
     captured = [(r["stream"], r["key"], r["op"]) for r in rows[3:7]]
     assert captured == [("public.orders", k, op) for k, op in (("1", "I"), ("2", "I"), ("1", "U"), ("2", "D"))]
     assert rows[7]["stream"] == "net.http" and rows[7]["id"] == request
+    hook_request = await admin.fetchval("select request_id from supabase_functions.hooks")
+    assert rows[8]["stream"] == "net.http" and rows[8]["id"] == hook_request
     # The Python API works for a writer too.
     async with pgferry.connect(as_role(net_db, await writer.fetchval("select current_user")), pool_size=1) as ferry:
         assert await ferry.publish("billing", {"invoice": 2}) > request

@@ -42,7 +42,7 @@ begin
             begin
                 execute format('create role %I nologin', v_role);
             exception
-                when duplicate_object then
+                when duplicate_object or unique_violation then
                     null;  -- created at the same moment by an install into another database
                 when insufficient_privilege then
                     raise exception 'pgferry: cannot create role %: the installing role needs CREATEROLE', v_role
