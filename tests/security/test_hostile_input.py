@@ -259,3 +259,39 @@ async def test_cli_tables_show_hostile_receiver_text_as_text(
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     assert "[/bold][red]x" in shown.stdout and "\\x1b[2J" in shown.stdout and "\x1b" not in shown.stdout
+
+
+class _HeaderFlood(asyncio.Protocol):
+    """A receiver that answers with one header that never ends."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.task: asyncio.Task[None] | None = None
+
+    def data_received(self, data: bytes) -> None:
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self.flood())
+
+    async def flood(self) -> None:
+        self.transport.write(b"HTTP/1.1 200 OK\r\nX-Flood: ")  # type: ignore[attr-defined]
+        while not self.transport.is_closing():
+            self.transport.write(b"a" * 16384)  # type: ignore[attr-defined]
+            await asyncio.sleep(0.001)
+
+
+async def test_a_receiver_sending_an_endless_header_is_cut_off() -> None:
+    from pgferry.delivery.fasthttp import FastSender
+    from pgferry.delivery.http import HttpSender
+
+    server = await asyncio.get_running_loop().create_server(_HeaderFlood, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
+    fast, general = FastSender(pool_size=1), HttpSender(pool_size=1)
+    try:
+        for sender in (fast, general):
+            result = await sender.send(url, b"{}", {}, timeout=5, connect_timeout=1)
+            # refused after a bounded amount (64 KB / aiohttp's 8 KB), not buffered until the timeout
+            assert result.error_class == "invalid_response" and result.latency_ms < 2000, result
+    finally:
+        await fast.close()
+        await general.close()
+        server.close()

@@ -33,6 +33,8 @@ from pgferry.delivery.addresses import DEFAULT_POLICY, AddressPolicy, RefusedAdd
 from pgferry.delivery.http import RESPONSE_SNIPPET_BYTES, HttpResult, endpoint_of, parse_retry_after
 
 _USER_AGENT = b"pgferry"
+#: the most a response's status line and headers may take
+MAX_HEAD_BYTES = 64 * 1024
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
 _FORBIDDEN_IN_VALUE = re.compile(r"[\r\n\0]")
 
@@ -69,6 +71,7 @@ class _Connection(asyncio.Protocol):
         self.response = _Response()
         self.got_bytes = False
         self.closed = False
+        self.head_bytes = 0  # received before the end of the response headers
 
     # asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -85,6 +88,14 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(_BadResponse(f"invalid HTTP response: {exc}"))
             self.close()
+            return
+        if self.head_bytes >= 0:  # the headers have not ended yet
+            # httptools buffers a header until it ends: a receiver sending one endless
+            # header would grow the relay's memory until the timeout (aiohttp stops at 8 KB).
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD_BYTES:
+                self._fail(_BadResponse(f"invalid HTTP response: headers longer than {MAX_HEAD_BYTES} bytes"))
+                self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -103,6 +114,7 @@ class _Connection(asyncio.Protocol):
             self.response.location = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        self.head_bytes = -1
         self.response.status = self.parser.get_status_code()
 
     def on_body(self, body: bytes) -> None:
@@ -123,6 +135,7 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.response = _Response()
         self.got_bytes = False
+        self.head_bytes = 0
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(data)
         return await self.waiter
