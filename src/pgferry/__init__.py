@@ -1,6 +1,7 @@
 """pgferry: events out of PostgreSQL, reliably and in real time."""
 
 from pgferry.api import Ferry, connect
+from pgferry.db import RawJSON
 from pgferry.errors import DatabaseUnreachable, InvalidEvent, PgferryError, SchemaMissing
 from pgferry.log.events import Batch, Event
 
@@ -11,6 +12,7 @@ __all__ = [
     "Ferry",
     "InvalidEvent",
     "PgferryError",
+    "RawJSON",
     "SchemaMissing",
     "connect",
 ]

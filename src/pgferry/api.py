@@ -16,6 +16,7 @@ import asyncpg
 import orjson
 
 from pgferry import db, sql
+from pgferry.delivery.signing import redact_secrets
 from pgferry.errors import InvalidEvent, PgferryError
 from pgferry.log.reader import ReaderSettings, StreamReader
 from pgferry.schema import check_installed
@@ -138,9 +139,12 @@ class Ferry:
             async with self.pool.acquire() as pooled:
                 return await (pooled.fetch(query, *args) if many else pooled.fetchval(query, *args))
         except asyncpg.PostgresError as exc:
-            if exc.sqlstate in _BAD_INPUT:
+            # 22xxx: data exceptions, e.g. NUL or invalid UTF-8 in a stream name, too deeply nested JSON
+            if exc.sqlstate in _BAD_INPUT or exc.sqlstate.startswith("22") or exc.sqlstate == "54001":
                 raise InvalidEvent(str(exc)) from exc
             raise
+        except asyncpg.DataError as exc:  # could not even be encoded, e.g. a lone surrogate in a key
+            raise InvalidEvent(str(exc)) from exc
 
     # -- consuming ---------------------------------------------------------
 
@@ -244,7 +248,7 @@ class Ferry:
                 return await getattr(conn, method)(sql.query(query), *args)
             except asyncpg.PostgresError as exc:
                 if exc.sqlstate in _BAD_INPUT or exc.sqlstate == "42704":
-                    raise PgferryError(str(exc)) from exc
+                    raise PgferryError(redact_secrets(str(exc))) from None
                 raise
 
 

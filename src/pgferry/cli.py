@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from pgferry import db
+from pgferry.delivery.addresses import ALLOW_ENV_VAR, STRICT_ENV_VAR
 from pgferry.errors import PgferryError
 
 log = logging.getLogger("pgferry")
@@ -26,11 +27,15 @@ database_url_option = click.option(
 
 
 def _setup_logging(verbose: bool) -> None:
+    from pgferry.delivery.signing import RedactSecrets
+
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactSecrets())
     logging.getLogger("asyncio").setLevel(logging.WARNING)
 
 
@@ -42,10 +47,12 @@ def _run(coro: Coroutine[Any, Any, Any]) -> Any:
         runner: Any = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency, but stay usable without it
         runner = asyncio.run
+    from pgferry.delivery.signing import redact_secrets
+
     try:
         return runner(coro)
     except PgferryError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(redact_secrets(str(exc))) from exc
 
 
 def require_url(database_url: str | None) -> str:
@@ -84,7 +91,13 @@ def main(verbose: bool) -> None:
     help="Also install the pg_net-compatible API (schema `net`, supabase_functions.http_request).",
 )
 def install(database_url: str | None, pg_net: bool) -> None:
-    """Install or upgrade the ferry schema (safe to run twice or concurrently)."""
+    """Install or upgrade the ferry schema (safe to run twice or concurrently).
+
+    Also creates, when missing, the NOLOGIN roles ferry_writer (may only append
+    events: ferry.publish, captured tables, the net.http_* API) and ferry_relay
+    (what `pgferry run` and the operator commands need). The first install in a
+    cluster therefore needs CREATEROLE. See docs/security.md.
+    """
     from pgferry.schema import install_at
 
     applied = _run(install_at(require_url(database_url), addons=("pg_net",) if pg_net else ()))
@@ -92,6 +105,10 @@ def install(database_url: str | None, pg_net: bool) -> None:
         click.echo(f"installed: {', '.join(applied)}")
     else:
         click.echo("already up to date")
+    click.echo(
+        "roles: ferry_writer (publish, captured tables, net.http_*), ferry_relay (pgferry run); "
+        "grant them to login roles, e.g. `grant ferry_writer to app`"
+    )
 
 
 @main.command()
@@ -99,12 +116,41 @@ def install(database_url: str | None, pg_net: bool) -> None:
 @click.option("--tick-interval", default=0.01, show_default=True, help="Seconds between tick checks while busy.")
 @click.option("--idle-poll-interval", default=0.5, show_default=True, help="Longest wait between tick checks.")
 @click.option("--exit-after", type=float, help="Stop by itself after this many seconds.")
-def run(database_url: str | None, tick_interval: float, idle_poll_interval: float, exit_after: float | None) -> None:
+@click.option(
+    "--strict-addresses",
+    is_flag=True,
+    envvar=STRICT_ENV_VAR,
+    help=f"Multi-tenant mode: also refuse loopback, private, CGNAT, unspecified and multicast addresses "
+    f"(or set {STRICT_ENV_VAR}=1).",
+)
+@click.option(
+    "--allow-address",
+    "allow_addresses",
+    multiple=True,
+    metavar="CIDR",
+    envvar=ALLOW_ENV_VAR,
+    help=f"Allow this address range although refused otherwise (repeatable; or {ALLOW_ENV_VAR}=cidr,...).",
+)
+def run(
+    database_url: str | None,
+    tick_interval: float,
+    idle_poll_interval: float,
+    exit_after: float | None,
+    strict_addresses: bool,
+    allow_addresses: tuple[str, ...],
+) -> None:
     """Run the relay. Without a database URL: a throwaway PostgreSQL and a demo."""
+    from pgferry.delivery.addresses import AddressPolicy, parse_networks
     from pgferry.log.ticker import TickerSettings
     from pgferry.relay.process import Relay, RelaySettings
 
-    settings = RelaySettings(ticker=TickerSettings(busy_interval=tick_interval, idle_interval=idle_poll_interval))
+    try:
+        policy = AddressPolicy(strict=strict_addresses, allow=parse_networks(allow_addresses))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--allow-address") from exc
+    settings = RelaySettings(
+        ticker=TickerSettings(busy_interval=tick_interval, idle_interval=idle_poll_interval), addresses=policy
+    )
 
     async def go(url: str, demo: bool) -> None:
         # Long-lived objects made at startup never need collecting; freezing them

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypeVar
@@ -11,6 +12,7 @@ import click
 import orjson
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 import pgferry
 from pgferry.delivery.http import endpoint_of
@@ -47,16 +49,21 @@ def _table(title: str, rows: list[dict[str, Any]], columns: list[tuple[str, str]
     console.print(table)
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any) -> Text:
+    """Plain text, never rich markup: cells hold what receivers answered (reason phrases,
+    Location headers), and "[/bold]" there must neither crash the command nor style the
+    output; control characters are shown escaped so none reaches the terminal."""
     if value is None:
-        return "-"
-    if isinstance(value, list | tuple):
-        return ",".join(map(str, value))
-    if isinstance(value, float):
-        return f"{value:.1f}"
-    if isinstance(value, datetime):
-        return f"{value:%Y-%m-%d %H:%M:%S}"
-    return str(value)
+        text = "-"
+    elif isinstance(value, list | tuple):
+        text = ",".join(map(str, value))
+    elif isinstance(value, float):
+        text = f"{value:.1f}"
+    elif isinstance(value, datetime):
+        text = f"{value:%Y-%m-%d %H:%M:%S}"
+    else:
+        text = str(value)
+    return Text("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
 
 
 def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> None:
@@ -76,7 +83,12 @@ def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> No
     @click.option(
         "--ordered", is_flag=True, help="Keep per-key order (later events of a key wait behind a failed one)."
     )
-    @click.option("--secret", help="Signing secret (whsec_...); see `pgferry subscription secret`.")
+    @click.option(
+        "--secret",
+        envvar="PGFERRY_WEBHOOK_SECRET",
+        help="Signing secret (whsec_...), or - to read it from stdin (keeps it out of `ps` and shell history); "
+        "or set PGFERRY_WEBHOOK_SECRET. See `pgferry subscription secret`.",
+    )
     @click.option("--header", "headers", multiple=True, metavar="NAME=VALUE", help="Extra header (repeatable).")
     @click.option("--timeout-ms", default=10000, show_default=True)
     @click.option("--max-attempts", default=12, show_default=True)
@@ -93,6 +105,8 @@ def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> No
             if not sep:
                 raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--header")
             header_map[key.strip()] = value.strip()
+        if options.get("secret") == "-":
+            options["secret"] = sys.stdin.readline().strip()
         _warn_unresolvable(url)
         with_ferry(
             database_url,

@@ -61,8 +61,23 @@ def _encode_jsonb(value: Any) -> bytes:
     return b"\x01" + orjson.dumps(value)
 
 
+class RawJSON(str):
+    """JSON text pgferry could not turn into Python objects, handed over as it is.
+
+    PostgreSQL stores JSON nested far deeper (thousands of levels) than orjson
+    decodes (1024). Such a value, published from SQL, must not make a reader
+    fail on its batch forever: it arrives as this ``str`` subclass holding the
+    exact JSON text, for the consumer to decode (or reject) as it sees fit.
+    """
+
+    __slots__ = ()
+
+
 def _decode_jsonb(data: bytes) -> Any:
-    return orjson.loads(data[1:])
+    try:
+        return orjson.loads(data[1:])
+    except orjson.JSONDecodeError:
+        return RawJSON(bytes(data[1:]).decode())
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 import ssl
 import time
@@ -28,10 +29,14 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from pgferry.delivery.addresses import RefusedAddress, allowed_addresses
+from pgferry.delivery.addresses import DEFAULT_POLICY, AddressPolicy, RefusedAddress, allowed_addresses
 from pgferry.delivery.http import RESPONSE_SNIPPET_BYTES, HttpResult, endpoint_of, parse_retry_after
 
 _USER_AGENT = b"pgferry"
+#: the most a response's status line and headers may take
+MAX_HEAD_BYTES = 64 * 1024
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
+_FORBIDDEN_IN_VALUE = re.compile(r"[\r\n\0]")
 
 
 class _Lost(Exception):
@@ -66,6 +71,7 @@ class _Connection(asyncio.Protocol):
         self.response = _Response()
         self.got_bytes = False
         self.closed = False
+        self.head_bytes = 0  # received before the end of the response headers
 
     # asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -82,6 +88,14 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(_BadResponse(f"invalid HTTP response: {exc}"))
             self.close()
+            return
+        if self.head_bytes >= 0:  # the headers have not ended yet
+            # httptools buffers a header until it ends: a receiver sending one endless
+            # header would grow the relay's memory until the timeout (aiohttp stops at 8 KB).
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD_BYTES:
+                self._fail(_BadResponse(f"invalid HTTP response: headers longer than {MAX_HEAD_BYTES} bytes"))
+                self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -100,6 +114,7 @@ class _Connection(asyncio.Protocol):
             self.response.location = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        self.head_bytes = -1
         self.response.status = self.parser.get_status_code()
 
     def on_body(self, body: bytes) -> None:
@@ -120,6 +135,7 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.response = _Response()
         self.got_bytes = False
+        self.head_bytes = 0
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(data)
         return await self.waiter
@@ -133,8 +149,9 @@ class _Connection(asyncio.Protocol):
 class _Pool:
     """Kept-alive connections to one endpoint; at most ``size`` open, one request each."""
 
-    def __init__(self, scheme: str, host: str, port: int, size: int) -> None:
+    def __init__(self, scheme: str, host: str, port: int, size: int, policy: AddressPolicy) -> None:
         self.host, self.port = host, port
+        self.policy = policy
         self.ssl = ssl.create_default_context() if scheme == "https" else None
         self.idle: list[_Connection] = []
         self.slots = asyncio.Semaphore(size)
@@ -152,7 +169,7 @@ class _Pool:
         """Resolve, refuse forbidden addresses, then connect to one allowed address itself."""
         loop = asyncio.get_running_loop()
         last_error: OSError | None = None
-        for _, ip in await allowed_addresses(self.host, self.port):
+        for _, ip in await allowed_addresses(self.host, self.port, self.policy):
             try:
                 _, conn = await loop.create_connection(
                     _Connection, ip, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None
@@ -179,20 +196,23 @@ class _Pool:
 def _target(url: str) -> tuple[tuple[str, str, int], bytes]:
     parts = urlsplit(url)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    if any(c in url for c in "\r\n\t\0 "):  # urlsplit silently drops some of these
+        raise ValueError("URL contains whitespace or control characters")
     return endpoint_of(url), path.encode("ascii", "strict")
 
 
 class FastSender:
     """POSTs for webhook delivery over per-endpoint pools of kept-alive connections."""
 
-    def __init__(self, *, pool_size: int = 64) -> None:
+    def __init__(self, *, pool_size: int = 64, policy: AddressPolicy = DEFAULT_POLICY) -> None:
         self.pool_size = pool_size
+        self.policy = policy
         self._pools: dict[tuple[str, str, int], _Pool] = {}
 
     def _pool(self, endpoint: tuple[str, str, int]) -> _Pool:
         pool = self._pools.get(endpoint)
         if pool is None:
-            pool = self._pools[endpoint] = _Pool(*endpoint, self.pool_size)
+            pool = self._pools[endpoint] = _Pool(*endpoint, self.pool_size, self.policy)
         return pool
 
     async def send(  # noqa: PLR0911 - one return per way a request can end
@@ -219,6 +239,12 @@ class FastSender:
             head = [b"POST ", path, b" HTTP/1.1\r\nHost: ", pool.host_header, b"\r\nUser-Agent: ", _USER_AGENT,
                     b"\r\nContent-Length: ", str(len(body)).encode(), b"\r\n"]  # fmt: skip
             for name, value in headers.items():
+                # Last line of defence against header injection: whatever the
+                # SQL checks let through, no CR/LF/NUL reaches the wire.
+                if not _TOKEN.match(name):
+                    return done(None, "bad_request", f"header name {name[:100]!r} is not a valid HTTP header name")
+                if _FORBIDDEN_IN_VALUE.search(value):
+                    return done(None, "bad_request", f"header {name!r} contains a line break or NUL; not sent")
                 head += [name.encode("latin-1"), b": ", value.encode("utf-8"), b"\r\n"]
         except UnicodeError as exc:
             return done(None, "bad_request", f"header cannot be sent: {exc}")

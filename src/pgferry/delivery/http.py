@@ -23,9 +23,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+from aiohttp.abc import ResolveResult
 from yarl import URL
 
-from pgferry.delivery.addresses import RefusedAddress, refusal
+from pgferry.delivery.addresses import DEFAULT_POLICY, AddressPolicy, RefusedAddress
 
 RESPONSE_SNIPPET_BYTES = 2048
 #: the most of a response body kept (pg_net's net._http_response.content)
@@ -101,16 +102,41 @@ def _decode(raw: bytes, charset: str | None) -> str:
     return text.split("\0", 1)[0]  # PostgreSQL text cannot hold NUL; pg_net stops there too
 
 
-def _guarded_socket(addr_info: tuple[Any, ...]) -> socket.socket:
+class _GuardedSockets:
     """aiohttp's socket factory: the last point before connecting, so it sees the very
     address used, whether it came from DNS, an IP literal or a redirect."""
-    family, type_, proto, _, sockaddr = addr_info
-    reason = refusal(str(sockaddr[0]))
-    if reason is not None:
-        raise RefusedAddress(reason)
-    sock = socket.socket(family=family, type=type_, proto=proto)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
+
+    def __init__(self, policy: AddressPolicy) -> None:
+        self.policy = policy
+
+    def __call__(self, addr_info: tuple[Any, ...]) -> socket.socket:
+        family, type_, proto, _, sockaddr = addr_info
+        reason = self.policy.refusal(str(sockaddr[0]))
+        if reason is not None:
+            raise RefusedAddress(f"refused to connect to {sockaddr[0]}: {reason}")
+        sock = socket.socket(family=family, type=type_, proto=proto)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+
+class _PolicyResolver(aiohttp.ThreadedResolver):
+    """Drops refused addresses from DNS answers, so a name with one good and one refused
+    address uses the good one, and a name with only refused ones fails with the reason
+    (the socket factory above still checks the address finally connected to)."""
+
+    def __init__(self, policy: AddressPolicy) -> None:
+        super().__init__()
+        self.policy = policy
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        results = await super().resolve(host, port, family)
+        allowed = [r for r in results if self.policy.refusal(str(r["host"])) is None]
+        if not allowed:
+            reason = self.policy.refusal(str(results[0]["host"])) if results else "no address"
+            raise RefusedAddress(f"refused to connect to {host}: {reason}")
+        return allowed
 
 
 def endpoint_of(url: str) -> tuple[str, str, int]:
@@ -122,8 +148,9 @@ def endpoint_of(url: str) -> tuple[str, str, int]:
 class HttpSender:
     """Sends any request, follows redirects and keeps the whole answer (the pg_net API's needs)."""
 
-    def __init__(self, *, pool_size: int = 64) -> None:
+    def __init__(self, *, pool_size: int = 64, policy: AddressPolicy = DEFAULT_POLICY) -> None:
         self.pool_size = pool_size
+        self.policy = policy
         self._sessions: dict[tuple[str, str, int], aiohttp.ClientSession] = {}
 
     def _session(self, url: str) -> aiohttp.ClientSession:
@@ -131,7 +158,8 @@ class HttpSender:
         session = self._sessions.get(key)
         if session is None or session.closed:
             connector = aiohttp.TCPConnector(
-                socket_factory=_guarded_socket,
+                socket_factory=_GuardedSockets(self.policy),
+                resolver=_PolicyResolver(self.policy),
                 limit=self.pool_size,
                 limit_per_host=self.pool_size,
                 ttl_dns_cache=60,
@@ -192,6 +220,8 @@ class HttpSender:
         except TimeoutError:
             return done(None, "timeout", f"no complete answer within {timeout:g} s")
         except aiohttp.ClientConnectorDNSError as exc:
+            if isinstance(exc.os_error, RefusedAddress):
+                return done(None, "refused_address", str(exc.os_error))
             return done(None, "dns", f"cannot resolve host {endpoint_of(url)[1]!r}: {exc.os_error}")
         except aiohttp.ClientConnectorError as exc:
             if isinstance(exc.os_error, RefusedAddress):
@@ -209,6 +239,8 @@ class HttpSender:
             return done(None, "invalid_response", f"invalid HTTP response: {exc.message}")
         except aiohttp.ClientOSError as exc:
             return done(None, "reset", f"connection error: {exc.strerror or exc}")
+        except aiohttp.InvalidURL as exc:  # e.g. a legacy numeric IPv4 form such as 2130706433
+            return done(None, "bad_request", f"invalid URL: {exc}")
         except aiohttp.ClientError as exc:
             return done(None, "client_error", f"{type(exc).__name__}: {exc}")
         except (ValueError, asyncio.InvalidStateError) as exc:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,7 +21,7 @@ class Subscription:
     streams: tuple[str, ...]
     url: str
     headers: dict[str, str]
-    secrets: tuple[str, ...]
+    secrets: tuple[str, ...] = field(repr=False)  # signing secrets never end up in a log line or traceback
     batch_size: int
     max_in_flight: int
     ordered: bool
@@ -89,4 +89,7 @@ class OutEvent:
         )
 
     def header_map(self) -> dict[str, Any]:
-        return dict(orjson.loads(self.headers)) if self.headers else {}
+        value = orjson.loads(self.headers) if self.headers else {}
+        if not isinstance(value, dict):
+            raise ValueError(f"headers are a JSON {type(value).__name__}, not an object")
+        return value

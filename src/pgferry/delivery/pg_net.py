@@ -18,6 +18,8 @@ from pgferry.delivery.http import HttpResult, HttpSender
 from pgferry.delivery.model import OutEvent, Subscription
 
 _CURL_TEXT = {
+    "too_large": "Request body too large",
+    "bad_request": "Request could not be sent",
     "connect": "Couldn't connect to server",
     "dns": "Couldn't resolve host name",
     "empty_reply": "Server returned nothing (no headers, no data)",
@@ -32,7 +34,7 @@ def is_final(result: HttpResult) -> bool:
     return result.status is not None and result.status != 429 and result.status < 500
 
 
-async def send(sender: HttpSender, sub: Subscription, event: OutEvent) -> HttpResult:
+async def send(sender: HttpSender, sub: Subscription, event: OutEvent, *, max_body_bytes: int = 1 << 20) -> HttpResult:
     try:
         request: dict[str, Any] = orjson.loads(event.payload)
         headers = {str(k): str(v) for k, v in (request.get("headers") or {}).items() if v is not None}
@@ -46,6 +48,14 @@ async def send(sender: HttpSender, sub: Subscription, event: OutEvent) -> HttpRe
         # Only net.http_* should write to stream 'net.http'; anything else is not a request.
         return HttpResult(None, "bad_request", f"event {event.id} in stream 'net.http' is not a request: {exc!r}",
                           None, 0.0)  # fmt: skip
+    url: str = request["url"]
+    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in url):
+        error = f"URL {url[:200]!r} contains whitespace or control characters"
+        return HttpResult(None, "bad_request", error, None, 0.0)
+    size = len(body.encode()) if body is not None else 0
+    if size > max_body_bytes:
+        error = f"request body is {size} bytes, over the {max_body_bytes}-byte limit (ferry.config.max_body_bytes)"
+        return HttpResult(None, "too_large", error, None, 0.0)
     return await sender.send(
         request["url"],
         body.encode() if body is not None else None,

@@ -57,7 +57,10 @@ def _body(events: Sequence[OutEvent]) -> bytes:
 
 
 def _event_headers(event: OutEvent) -> dict[str, str]:
-    headers = event.header_map()
+    try:
+        headers = event.header_map()
+    except ValueError as exc:  # e.g. nested deeper than orjson decodes; stored fine by PostgreSQL
+        raise BadRequest(f"event headers cannot be read as a JSON object of strings: {exc}") from None
     for name, value in headers.items():
         if not _TOKEN.match(name):
             raise BadRequest(f"event header name {name!r} is not a valid HTTP header name")

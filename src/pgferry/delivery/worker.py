@@ -280,7 +280,7 @@ class SubscriptionWorker:
     async def _transmit(self, chunk: Sequence[OutEvent], req: request.Request | None) -> HttpResult:
         sub = self.sub
         if req is None:
-            return await pg_net.send(self.ctx.sender, sub, chunk[0])
+            return await pg_net.send(self.ctx.sender, sub, chunk[0], max_body_bytes=self.ctx.max_body_bytes)
         return await self.ctx.webhooks.send(
             sub.url,
             req.body,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from pgferry import db, sql
+from pgferry.delivery.addresses import AddressPolicy
 from pgferry.delivery.fasthttp import FastSender
 from pgferry.delivery.http import HttpSender
 from pgferry.delivery.worker import DeliveryContext
@@ -31,6 +32,8 @@ class RelaySettings:
     #: keep-alive connections per endpoint
     pool_size: int = 64
     db_pool_size: int = 10
+    #: where deliveries may connect (SSRF protection); from PGFERRY_STRICT_ADDRESSES/PGFERRY_ALLOW_ADDRESSES
+    addresses: AddressPolicy = field(default_factory=AddressPolicy.from_env)
 
 
 class Relay:
@@ -85,8 +88,10 @@ class Relay:
                 server_settings={"application_name": "pgferry delivery", "synchronous_commit": "off"},
                 stateless=True,
             )
-            sender = HttpSender(pool_size=self.settings.pool_size)
-            webhooks = FastSender(pool_size=self.settings.pool_size)
+            policy = self.settings.addresses
+            log.info("delivery: %s", policy.describe())
+            sender = HttpSender(pool_size=self.settings.pool_size, policy=policy)
+            webhooks = FastSender(pool_size=self.settings.pool_size, policy=policy)
             ctx = DeliveryContext(
                 pool=pool,
                 sender=sender,

@@ -1,0 +1,208 @@
+"""Privileges: ferry_writer can only append (publish, capture, net.http_*); ferry_relay runs the relay.
+
+Each test makes login roles that are members of one group role only, then
+acts through them on real connections; what a role must not do is asserted
+to fail with PostgreSQL's permission error (42501), never just assumed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import asyncpg
+import pytest
+
+import pgferry
+from pgferry.receiver import Receiver, Respond
+from tests.delivery.conftest import RunningRelay
+from tests.helpers import eventually
+
+MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
+_n = itertools.count()
+
+
+def as_role(url: str, role: str) -> str:
+    return url.replace("postgresql://postgres@", f"postgresql://{role}@", 1)
+
+
+async def login_role(admin: asyncpg.Connection, group: str) -> str:
+    """A new login role (roles are cluster-wide: unique per test) that is a member of ``group`` only."""
+    name = f"{group.removeprefix('ferry_')}_{os.getpid()}_{next(_n)}"
+    await admin.execute(f"create role {name} login in role {group}")
+    return name
+
+
+@pytest.fixture
+async def admin(net_db: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(net_db)
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+async def writer(net_db: str, admin: asyncpg.Connection) -> AsyncIterator[asyncpg.Connection]:
+    name = await login_role(admin, "ferry_writer")
+    # The writer's own table, captured by the administrator.
+    await admin.execute(f"create table orders (id int primary key, total int); alter table orders owner to {name}")
+    await admin.execute("select ferry.capture_table('orders')")
+    conn = await asyncpg.connect(as_role(net_db, name))
+    yield conn
+    await conn.close()
+
+
+async def test_writer_publishes_captures_and_uses_the_net_api(
+    net_db: str, admin: asyncpg.Connection, writer: asyncpg.Connection
+) -> None:
+    first = await writer.fetchval("select ferry.publish('billing', '{\"invoice\": 1}', key => 'c-1')")
+    many = await writer.fetch("select ferry.publish_many(array['billing', 'billing'], array['1', '2']::jsonb[])")
+    async with writer.transaction():
+        await writer.execute("insert into orders values (1, 10), (2, 20)")
+        await writer.execute("update orders set total = 11 where id = 1")
+        await writer.execute("delete from orders where id = 2")
+    request = await writer.fetchval("select net.http_post('http://127.0.0.1:9/x', '{\"a\": 1}')")
+    # a Supabase Database Webhook trigger on the writer's own table
+    await admin.execute("create table hooked (id int primary key)")
+    await admin.execute("alter table hooked owner to " + await writer.fetchval("select current_user"))
+    await writer.execute(
+        "create trigger hook after insert on hooked for each row "
+        "execute function supabase_functions.http_request('http://127.0.0.1:9/hook', 'POST', '{}', '{}', '1000')"
+    )
+    await writer.execute("insert into hooked values (1)")
+    # pg_net's way of looking at results works for a writer
+    assert (await writer.fetchval("select (net._http_collect_response($1)).status::text", request)) == "PENDING"
+    assert await writer.fetchval("select count(*) from net._http_response") == 0
+    async with writer.transaction():
+        made_now = await writer.fetchval("select net.http_get('http://127.0.0.1:9/y')")
+        with pytest.raises(asyncpg.PostgresError, match="was made in this transaction"):
+            await writer.fetchval("select net._http_collect_response($1, async => false)", made_now)
+
+    rows = await admin.fetch("select id, stream, key, op::text as op from ferry.events order by id")
+    assert [r["id"] for r in rows[:3]] == [first, *[m[0] for m in many]]
+    captured = [(r["stream"], r["key"], r["op"]) for r in rows[3:7]]
+    assert captured == [("public.orders", k, op) for k, op in (("1", "I"), ("2", "I"), ("1", "U"), ("2", "D"))]
+    assert rows[7]["stream"] == "net.http" and rows[7]["id"] == request
+    hook_request = await admin.fetchval("select request_id from supabase_functions.hooks")
+    assert rows[8]["stream"] == "net.http" and rows[8]["id"] == hook_request
+    # The Python API works for a writer too.
+    async with pgferry.connect(as_role(net_db, await writer.fetchval("select current_user")), pool_size=1) as ferry:
+        assert await ferry.publish("billing", {"invoice": 2}) > request
+
+
+FORBIDDEN_TO_WRITERS = [
+    "select secrets from ferry.subscriptions",
+    "select * from ferry.subscriptions",
+    "select * from ferry.attempts",
+    "select * from ferry.dead_letters",
+    "select * from ferry.retries",
+    "select * from ferry.events",
+    "select * from ferry.events_0",
+    "select * from ferry.consumers",
+    "select * from ferry.captures",
+    "select * from ferry.relays",
+    "select * from net.http_request_queue",
+    "select * from ferry.subscription_status()",
+    "select * from ferry.batch_events(1, 2)",
+    "select * from ferry.next_batch('webhook:pg_net')",
+    "select ferry.subscribe('mine', array['billing'], 'http://127.0.0.1:9/x')",
+    "select ferry.set_subscription_secrets('pg_net', array['whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA'])",
+    "select ferry.dlq_replay('pg_net')",
+    "select ferry.register_consumer('spy', null, 'beginning')",
+    "select ferry.tick()",
+    "select ferry.capture_table('orders')",
+    "update ferry.subscriptions set url = 'http://127.0.0.1:9/steal'",
+    "delete from net._http_response",
+    # forging the commit-order columns of the log
+    "insert into ferry.events_0 (part, txid, stream, payload) values (0, '1', 's', '{}')",
+    "insert into ferry.events_0 (id, part, stream, payload) values (1, 0, 's', '{}')",
+    "insert into ferry.events (part, stream, payload) values (0, 's', '{}')",
+    "truncate ferry.events_0",
+    "select setval('ferry.current_partition_seq', 1)",
+]
+
+
+async def test_writer_cannot_read_secrets_history_or_other_consumers_data(
+    admin: asyncpg.Connection, writer: asyncpg.Connection
+) -> None:
+    await admin.execute(
+        "select ferry.subscribe('other', array['billing'], 'http://127.0.0.1:9/x', "
+        "secret => 'whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3')"
+    )
+    allowed = []
+    for statement in FORBIDDEN_TO_WRITERS:
+        try:
+            await writer.execute(statement)
+            allowed.append(statement)
+        except asyncpg.InsufficientPrivilegeError:
+            pass
+    assert allowed == []
+
+
+async def test_publish_ignores_a_hostile_search_path(net_db: str, admin: asyncpg.Connection) -> None:
+    """publish runs as its owner; a caller's search_path must not be able to swap a function it calls."""
+    name = await login_role(admin, "ferry_writer")
+    await admin.execute(f"create schema evil authorization {name}")
+    writer = await asyncpg.connect(as_role(net_db, name))
+    try:
+        await writer.execute(
+            "create function evil.btrim(text) returns text language plpgsql as "
+            "$$ begin raise exception 'hijacked as %', current_user; end $$;"
+            "set search_path = evil, pg_catalog"
+        )
+        assert await writer.fetchval("select ferry.publish('s', '{}')") > 0
+        # The control: without the pinned search_path, the same call runs the caller's function as the owner.
+        await admin.execute("alter function ferry.publish(text, jsonb, text, jsonb) reset search_path")
+        with pytest.raises(asyncpg.PostgresError, match="hijacked as postgres"):
+            await writer.fetchval("select ferry.publish('s', '{}')")
+    finally:
+        await writer.close()
+
+
+async def test_relay_runs_with_only_ferry_relay(
+    net_db: str,
+    admin: asyncpg.Connection,
+    writer: asyncpg.Connection,
+    receiver_factory: MakeReceiver,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    relay_role = await login_role(admin, "ferry_relay")
+    good, good_url = await receiver_factory()
+    _, bad_url = await receiver_factory(lambda _: Respond(500, b"no"))
+    await admin.execute("select ferry.subscribe('good', array['public.orders', 'billing'], $1)", good_url)
+    await admin.execute(
+        "select ferry.subscribe('bad', array['billing'], $1, max_attempts => 2, retry_base_ms => 10)", bad_url
+    )
+    # rotate, truncate and prune as fast as possible, so the relay must do all of it
+    await admin.execute(
+        "update ferry.config set rotation_interval = '0', attempts_retention = '0', idle_tick_interval = '100 ms'"
+    )
+    caplog.set_level(logging.INFO)
+    relay = RunningRelay(as_role(net_db, relay_role))
+    try:
+        await writer.execute("insert into orders select g, g from generate_series(1, 5) g")
+        await writer.execute("select ferry.publish('billing', '{\"n\": 1}')")
+        request = await writer.fetchval("select net.http_get($1)", good_url)
+
+        async def done() -> bool:
+            return (
+                len(good.received) == 7
+                and await admin.fetchval("select count(*) from ferry.dead_letters where subscription = 'bad'") == 1
+                and await admin.fetchval("select count(*) from net._http_response where id = $1", request) == 1
+            )
+
+        await eventually(done, timeout=20, what="deliveries, a dead letter and a pg_net response")
+        sessions = await admin.fetch("select usename::text from pg_stat_activity where datname = current_database()")
+        assert relay_role in {r[0] for r in sessions}  # really the relay role at work
+        assert (await writer.fetchval("select (net._http_collect_response($1)).status::text", request)) == "SUCCESS"
+
+        async def housekeeping() -> bool:
+            text = caplog.text
+            return "truncated" in text and "old delivery attempts" in text
+
+        await eventually(housekeeping, timeout=20, what="rotation, truncation and attempt pruning by the relay role")
+    finally:
+        await relay.stop()
+    problems = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or "permission" in r.getMessage()]
+    assert problems == []
