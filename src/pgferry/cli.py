@@ -6,7 +6,6 @@ import asyncio
 import gc
 import logging
 import signal
-import sys
 from collections.abc import Coroutine
 from typing import Any
 
@@ -25,13 +24,10 @@ database_url_option = click.option(
 )
 
 
-def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("asyncio").setLevel(logging.WARNING)
+def _setup_logging(verbose: bool, fmt: str = "human") -> None:
+    from pgferry.ops.logs import configure
+
+    configure(verbose=verbose, fmt=fmt)
 
 
 def _run(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -99,12 +95,57 @@ def install(database_url: str | None, pg_net: bool) -> None:
 @click.option("--tick-interval", default=0.01, show_default=True, help="Seconds between tick checks while busy.")
 @click.option("--idle-poll-interval", default=0.5, show_default=True, help="Longest wait between tick checks.")
 @click.option("--exit-after", type=float, help="Stop by itself after this many seconds.")
-def run(database_url: str | None, tick_interval: float, idle_poll_interval: float, exit_after: float | None) -> None:
+@click.option(
+    "--log-format",
+    type=click.Choice(["human", "json"]),
+    default="human",
+    show_default=True,
+    envvar="PGFERRY_LOG_FORMAT",
+    help="Log lines for people, or one JSON object per line for log collectors. Secrets are never logged.",
+)
+@click.option("--metrics-port", type=int, metavar="PORT", help="Serve Prometheus metrics on this port (0: any free).")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address the metrics server binds to.")
+@click.option("--dashboard-port", type=int, metavar="PORT", help="Serve the web dashboard on this port (0: any free).")
+@click.option("--dashboard-host", default="127.0.0.1", show_default=True, help="Address the dashboard binds to.")
+@click.option(
+    "--dashboard-token",
+    envvar="PGFERRY_DASHBOARD_TOKEN",
+    help="Token the dashboard asks for (required when it binds to a non-loopback address).",
+)
+@click.pass_context
+def run(
+    ctx: click.Context,
+    database_url: str | None,
+    tick_interval: float,
+    idle_poll_interval: float,
+    exit_after: float | None,
+    log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
+    dashboard_port: int | None,
+    dashboard_host: str,
+    dashboard_token: str | None,
+) -> None:
     """Run the relay. Without a database URL: a throwaway PostgreSQL and a demo."""
     from pgferry.log.ticker import TickerSettings
     from pgferry.relay.process import Relay, RelaySettings
 
-    settings = RelaySettings(ticker=TickerSettings(busy_interval=tick_interval, idle_interval=idle_poll_interval))
+    _setup_logging(bool(ctx.find_root().params.get("verbose")), log_format)
+    settings = RelaySettings(
+        ticker=TickerSettings(busy_interval=tick_interval, idle_interval=idle_poll_interval),
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        dashboard_port=dashboard_port,
+        dashboard_host=dashboard_host,
+        dashboard_token=dashboard_token,
+    )
+    if dashboard_port is not None:
+        from pgferry.ops.web import check_dashboard_binding
+
+        try:
+            check_dashboard_binding(dashboard_host, dashboard_token)
+        except PgferryError as exc:
+            raise click.UsageError(str(exc)) from exc
 
     async def go(url: str, demo: bool) -> None:
         # Long-lived objects made at startup never need collecting; freezing them
@@ -146,9 +187,11 @@ def run(database_url: str | None, tick_interval: float, idle_poll_interval: floa
 
 
 def _register_webhooks() -> None:
+    from pgferry.cli_operator import register as register_operator
     from pgferry.cli_webhooks import register
 
     register(main, database_url_option)
+    register_operator(main, database_url_option)
 
 
 _register_webhooks()
