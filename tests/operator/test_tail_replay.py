@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 
 import asyncpg
 import orjson
@@ -23,13 +22,12 @@ async def test_tail_prints_committed_events_in_commit_order_and_pins_nothing(
     pgferry_cmd: list[str], db_url: str, relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry
 ) -> None:
     before = await ferry.publish("s", {"n": "before the tail started"})
-    proc = subprocess.Popen(
-        [*pgferry_cmd, "tail", "s", "--json", "--count", "3", "--timeout", "30"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = await asyncio.create_subprocess_exec(
+        *pgferry_cmd, "tail", "s", "--json", "--count", "3", "--timeout", "30",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
         env={"PGFERRY_DATABASE_URL": db_url, "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-    )
+    )  # fmt: skip
     try:
 
         async def listening() -> bool:
@@ -57,13 +55,13 @@ async def test_tail_prints_committed_events_in_commit_order_and_pins_nothing(
             await tx.commit()
         finally:
             await late.close()
-        out, err = await asyncio.to_thread(proc.communicate, timeout=60)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
     finally:
-        if proc.poll() is None:
+        if proc.returncode is None:
             proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err
-    lines = [orjson.loads(line) for line in out.splitlines()]
+            await proc.wait()
+    assert proc.returncode == 0, err.decode()
+    lines = [orjson.loads(line) for line in out.decode().splitlines()]
     assert [line["stream"] for line in lines] == ["s"] * 3
     ids = [line["id"] for line in lines]
     assert before not in ids
