@@ -19,7 +19,7 @@ import asyncio
 import logging
 import zlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -57,6 +57,8 @@ class DeliveryContext:
     max_batch_events: int | None = None
     retry_fetch: int = 1000
     poll_interval: float = 1.0
+    #: metrics hook: (subscription, outcomes, from a log batch?) after each round
+    observe: Callable[[str, Sequence[Outcome], bool], None] | None = None
 
 
 @dataclass
@@ -254,6 +256,8 @@ class SubscriptionWorker:
     async def _record(self, outcomes: Sequence[Outcome], *, batch_id: int | None) -> None:
         books = self._account(outcomes)
         sub = self.sub
+        if self.ctx.observe is not None:
+            self.ctx.observe(sub.name, outcomes, batch_id is not None)
         if batch_id is not None and not (books.park or books.bury or books.responses or books.gone):
             # Everything delivered (the usual case): one round trip.
             attempts = books.attempts
