@@ -22,6 +22,7 @@ from pgferry.errors import PgferryError
 from pgferry.ops import inspect
 
 if TYPE_CHECKING:
+    from pgferry.ops.dashboard import Dashboard
     from pgferry.relay.process import Relay
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class OperatorWeb:
         self.relay = relay
         self.pool: asyncpg.Pool | None = None
         self.runners: list[web.AppRunner] = []
-        self.dashboard: object | None = None
+        self.dashboard: Dashboard | None = None
         self._status_lock = asyncio.Lock()
 
     @property
@@ -86,16 +87,18 @@ class OperatorWeb:
         await runner.setup()
         self.runners.append(runner)
         site = web.TCPSite(runner, host, port, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            raise PgferryError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
         bound = runner.addresses[0]
         shown = f"[{bound[0]}]" if ":" in str(bound[0]) else bound[0]
         return f"http://{shown}:{bound[1]}"
 
     async def stop(self) -> None:
-        from pgferry.ops.dashboard import Dashboard
-
-        if isinstance(self.dashboard, Dashboard):
+        if self.dashboard is not None:
             await self.dashboard.stop_sampling()
+            self.dashboard = None
         for runner in self.runners:
             await runner.cleanup()
         self.runners.clear()
