@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -112,7 +113,7 @@ def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> No
     @click.option("--since", help="Events created since this time: ISO 8601 (UTC if no zone) or '15m', '2h', '1d'.")
     @click.option("--from-event", type=int, help="Events from this event id on.")
     @click.option("--chunk", default=1000, show_default=True, help="Events queued per transaction.")
-    @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+    @click.option("--yes", is_flag=True, help="Do not ask for confirmation (only asked in a terminal).")
     @json_option
     def replay(database_url: str | None, subscription: str, since: str | None, from_event: int | None, chunk: int,
                yes: bool, as_json: bool) -> None:  # fmt: skip
@@ -132,7 +133,7 @@ def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> No
         async def go() -> dict[str, int]:
             async with pgferry.connect(url, pool_size=1) as f, f.pool.acquire() as conn:
                 total = await inspect.replay_count(conn, subscription, since_at, from_event)
-                if total and not yes and not as_json:
+                if total and not yes and not as_json and sys.stdin.isatty():
                     what = f"since {since_at:%Y-%m-%d %H:%M:%S%z}" if since_at else f"from event {from_event}"
                     prompt = f"queue {total} retained event(s) of {subscription} {what} for delivery again?"
                     if not await asyncio.to_thread(click.confirm, prompt, default=True):
