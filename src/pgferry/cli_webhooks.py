@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -119,8 +120,12 @@ def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> No
     @database_url_option
     @json_option
     def list_(database_url: str | None, as_json: bool) -> None:
-        """List subscriptions and their settings (secrets are never shown)."""
+        """List subscriptions and their settings (secrets and header values are never shown)."""
         rows = with_ferry(database_url, lambda f: f.subscriptions())
+        for row in rows:
+            # Header values often are credentials (Authorization, API keys): names only.
+            row["headers"] = {name: "***" for name in row.get("headers") or {}}
+            row["url"] = re.sub(r"\?.*$", "?…", row["url"])  # query strings often carry tokens
         if as_json:
             _print_json(rows)
             return

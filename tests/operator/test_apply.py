@@ -66,6 +66,9 @@ async def test_apply_creates_updates_and_removes_only_what_it_manages(
     assert row["headers"] == {"X-Team": "payments", "Authorization": "Bearer header-secret-2"}
     assert await conn.fetchval("select batch_size from ferry.subscriptions where name = 'audit'") == 50
     assert await conn.fetchval("select count(*) from ferry.consumers where name like 'webhook:%'") == 3
+    listed = await cli(pgferry_cmd, db_url, "subscription", "list", "--json")
+    assert {"X-Team": "***", "Authorization": "***"} in [s["headers"] for s in orjson.loads(listed.stdout)]
+    assert not any(s in listed.stdout for s in secrets_shown)
 
     again = await cli(pgferry_cmd, db_url, "apply", str(path), "--json", env=env)
     actions = {c["name"]: c["action"] for c in orjson.loads(again.stdout)["changes"]}
