@@ -112,7 +112,7 @@ def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> No
     @click.argument("subscription")
     @click.option("--since", help="Events created since this time: ISO 8601 (UTC if no zone) or '15m', '2h', '1d'.")
     @click.option("--from-event", type=int, help="Events from this event id on.")
-    @click.option("--chunk", default=1000, show_default=True, help="Events queued per transaction.")
+    @click.option("--chunk", default=1000, show_default=True, help="About this many log events read per transaction.")
     @click.option("--yes", is_flag=True, help="Do not ask for confirmation (only asked in a terminal).")
     @json_option
     def replay(database_url: str | None, subscription: str, since: str | None, from_event: int | None, chunk: int,

@@ -161,3 +161,36 @@ async def test_replay_on_an_ordered_subscription_keeps_per_key_order_with_the_li
 
     await eventually(five, what="replayed and live events")
     assert [orjson.loads(r.body)["n"] for r in receiver.received] == [1, 2, 1, 2, 3]
+
+
+async def test_replay_walks_tick_ranges_once_and_stops_at_the_cursor_it_started_from(
+    conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    from pgferry.ops import inspect
+    from tests.helpers import tick
+
+    await ferry.subscribe("hook", ["s"], "http://127.0.0.1:9/")  # no relay: nothing is delivered
+    ids = []
+    for n in range(5):
+        ids.append(await ferry.publish("s", {"n": n}))
+        await ferry.publish("other", {"n": n})
+        await tick(conn)
+    while (batch := await conn.fetchrow("select * from ferry.next_batch('webhook:hook')")) is not None:
+        await conn.execute("select ferry.finish_batch('webhook:hook', $1)", batch["batch_id"])  # the cursor passes them
+    assert await inspect.replay_count(conn, "hook", None, ids[1]) == 4
+
+    chunks = []
+    async for step in inspect.replay(conn, "hook", from_event=ids[1], chunk=2):
+        chunks.append((step.queued, step.skipped, step.done))
+        if len(chunks) == 1:  # committed while the replay runs, and passed by the cursor: not replayed
+            later = await ferry.publish("s", {"n": "later"})
+            await tick(conn)
+            batch = await conn.fetchrow("select * from ferry.next_batch('webhook:hook')")
+            await conn.execute("select ferry.finish_batch('webhook:hook', $1)", batch["batch_id"])
+    assert chunks[-1] == (0, 0, True) and len(chunks) >= 3, chunks  # several tick ranges, then done
+    assert sum(q for q, _, _ in chunks) == 4
+    parked = [r["event_id"] for r in await conn.fetch("select event_id from ferry.retries order by event_id")]
+    assert parked == ids[1:] and later not in parked
+    # Again: what is already queued is skipped; the cursor now covers the later event too.
+    again = [step async for step in inspect.replay(conn, "hook", from_event=ids[1], chunk=1000)]
+    assert sum(s.skipped for s in again) == 4 and sum(s.queued for s in again) == 1

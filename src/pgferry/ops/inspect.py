@@ -169,17 +169,22 @@ async def replay(
 ) -> AsyncIterator[ReplayProgress]:
     """Queue the subscription's already-passed, retained events again, one committed chunk at a time.
 
-    Each chunk is its own transaction so that a long replay holds no long
-    locks and shows progress, and so that an interrupted replay keeps what it
-    queued (running it again skips what is already queued).
+    Each chunk (a range of ticks holding about ``chunk`` events) is its own
+    transaction, so a long replay holds no long locks and shows progress, and
+    an interrupted one keeps what it queued (running it again skips that).
+    The walk ends at the subscription's cursor as it was at the start: what
+    the live stream delivers meanwhile is not replayed.
     """
-    after = 0
+    after: int | None = None
+    until: int | None = None
     while True:
-        row = await _admin(conn.fetchrow(sql.query("replay_chunk"), subscription, since, from_event, after, chunk))
-        if row is None or row["last_id"] is None:
+        row = await _admin(
+            conn.fetchrow(sql.query("replay_chunk"), subscription, since, from_event, after, until, chunk)
+        )
+        if row is None or row["last_tick"] is None:
             yield ReplayProgress(0, 0, True)
             return
-        after = row["last_id"]
+        after, until = row["last_tick"], row["end_tick"]
         yield ReplayProgress(int(row["queued"]), int(row["skipped"]), False)
 
 

@@ -295,7 +295,7 @@ select exists (select 1 from ferry.ticks where id = $1)
 select ferry.replay_count($1, $2, $3)
 
 -- name: replay_chunk
-select queued, skipped, last_id from ferry.replay($1, $2, $3, $4, $5)
+select queued, skipped, last_tick, end_tick from ferry.replay($1, $2, $3, $4, $5, $6)
 
 -- name: subscription_settings
 -- What `pgferry apply` compares a file against; secrets only to compare, never shown.
