@@ -8,6 +8,7 @@ from pathlib import Path
 
 import aiohttp
 import asyncpg
+import orjson
 import pytest
 
 import pgferry
@@ -129,8 +130,19 @@ async def test_dashboard_in_chromium_shows_a_failing_subscription_and_replays_it
                 await expect(page.locator("main")).to_contain_text("out of disk")
                 await page.screenshot(path=str(tmp_path / "trace.png"), full_page=True)
 
-                # Pause and resume from the subscription's page.
+                # Replay the last hour from the log, from the subscription's page.
                 await page.goto(base + "subscriptions/billing")
+                await page.fill('input[name="since"]', "1h")
+                await page.click('button[data-action="replay"]')
+                await expect(page.locator(".flash")).to_contain_text("replay of billing since")
+
+                async def replayed() -> bool:
+                    return len(receiver.received) == 6
+
+                await eventually(replayed, what="the events replayed from the log")
+                assert sorted(orjson.loads(r.body)["order"] for r in receiver.received[3:]) == [0, 1, 2]
+
+                # Pause and resume.
                 await page.click('button[data-action="pause"]')
                 await expect(page.locator(".flash")).to_contain_text("billing paused")
                 assert await conn.fetchval("select state from ferry.subscriptions") == "paused"

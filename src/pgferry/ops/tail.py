@@ -26,19 +26,30 @@ from pgferry.log.reader import TICK_CHANNEL
 log = logging.getLogger(__name__)
 
 
+#: a running relay ticks at least every ferry.config.idle_tick_interval (10 s)
+QUIET_WARNING_S = 30.0
+
+
 async def tail(
     url: str,
     streams: Sequence[str] | None,
     *,
     poll_interval: float = 1.0,
 ) -> AsyncIterator[Event]:
-    """Yield events of ``streams`` (all streams if None) as they commit, forever."""
+    """Yield events of ``streams`` (all streams if None) as they commit, forever.
+
+    Says once (as a warning) when no tick came for a while: events only show
+    once a relay's ticker records them, so a tail without a relay is silent.
+    """
     conn = await db.connect(url, server_settings={"application_name": "pgferry tail"})
     try:
         wake = asyncio.Event()
         await conn.add_listener(TICK_CHANNEL, lambda *_: wake.set())
         position = await conn.fetchval(sql.query("latest_tick"))
         stream_list = list(streams) if streams else None
+        loop = asyncio.get_running_loop()
+        moved_at = loop.time()
+        warned = False
         while True:
             wake.clear()
             newest = await conn.fetchval(sql.query("latest_tick"))
@@ -51,8 +62,13 @@ async def tail(
                 for row in rows:
                     yield Event.from_row(row)
                 position = newest
+                moved_at = loop.time()
             elif position is None:
                 position = newest
+            elif not warned and loop.time() - moved_at > QUIET_WARNING_S:
+                log.warning("no tick for %.0f s: is a relay (pgferry run) running? events show once it ticks",
+                            QUIET_WARNING_S)  # fmt: skip
+                warned = True
             await wait_for_event(wake, poll_interval)
     finally:
         await conn.close()
