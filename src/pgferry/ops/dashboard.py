@@ -34,6 +34,7 @@ import orjson
 from aiohttp import web
 
 from pgferry import sql
+from pgferry.db import CONNECTION_ERRORS
 from pgferry.errors import PgferryError
 from pgferry.ops import inspect
 from pgferry.ops.web import is_loopback
@@ -159,7 +160,7 @@ class Dashboard:
         while True:
             try:
                 await self.sample()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
                 log.debug("dashboard: sampling failed: %s", exc)
             await asyncio.sleep(self.sample_interval)
 
@@ -311,7 +312,7 @@ class Dashboard:
         action = request.match_info["action"]
         form = await request.post()
         back = str(form.get("back") or f"/subscriptions/{quote(name)}")
-        if not back.startswith("/") or back.startswith("//"):
+        if not back.startswith("/") or back.startswith("//") or "\\" in back:
             back = "/"
         try:
             message = await self._do(name, action, form)

@@ -18,6 +18,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pgferry import db
+from pgferry.db import CONNECTION_ERRORS
 from pgferry.errors import PgferryError
 from pgferry.ops import inspect
 
@@ -117,7 +118,7 @@ class OperatorWeb:
                         rows = await inspect.subscription_status(conn)
                         metrics.db_roundtrip.labels("status").observe(asyncio.get_running_loop().time() - started)
                     metrics.set_status(rows)
-                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
                     # Serve what the relay itself counted; the database gauges keep their last values.
                     log.warning("metrics: cannot read subscription status: %s", exc)
         ownership = self.relay.ownership
