@@ -199,11 +199,15 @@ _register_webhooks()
 
 @main.command()
 @database_url_option
-def consumers(database_url: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def consumers(database_url: str | None, as_json: bool) -> None:
     """List consumers and their positions."""
-    from pgferry.cli_webhooks import with_ferry
+    from pgferry.cli_webhooks import _print_json, with_ferry
 
     rows = with_ferry(database_url, lambda f: f.consumers())
+    if as_json:
+        _print_json(rows)
+        return
     if not rows:
         click.echo("no consumers")
     for row in rows:
