@@ -58,6 +58,8 @@ async def test_dashboard_needs_a_token_off_loopback_and_checks_token_host_and_fo
                 assert r.status == 200 and 'data-subscription="hook"' in await r.text()
             async with session.get(base) as r:  # the cookie is enough now
                 assert r.status == 200
+            async with session.get(base + "?flash=crafted") as r:  # messages only by key, never from the link
+                assert r.status == 200 and 'class="flash"' not in await r.text()
             async with session.post(base + "subscriptions/hook/pause", data={"csrf": "forged"}) as r:
                 assert r.status == 403
             assert await conn.fetchval("select state from ferry.subscriptions") == "active"

@@ -22,7 +22,7 @@ import html
 import logging
 import secrets
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -133,6 +133,7 @@ class Dashboard:
         self.samples: dict[str, deque[Sample]] = {}
         self.history = history
         self.replays: dict[str, str] = {}
+        self.flashes: OrderedDict[str, str] = OrderedDict()
         self._sampler: asyncio.Task[None] | None = None
         self._jobs: set[asyncio.Task[None]] = set()
 
@@ -259,7 +260,7 @@ class Dashboard:
     async def find_event(self, request: web.Request) -> web.StreamResponse:
         event_id = request.query.get("id", "").strip().lstrip("#")
         if not event_id.isdigit():
-            raise web.HTTPSeeOther("/?" + urlencode({"msg": "an event id is a number"}))
+            raise web.HTTPSeeOther("/?" + urlencode({"flash": self._remember("an event id is a number")}))
         raise web.HTTPSeeOther(f"/events/{event_id}")
 
     async def event(self, request: web.Request) -> web.Response:
@@ -320,8 +321,7 @@ class Dashboard:
             message = str(exc)
         except asyncpg.PostgresError as exc:
             message = f"failed: {exc}"
-        separator = "&" if "?" in back else "?"
-        raise web.HTTPSeeOther(back.split("?msg=")[0] + separator + urlencode({"msg": message}))
+        raise web.HTTPSeeOther(back.split("?")[0] + "?" + urlencode({"flash": self._remember(message)}))
 
     async def _do(self, name: str, action: str, form: Any) -> str:
         async with self.pool.acquire() as conn:
@@ -370,8 +370,17 @@ class Dashboard:
     # -- pieces -------------------------------------------------------------------
 
     def _flash(self, request: web.Request) -> str:
-        msg = request.query.get("msg")
+        msg = self.flashes.get(request.query.get("flash", ""))
         return f'<div class="flash" role="status">{esc(msg)}</div>' if msg else ""
+
+    def _remember(self, message: str) -> str:
+        """Keep a message for the page redirected to, under a random key: a crafted link cannot make
+        the dashboard show text of someone else's choosing."""
+        key = secrets.token_urlsafe(9)
+        self.flashes[key] = message
+        while len(self.flashes) > 100:
+            self.flashes.popitem(last=False)
+        return key
 
     def _actions(self, name: str, row: dict[str, Any], back: str | None = None) -> str:
         back = back or f"/subscriptions/{quote(name)}"
