@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import socket
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,6 +44,13 @@ async def test_dashboard_needs_a_token_off_loopback_and_checks_token_host_and_fo
         Relay(db_url, replace(FAST, dashboard_port=0, dashboard_host="0.0.0.0"))
     refused = await cli(pgferry_cmd, db_url, "run", "--dashboard-port", "0", "--dashboard-host", "0.0.0.0")
     assert refused.returncode == 2 and "give --dashboard-token" in refused.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        busy = await cli(pgferry_cmd, db_url, "run", "--dashboard-port", port, "--exit-after", "10")
+    assert busy.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in busy.stderr, busy.stderr
+    assert "Traceback" not in busy.stderr and "never awaited" not in busy.stderr
 
     await ferry.subscribe("hook", ["s"], "http://127.0.0.1:9/x")
     relay = RunningRelay(db_url, replace(FAST, dashboard_port=0, dashboard_token="let-me-in"))

@@ -117,7 +117,12 @@ class Relay:
             jobs.append(self.ownership.run(stop))
         web = OperatorWeb(self)
         try:
-            await web.start()
+            try:
+                await web.start()
+            except BaseException:
+                for job in jobs:  # never started: close them so none is left un-awaited
+                    job.close()
+                raise
             await asyncio.gather(*jobs)
         finally:
             await web.stop()
