@@ -19,6 +19,18 @@ if ! have_postgres; then
     fi
 fi
 
+# The dashboard's browser test drives Debian's Chromium (Playwright is told to
+# use it; no browser is downloaded): install it when missing, like PostgreSQL.
+if [ "${PGFERRY_DEV:-0}" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "chromium not found (needed by the dashboard's browser test); installing it with apt-get" >&2
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
+            || echo "could not install chromium: the dashboard's browser test will be skipped" >&2
+    else
+        echo "chromium not found: the dashboard's browser test will be skipped" >&2
+    fi
+fi
+
 extras=""
 [ "${PGFERRY_DEV:-0}" = 1 ] && extras="[dev]"
 stamp="$VENV/.installed$extras"

@@ -6,7 +6,6 @@ import asyncio
 import gc
 import logging
 import signal
-import sys
 from collections.abc import Coroutine
 from typing import Any
 
@@ -26,17 +25,10 @@ database_url_option = click.option(
 )
 
 
-def _setup_logging(verbose: bool) -> None:
-    from pgferry.delivery.signing import RedactSecrets
+def _setup_logging(verbose: bool, fmt: str = "human") -> None:
+    from pgferry.ops.logs import configure
 
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(RedactSecrets())
-    logging.getLogger("asyncio").setLevel(logging.WARNING)
+    configure(verbose=verbose, fmt=fmt)
 
 
 def _run(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -131,11 +123,36 @@ def install(database_url: str | None, pg_net: bool) -> None:
     envvar=ALLOW_ENV_VAR,
     help=f"Allow this address range although refused otherwise (repeatable; or {ALLOW_ENV_VAR}=cidr,...).",
 )
+@click.option(
+    "--log-format",
+    type=click.Choice(["human", "json"]),
+    default="human",
+    show_default=True,
+    envvar="PGFERRY_LOG_FORMAT",
+    help="Log lines for people, or one JSON object per line for log collectors. Secrets are never logged.",
+)
+@click.option("--metrics-port", type=int, metavar="PORT", help="Serve Prometheus metrics on this port (0: any free).")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address the metrics server binds to.")
+@click.option("--dashboard-port", type=int, metavar="PORT", help="Serve the web dashboard on this port (0: any free).")
+@click.option("--dashboard-host", default="127.0.0.1", show_default=True, help="Address the dashboard binds to.")
+@click.option(
+    "--dashboard-token",
+    envvar="PGFERRY_DASHBOARD_TOKEN",
+    help="Token the dashboard asks for (required when it binds to a non-loopback address).",
+)
+@click.pass_context
 def run(
+    ctx: click.Context,
     database_url: str | None,
     tick_interval: float,
     idle_poll_interval: float,
     exit_after: float | None,
+    log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
+    dashboard_port: int | None,
+    dashboard_host: str,
+    dashboard_token: str | None,
     strict_addresses: bool,
     allow_addresses: tuple[str, ...],
 ) -> None:
@@ -144,13 +161,27 @@ def run(
     from pgferry.log.ticker import TickerSettings
     from pgferry.relay.process import Relay, RelaySettings
 
+    _setup_logging(bool(ctx.find_root().params.get("verbose")), log_format)
     try:
         policy = AddressPolicy(strict=strict_addresses, allow=parse_networks(allow_addresses))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--allow-address") from exc
     settings = RelaySettings(
-        ticker=TickerSettings(busy_interval=tick_interval, idle_interval=idle_poll_interval), addresses=policy
+        ticker=TickerSettings(busy_interval=tick_interval, idle_interval=idle_poll_interval),
+        addresses=policy,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        dashboard_port=dashboard_port,
+        dashboard_host=dashboard_host,
+        dashboard_token=dashboard_token,
     )
+    if dashboard_port is not None:
+        from pgferry.ops.web import check_dashboard_binding
+
+        try:
+            check_dashboard_binding(dashboard_host, dashboard_token)
+        except PgferryError as exc:
+            raise click.UsageError(str(exc)) from exc
 
     async def go(url: str, demo: bool) -> None:
         # Long-lived objects made at startup never need collecting; freezing them
@@ -192,9 +223,11 @@ def run(
 
 
 def _register_webhooks() -> None:
+    from pgferry.cli_operator import register as register_operator
     from pgferry.cli_webhooks import register
 
     register(main, database_url_option)
+    register_operator(main, database_url_option)
 
 
 _register_webhooks()
@@ -202,11 +235,15 @@ _register_webhooks()
 
 @main.command()
 @database_url_option
-def consumers(database_url: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def consumers(database_url: str | None, as_json: bool) -> None:
     """List consumers and their positions."""
-    from pgferry.cli_webhooks import with_ferry
+    from pgferry.cli_webhooks import _print_json, with_ferry
 
     rows = with_ferry(database_url, lambda f: f.consumers())
+    if as_json:
+        _print_json(rows)
+        return
     if not rows:
         click.echo("no consumers")
     for row in rows:

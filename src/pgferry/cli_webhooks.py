@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import sys
 from collections.abc import Awaitable, Callable
@@ -40,12 +41,26 @@ def _print_json(rows: Any) -> None:
     click.echo(orjson.dumps(rows, default=str, option=orjson.OPT_INDENT_2).decode())
 
 
-def _table(title: str, rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> None:
+def _table(
+    title: str,
+    rows: list[dict[str, Any]],
+    columns: list[tuple[str, str]],
+    styles: dict[str, Callable[[Any], str]] | None = None,
+) -> None:
+    """A rich table; cells coloured by ``styles`` (rich leaves colour out when stdout is not a terminal)."""
     table = Table(title=title, title_justify="left")
     for _, header in columns:
         table.add_column(header, overflow="fold")
+    styles = styles or {}
     for row in rows:
-        table.add_row(*(_cell(row.get(key)) for key, _ in columns))
+        cells = []
+        for key, _ in columns:
+            value = row.get(key)
+            cell = _cell(value)
+            if key in styles and value is not None:
+                cell.stylize(styles[key](value))
+            cells.append(cell)
+        table.add_row(*cells)
     console.print(table)
 
 
@@ -120,8 +135,12 @@ def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> No
     @database_url_option
     @json_option
     def list_(database_url: str | None, as_json: bool) -> None:
-        """List subscriptions and their settings (secrets are never shown)."""
+        """List subscriptions and their settings (secrets and header values are never shown)."""
         rows = with_ferry(database_url, lambda f: f.subscriptions())
+        for row in rows:
+            # Header values often are credentials (Authorization, API keys): names only.
+            row["headers"] = {name: "***" for name in row.get("headers") or {}}
+            row["url"] = re.sub(r"\?.*$", "?…", row["url"])  # query strings often carry tokens
         if as_json:
             _print_json(rows)
             return
@@ -186,23 +205,117 @@ def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> No
         n = with_ferry(database_url, lambda f: f.discard_dead_letters(subscription, ids or None))
         click.echo(f"{n} dead letter(s) discarded")
 
+    @dlq.command("show")
+    @database_url_option
+    @click.argument("letter_id", type=int)
+    @json_option
+    def dlq_show(database_url: str | None, letter_id: int, as_json: bool) -> None:
+        """Show dead letter LETTER_ID in full: event, last error and response, every attempt."""
+        from pgferry.ops import inspect
+
+        letter = with_ferry(database_url, lambda f: _on_conn(f, lambda c: inspect.dead_letter(c, letter_id)))
+        if as_json:
+            _print_json(letter)
+            return
+        console.print(f"[bold]dead letter {letter['id']}[/] of subscription [bold]{_escape(letter['subscription'])}[/]:"
+                      f" event {letter['event_id']} on stream {_escape(letter['stream'])}"
+                      f" (key {_escape(str(letter['key'] or '-'))})")  # fmt: skip
+        console.print(f"created {_cell(letter['event_created_at'])}, first failed {_cell(letter['first_failed_at'])}, "
+                      f"died {_cell(letter['died_at'])} after {letter['attempts']} attempt(s)")  # fmt: skip
+        console.print(
+            f"last error: [red]{_escape(letter['last_error'] or '-')}[/] (status {_cell(letter['last_status'])})"
+        )
+        console.print("last response:", _escape(letter["last_response"] or "-"), markup=False)
+        console.print("payload:", orjson.dumps(letter["payload"]).decode(), markup=False)
+        _attempts_table(letter["attempt_history"])
+        console.print(f"replay it with: pgferry dlq replay {letter['subscription']} --id {letter['id']}", markup=False)
+
     @main.command()
     @database_url_option
     @json_option
     def status(database_url: str | None, as_json: bool) -> None:
-        """Per subscription: lag, in flight, parked, dead, delivery and error rates, owner."""
-        rows = with_ferry(database_url, lambda f: f.status())
-        for row in rows:
-            attempts = row["attempts_5m"] or 0
-            row["error_rate"] = f"{100 * (row['failed_5m'] or 0) / attempts:.1f}%" if attempts else "-"
-            row["rate"] = f"{(row['delivered_1m'] or 0) / 60:.1f}/s"
+        """Per subscription: lag, rate, in flight, parked, dead, error rate, endpoint health, owning relay;
+        then every relay and what it owns. --json: the subscriptions (relays: `pgferry relays --json`)."""
+        from pgferry.ops import inspect
+
+        async def read(f: pgferry.Ferry) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            async with f.pool.acquire() as conn:
+                return await inspect.subscription_status(conn), await inspect.relays(conn)
+
+        rows, relay_rows = with_ferry(database_url, read)
         if as_json:
             _print_json(rows)
             return
         columns = [("name", "subscription"), ("state", "state"), ("lag_events", "lag (events)"),
-                   ("lag_seconds", "lag (s)"), ("in_flight", "in flight"), ("parked", "parked"), ("dead", "dead"),
-                   ("rate", "delivered"), ("error_rate", "errors (5m)"), ("owner", "relay")]  # fmt: skip
-        _table("delivery status", rows, columns)
+                   ("lag_seconds", "lag (s)"), ("rate", "delivered"), ("in_flight", "in flight"), ("parked", "parked"),
+                   ("dead", "dead"), ("error_rate", "errors (5m)"), ("health", "endpoint"),
+                   ("owner", "relay")]  # fmt: skip
+        _table("delivery status", rows, columns, styles=_STATUS_STYLES)
+        _relays_table(relay_rows)
+
+    @main.command()
+    @database_url_option
+    @json_option
+    def relays(database_url: str | None, as_json: bool) -> None:
+        """Relay processes: host, pid, heartbeat, live or not, and the subscriptions each delivers."""
+        from pgferry.ops import inspect
+
+        rows = with_ferry(database_url, lambda f: _on_conn(f, inspect.relays))
+        if as_json:
+            _print_json(rows)
+            return
+        _relays_table(rows)
+
+
+def _relays_table(rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        row["liveness"] = "live" if row["live"] else f"silent {row['heartbeat_age_s']:.0f}s"
+    columns = [("id", "relay"), ("hostname", "host"), ("pid", "pid"), ("started_at", "started"),
+               ("liveness", "heartbeat"), ("owned", "delivers")]  # fmt: skip
+    _table("relays", rows, columns, styles={"liveness": lambda v: "green" if v == "live" else "yellow"})
+
+
+def _attempts_table(rows: list[dict[str, Any]], title: str = "attempts") -> None:
+    for row in rows:
+        row["outcome"] = "ok" if row["error_class"] is None else row["error_class"]
+    columns = [("subscription", "subscription"), ("attempt", "#"), ("created_at", "at"), ("status", "status"),
+               ("outcome", "outcome"), ("latency_ms", "ms"), ("error", "error"), ("response", "response")]  # fmt: skip
+    _table(title, rows, columns, styles={"outcome": lambda v: "green" if v == "ok" else "red"})
+
+
+async def _on_conn(f: pgferry.Ferry, action: Callable[[Any], Awaitable[T]]) -> T:
+    async with f.pool.acquire() as conn:
+        return await action(conn)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def _state_style(value: str) -> str:
+    return {"active": "green", "paused": "yellow", "disabled": "red"}.get(value, "")
+
+
+def _health_style(value: str) -> str:
+    if value == "ok":
+        return "green"
+    if value.startswith("failing") or value == "disabled":
+        return "red"
+    return "yellow"
+
+
+def _count_style(value: Any) -> str:
+    return "red" if value else ""
+
+
+_STATUS_STYLES: dict[str, Callable[[Any], str]] = {
+    "state": _state_style,
+    "health": _health_style,
+    "dead": _count_style,
+    "parked": lambda v: "yellow" if v else "",
+}
 
 
 def _warn_unresolvable(url: str) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import logging
 import re
 import secrets as _secrets
 from collections.abc import Sequence
@@ -22,19 +21,6 @@ def redact_secrets(text: str) -> str:
     """``text`` with every signing secret replaced: the last line of defence for
     anything that is printed or logged (error messages, log lines)."""
     return _SECRET.sub("whsec_***", text) if PREFIX in text else text
-
-
-class RedactSecrets(logging.Filter):
-    """Logging filter that removes signing secrets from every record it passes."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if PREFIX in message or (record.exc_info and PREFIX in logging.Formatter().formatException(record.exc_info)):
-            record.msg, record.args = redact_secrets(message), None
-            if record.exc_info:
-                record.exc_text = redact_secrets(logging.Formatter().formatException(record.exc_info))
-                record.exc_info = None
-        return True
 
 
 def decode_secret(secret: str) -> bytes:

@@ -20,7 +20,7 @@ import logging
 import time
 import zlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -63,6 +63,8 @@ class DeliveryContext:
     max_batch_events: int | None = None
     retry_fetch: int = 1000
     poll_interval: float = 1.0
+    #: metrics hook: (subscription, outcomes, from a log batch?) after each round
+    observe: Callable[[str, Sequence[Outcome], bool], None] | None = None
 
 
 @dataclass
@@ -226,7 +228,7 @@ class SubscriptionWorker:
             )  # fmt: skip
 
     async def _deliver_batch(self, events: Sequence[OutEvent], blocked: set[str]) -> _Bookkeeping:
-        return self._account(await self._deliver(events, blocked) if events else [])
+        return self._account(await self._deliver(events, blocked) if events else [], from_batch=True)
 
     async def _wait(self, head: asyncio.Task[_Bookkeeping] | None, *, wake: bool, timeout: float | None) -> None:
         """Until the oldest batch in flight is done, or (``wake``) a tick is announced, or ``timeout``."""
@@ -254,7 +256,7 @@ class SubscriptionWorker:
                 await wait_for_event(self.stopping, delay)
                 continue
             events = [OutEvent.from_row(r) for r in rows]
-            await self._record(self._account(await self._deliver(events, set())), advance=None)
+            await self._record(self._account(await self._deliver(events, set()), from_batch=False), advance=None)
 
     # -- sending -----------------------------------------------------------
 
@@ -336,8 +338,10 @@ class SubscriptionWorker:
 
     # -- bookkeeping -------------------------------------------------------
 
-    def _account(self, outcomes: Sequence[Outcome]) -> _Bookkeeping:
+    def _account(self, outcomes: Sequence[Outcome], *, from_batch: bool) -> _Bookkeeping:
         sub = self.sub
+        if self.ctx.observe is not None:
+            self.ctx.observe(sub.name, outcomes, from_batch)
         now = datetime.now(UTC)
         books = _Bookkeeping()
         for event, result in outcomes:

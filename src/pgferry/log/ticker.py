@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import asyncpg
@@ -33,10 +34,17 @@ class TickerSettings:
 class Ticker:
     """Runs on the leader's connection until ``stop`` is set or the connection fails."""
 
-    def __init__(self, conn: asyncpg.Connection, settings: TickerSettings | None = None) -> None:
+    def __init__(
+        self,
+        conn: asyncpg.Connection,
+        settings: TickerSettings | None = None,
+        observe: Callable[[float, bool], None] | None = None,
+    ) -> None:
         self.conn = conn
         self.settings = settings or TickerSettings()
         self.ticks = 0
+        #: metrics hook: (seconds the tick query took, whether it made a tick)
+        self.observe = observe
 
     async def run(self, stop: asyncio.Event) -> None:
         s = self.settings
@@ -57,7 +65,10 @@ class Ticker:
                 if self.ticks > reported:
                     log.info("ticker: %d ticks in the last %.0f s", self.ticks - reported, s.report_every)
                 reported, next_report = self.ticks, now + s.report_every
+            started = time.perf_counter()
             row = await self.conn.fetchrow(sql.query("tick"))
+            if self.observe is not None:
+                self.observe(time.perf_counter() - started, row is not None)
             if row is not None:
                 self.ticks += 1
             # Only a tick that carried news makes the ticker look again soon;

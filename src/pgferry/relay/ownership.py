@@ -17,7 +17,9 @@ import logging
 import math
 import os
 import socket
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import asyncpg
@@ -59,6 +61,8 @@ class Ownership:
         self.settings = settings or OwnershipSettings()
         self.relay_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.owned: dict[str, _Owned] = {}
+        #: metrics hook: seconds the heartbeat round trip took
+        self.observe_round: Callable[[float], None] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         failures = 0
@@ -109,6 +113,7 @@ class Ownership:
     async def _round(self, conn: asyncpg.Connection) -> None:
         # One round trip: heartbeat, active subscriptions, number of live relays
         # (those whose ownership connection holds the presence lock).
+        started = time.perf_counter()
         rows = await conn.fetch(
             sql.query("relay_round"),
             self.relay_id,
@@ -117,6 +122,8 @@ class Ownership:
             sorted(self.owned),
             orjson.dumps(self._stats()).decode(),
         )
+        if self.observe_round is not None:
+            self.observe_round(time.perf_counter() - started)
         active = {r["name"]: Subscription.from_row(r) for r in rows}
         relays = max(1, rows[0]["live_relays"]) if rows else 1
         # Reap workers that ended on their own (e.g. 410 disabled them) or whose subscription went away.
@@ -152,6 +159,10 @@ class Ownership:
             name = sorted(self.owned)[-1]
             log.info("delivery: handing subscription %s to another relay (fair share %d)", name, share)
             await self._release(conn, name, graceful=True)
+
+    def in_flight(self) -> dict[str, int]:
+        """Events in requests in flight, per subscription this relay delivers."""
+        return {name: owned.worker.in_flight for name, owned in self.owned.items()}
 
     def _stats(self) -> dict[str, dict[str, int]]:
         workers = {n: o.worker for n, o in self.owned.items()}

@@ -14,6 +14,8 @@ from pgferry.delivery.fasthttp import FastSender
 from pgferry.delivery.http import HttpSender
 from pgferry.delivery.worker import DeliveryContext
 from pgferry.log.ticker import Ticker, TickerSettings
+from pgferry.ops.metrics import RelayMetrics
+from pgferry.ops.web import OperatorWeb, check_dashboard_binding
 from pgferry.relay.leader import TICKER_LOCK, lead
 from pgferry.relay.ownership import Ownership, OwnershipSettings
 from pgferry.schema import check_installed
@@ -34,6 +36,13 @@ class RelaySettings:
     db_pool_size: int = 10
     #: where deliveries may connect (SSRF protection); from PGFERRY_STRICT_ADDRESSES/PGFERRY_ALLOW_ADDRESSES
     addresses: AddressPolicy = field(default_factory=AddressPolicy.from_env)
+    #: Prometheus metrics at http://metrics_host:metrics_port/metrics (None: off; 0: any free port)
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    #: the web dashboard (None: off; 0: any free port); a token is required off loopback
+    dashboard_port: int | None = None
+    dashboard_host: str = "127.0.0.1"
+    dashboard_token: str | None = None
 
 
 class Relay:
@@ -43,6 +52,13 @@ class Relay:
         self.url = url
         self.settings = settings or RelaySettings()
         self.is_ticker = False
+        self.ownership: Ownership | None = None
+        # Metrics hooks cost a little per event, so they are wired only when served.
+        self.metrics = RelayMetrics() if self.settings.metrics_port is not None else None
+        #: where the metrics and dashboard servers listen, once started ("metrics"/"dashboard" -> URL)
+        self.addresses: dict[str, str] = {}
+        if self.settings.dashboard_port is not None:
+            check_dashboard_binding(self.settings.dashboard_host, self.settings.dashboard_token)
 
     async def check(self) -> int:
         """Fail fast, with the fix in the message, if the database is unusable."""
@@ -59,7 +75,8 @@ class Relay:
         max_body_bytes = await self.check()
 
         async def tick(conn: asyncpg.Connection, stop: asyncio.Event) -> None:
-            await Ticker(conn, self.settings.ticker).run(stop)
+            observe = self.metrics.observe_tick if self.metrics is not None else None
+            await Ticker(conn, self.settings.ticker, observe=observe).run(stop)
 
         def changed(leading: bool) -> None:
             self.is_ticker = leading
@@ -98,11 +115,23 @@ class Relay:
                 webhooks=webhooks,
                 global_limit=asyncio.Semaphore(self.settings.max_in_flight),
                 max_body_bytes=max_body_bytes,
+                observe=self.metrics.observe_outcomes if self.metrics is not None else None,
             )
-            jobs.append(Ownership(self.url, ctx, self.settings.ownership).run(stop))
+            self.ownership = Ownership(self.url, ctx, self.settings.ownership)
+            if self.metrics is not None:
+                self.ownership.observe_round = self.metrics.observe_roundtrip("relay_round")
+            jobs.append(self.ownership.run(stop))
+        web = OperatorWeb(self)
         try:
+            try:
+                await web.start()
+            except BaseException:
+                for job in jobs:  # never started: close them so none is left un-awaited
+                    job.close()
+                raise
             await asyncio.gather(*jobs)
         finally:
+            await web.stop()
             if sender is not None:
                 await sender.close()
             if webhooks is not None:

@@ -203,3 +203,121 @@ select ferry.dlq_discard($1, $2)
 insert into net._http_response (id, status_code, content_type, headers, content, timed_out, error_msg)
 select * from unnest($1::bigint[], $2::int[], $3::text[], $4::text[]::jsonb[], $5::text[], $6::boolean[], $7::text[])
 on conflict (id) do nothing
+
+-- ---------------------------------------------------------------------------
+-- Operator queries: status, trace, tail, dead letters, replay, apply, dashboard
+-- ---------------------------------------------------------------------------
+
+-- name: endpoint_health
+-- The newest attempt of each subscription, and its newest success, from the
+-- attempt history (index attempts_subscription_idx): what "endpoint health" means.
+select s.name,
+       la.created_at as last_attempt_at, la.status as last_status, la.error_class as last_error_class,
+       la.error as last_error, ok.created_at as last_success_at
+from ferry.subscriptions s
+left join lateral (
+    select a.created_at, a.status, a.error_class, a.error from ferry.attempts a
+    where a.subscription = s.name order by a.created_at desc limit 1) la on true
+left join lateral (
+    select a.created_at from ferry.attempts a
+    where a.subscription = s.name and a.error_class is null order by a.created_at desc limit 1) ok on true
+order by s.name
+
+-- name: relays_status
+select r.id, r.hostname, r.pid, r.started_at, r.heartbeat_at,
+       extract(epoch from now() - r.heartbeat_at)::float8 as heartbeat_age_s,
+       r.heartbeat_at > now() - interval '15 seconds' as live, r.owned
+from ferry.relays r
+order by r.started_at
+
+-- name: lookup_event
+select id, txid::text::bigint as txid, stream, key, payload, headers, created_at from ferry.lookup_event($1)
+
+-- name: parked_or_dead_copy
+-- An event that retention dropped from the log survives as the copy kept with a
+-- parked retry or a dead letter.
+select event_id as id, null::bigint as txid, stream, key, payload, headers, event_created_at as created_at
+from (select event_id, stream, key, payload, headers, event_created_at from ferry.retries where event_id = $1
+      union all
+      select event_id, stream, key, payload, headers, event_created_at from ferry.dead_letters where event_id = $1) x
+limit 1
+
+-- name: trace_subscriptions
+-- Per subscription that matched the event (or holds any trace of it): where the
+-- event is. $1 event id, $2 its stream, $3 its txid (NULL once retention
+-- dropped it from the log, which only happens after every cursor passed it).
+select s.name, s.state as subscription_state,
+       case when d.id is not null then 'dead'
+            when r.event_id is not null and r.attempts = 0 and r.last_error = 'replayed by an operator' then 'replay queued'
+            when r.event_id is not null and r.attempts = 0 then 'waiting (behind an earlier event of its key)'
+            when r.event_id is not null then 'parked'
+            when $3::bigint is not null and t.snapshot is not null
+                 and not pg_visible_in_snapshot($3::text::xid8, t.snapshot) then
+                case when nt.snapshot is not null and pg_visible_in_snapshot($3::text::xid8, nt.snapshot)
+                     then 'sending' else 'pending' end
+            when la.attempted and la.error_class is null then 'delivered'
+            when la.attempted then 'passed (last attempt failed)'
+            else 'passed (no attempt recorded: subscribed later, or history pruned)'
+       end as state,
+       coalesce(r.attempts, d.attempts) as attempts_so_far, r.next_attempt_at, d.id as dead_letter_id, d.died_at,
+       coalesce(d.last_status, r.last_status) as last_status, coalesce(d.last_error, r.last_error) as last_error
+from ferry.subscriptions s
+left join ferry.consumers c on c.name = 'webhook:' || s.name
+left join ferry.ticks t on t.id = c.tick_id
+left join ferry.ticks nt on nt.id = c.next_tick_id
+left join ferry.retries r on r.subscription = s.name and r.event_id = $1
+left join ferry.dead_letters d on d.subscription = s.name and d.event_id = $1
+left join lateral (
+    select true as attempted, a.error_class from ferry.attempts a
+    where a.subscription = s.name and a.event_id = $1 order by a.id desc limit 1) la on true
+where $2 = any (s.streams) or r.event_id is not null or d.id is not null or la.attempted
+order by s.name
+
+-- name: trace_attempts
+select subscription, attempt, status, error_class, error, left(response, $2) as response, latency_ms, created_at
+from ferry.attempts where event_id = $1 and ($3::text is null or subscription = $3)
+order by id
+
+-- name: dlq_show
+select id, subscription, event_id, stream, key, payload, headers, event_created_at, attempts, first_failed_at,
+       died_at, last_status, last_error, last_response
+from ferry.dead_letters where id = $1
+
+-- name: latest_tick
+select max(id) from ferry.ticks
+
+-- name: tick_exists
+select exists (select 1 from ferry.ticks where id = $1)
+
+-- name: replay_count
+select ferry.replay_count($1, $2, $3)
+
+-- name: replay_chunk
+select queued, skipped, last_tick, end_tick from ferry.replay($1, $2, $3, $4, $5, $6)
+
+-- name: subscription_settings
+-- What `pgferry apply` compares a file against; secrets only to compare, never shown.
+select s.name, s.streams, s.url, s.headers, s.secrets, s.batch_size, s.max_in_flight, s.ordered, s.timeout_ms,
+       s.connect_timeout_ms, s.max_attempts, s.max_age, s.retry_base_ms, s.retry_max_ms, s.managed_by
+from ferry.subscriptions s where coalesce(to_jsonb(s) ->> 'kind', 'webhook') = 'webhook'
+order by name
+
+-- name: set_managed_by
+update ferry.subscriptions set managed_by = $2 where name = $1 and managed_by is distinct from $2
+
+-- name: set_secrets
+select ferry.set_subscription_secrets($1, $2)
+
+-- name: normalize_interval
+select $1::text::interval
+
+-- name: recent_failures
+select a.id, a.subscription, a.event_id, a.attempt, a.status, a.error_class, a.error,
+       left(a.response, 300) as response, a.latency_ms, a.created_at
+from ferry.attempts a
+where a.error_class is not null and ($1::text is null or a.subscription = $1)
+order by a.id desc
+limit $2
+
+-- name: subscription_exists
+select exists (select 1 from ferry.subscriptions where name = $1)

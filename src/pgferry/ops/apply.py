@@ -1,0 +1,258 @@
+"""`pgferry apply pgferry.toml`: make the database's webhook subscriptions match a file.
+
+The file names subscriptions under ``[subscriptions.NAME]``. A setting left
+out means its default, so deleting a line from the file resets it: the file
+is the whole truth about the subscriptions it names. Secrets never appear in
+the file: ``secret_env`` names the environment variable(s) holding them, and
+``headers_env`` does the same for header values (e.g. Authorization); the
+diff only ever says that a secret or header changed, never its value.
+
+Subscriptions an apply created are marked ``managed_by = 'apply'``; when they
+leave the file the next apply removes them. Subscriptions made by hand, with
+SQL or by pg_net's API are never touched unless the file names them (they are
+then adopted) or ``--prune`` is given. The whole change runs in one
+transaction: it applies completely or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import orjson
+
+from pgferry import sql
+from pgferry.errors import PgferryError
+
+MANAGED_BY = "apply"
+
+#: settings of ferry.subscribe with their defaults, in display order
+DEFAULTS: dict[str, Any] = {
+    "batch_size": 1,
+    "max_in_flight": 32,
+    "ordered": False,
+    "timeout_ms": 10000,
+    "connect_timeout_ms": 5000,
+    "max_attempts": 12,
+    "max_age": "3 days",
+    "retry_base_ms": 1000,
+    "retry_max_ms": 600000,
+}
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "streams": list, "url": str, "headers": dict, "headers_env": dict, "secret_env": (str, list),
+    "from_beginning": bool, "batch_size": int, "max_in_flight": int, "ordered": bool, "timeout_ms": int,
+    "connect_timeout_ms": int, "max_attempts": int, "max_age": str, "retry_base_ms": int, "retry_max_ms": int,
+}  # fmt: skip
+
+
+@dataclass
+class Desired:
+    name: str
+    streams: list[str]
+    url: str
+    headers: dict[str, str]
+    secret_headers: set[str]
+    secrets: list[str]
+    from_beginning: bool
+    settings: dict[str, Any]
+
+
+@dataclass
+class Change:
+    action: str  # create | update | adopt | remove | unchanged
+    name: str
+    fields: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # field -> (old, new), secrets masked
+    desired: Desired | None = None
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "name": self.name,
+            "changes": {k: {"from": old, "to": new} for k, (old, new) in self.fields.items()},
+            "reason": self.reason,
+        }
+
+
+def load(path: Path, env: Mapping[str, str] | None = None) -> list[Desired]:
+    """Parse and check the file; secrets are read from the environment now, so a missing one fails early."""
+    env = os.environ if env is None else env
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PgferryError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise PgferryError(f"{path} is not valid TOML: {exc}") from exc
+    unknown_top = set(doc) - {"subscriptions"}
+    if unknown_top:
+        raise PgferryError(
+            f"{path}: unknown top-level key(s) {', '.join(sorted(unknown_top))}; expected [subscriptions.NAME]"
+        )
+    subs = doc.get("subscriptions", {})
+    if not isinstance(subs, dict):
+        raise PgferryError(f"{path}: 'subscriptions' must be a table of [subscriptions.NAME] tables")
+    return [_desired(path, name, spec, env) for name, spec in subs.items()]
+
+
+def _desired(path: Path, name: str, spec: Any, env: Mapping[str, str]) -> Desired:
+    where = f"{path}: [subscriptions.{name}]"
+    if not isinstance(spec, dict):
+        raise PgferryError(f"{where} must be a table")
+    if "secret" in spec or "secrets" in spec:
+        raise PgferryError(f"{where}: secrets do not belong in the file; name the environment variable with secret_env")
+    unknown = set(spec) - set(_TYPES)
+    if unknown:
+        raise PgferryError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}")
+    for key, value in spec.items():
+        expected = _TYPES[key]
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise PgferryError(f"{where}: {key} has the wrong type ({type(value).__name__})")
+    for key in ("streams", "url"):
+        if key not in spec:
+            raise PgferryError(f"{where}: {key} is required")
+    if not all(isinstance(s, str) for s in spec["streams"]):
+        raise PgferryError(f"{where}: streams must be a list of strings")
+    headers = {str(k): str(v) for k, v in spec.get("headers", {}).items()}
+    secret_headers = set()
+    for header, var in spec.get("headers_env", {}).items():
+        headers[str(header)] = _env(env, str(var), f"{where}: header {header}")
+        secret_headers.add(str(header))
+    names = spec.get("secret_env", [])
+    secrets = [_env(env, var, f"{where}: secret_env") for var in ([names] if isinstance(names, str) else names)]
+    settings = {key: spec.get(key, default) for key, default in DEFAULTS.items()}
+    return Desired(
+        name=name,
+        streams=list(spec["streams"]),
+        url=spec["url"],
+        headers=headers,
+        secret_headers=secret_headers,
+        secrets=secrets,
+        from_beginning=spec.get("from_beginning", False),
+        settings=settings,
+    )
+
+
+def _env(env: Mapping[str, str], var: str, what: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", var):
+        raise PgferryError(f"{what}: {var!r} is not an environment variable name")
+    value = env.get(var)
+    if not value:
+        raise PgferryError(f"{what}: environment variable {var} is not set")
+    return value
+
+
+def _shown_url(url: str) -> str:
+    """Query strings often carry tokens: show that there is one, not what it says."""
+    return re.sub(r"\?.*$", "?…", url)
+
+
+async def plan(conn: asyncpg.Connection, desired: list[Desired], *, prune: bool = False) -> list[Change]:
+    current = {r["name"]: dict(r) for r in await conn.fetch(sql.query("subscription_settings"))}
+    changes: list[Change] = []
+    for want in desired:
+        have = current.get(want.name)
+        if have is None:
+            fields: dict[str, tuple[Any, Any]] = {
+                "streams": (None, want.streams),
+                "url": (None, _shown_url(want.url)),
+            }
+            if want.headers:
+                fields["headers"] = (None, _shown_headers(want))
+            if want.secrets:
+                fields["secrets"] = (None, f"{len(want.secrets)} from the environment")
+            for key, value in want.settings.items():
+                if value != DEFAULTS[key]:
+                    fields[key] = (None, value)
+            changes.append(Change("create", want.name, fields, want))
+            continue
+        fields = {}
+        if list(have["streams"]) != want.streams:
+            fields["streams"] = (list(have["streams"]), want.streams)
+        if have["url"] != want.url:
+            fields["url"] = (_shown_url(have["url"]), _shown_url(want.url))
+        if dict(have["headers"] or {}) != want.headers:
+            old = dict(have["headers"] or {})
+            changed = sorted(k for k in set(old) | set(want.headers) if old.get(k) != want.headers.get(k))
+            fields["headers"] = (sorted(old), f"{', '.join(changed)} changed")
+        if list(have["secrets"] or []) != want.secrets:
+            fields["secrets"] = (
+                f"{len(have['secrets'] or [])} set",
+                f"{len(want.secrets)} from the environment (changed)",
+            )
+        for key, value in want.settings.items():
+            old_value = have[key]
+            new_value: Any = value
+            if key == "max_age":
+                new_value = await _interval(conn, value)
+                if old_value != new_value:
+                    fields[key] = (_human_interval(old_value), value)
+                continue
+            if old_value != new_value:
+                fields[key] = (old_value, new_value)
+        if fields:
+            changes.append(Change("update", want.name, fields, want))
+        elif have["managed_by"] != MANAGED_BY:
+            changes.append(Change("adopt", want.name, {}, want, "now managed by apply"))
+        else:
+            changes.append(Change("unchanged", want.name, {}, want))
+    named = {d.name for d in desired}
+    for name, have in current.items():
+        if name in named:
+            continue
+        if have["managed_by"] == MANAGED_BY:
+            changes.append(Change("remove", name, reason="created by apply, no longer in the file"))
+        elif prune:
+            changes.append(Change("remove", name, reason="not in the file (--prune)"))
+        else:
+            changes.append(Change("unchanged", name, reason="not managed by apply; left alone (see --prune)"))
+    return changes
+
+
+async def execute(conn: asyncpg.Connection, changes: list[Change]) -> None:
+    """Carry out a plan in one transaction."""
+    try:
+        async with conn.transaction():
+            for change in changes:
+                want = change.desired
+                if change.action == "remove":
+                    await conn.execute(sql.query("unsubscribe"), change.name)
+                    continue
+                if want is None or change.action == "unchanged":
+                    continue
+                if change.action in ("create", "update"):
+                    s = want.settings
+                    await conn.execute(
+                        sql.query("subscribe"), want.name, want.streams, want.url, s["batch_size"],
+                        s["max_in_flight"], s["ordered"], None, orjson.dumps(want.headers).decode(), s["timeout_ms"],
+                        s["max_attempts"], s["max_age"], s["retry_base_ms"], s["retry_max_ms"],
+                        s["connect_timeout_ms"], "beginning" if want.from_beginning else "now",
+                    )  # fmt: skip
+                    if change.action == "create" or "secrets" in change.fields:
+                        await conn.execute(sql.query("set_secrets"), want.name, want.secrets)
+                await conn.execute(sql.query("set_managed_by"), want.name, MANAGED_BY)
+    except asyncpg.PostgresError as exc:
+        if exc.sqlstate in ("22023", "22004", "42704", "22007", "22008"):
+            raise PgferryError(str(exc)) from exc
+        raise
+
+
+def _shown_headers(want: Desired) -> dict[str, str]:
+    return {k: ("(from the environment)" if k in want.secret_headers else "(set)") for k in sorted(want.headers)}
+
+
+async def _interval(conn: asyncpg.Connection, text: str) -> timedelta:
+    try:
+        return await conn.fetchval(sql.query("normalize_interval"), text)  # type: ignore[no-any-return]
+    except asyncpg.PostgresError as exc:
+        raise PgferryError(f"max_age {text!r} is not an interval: {exc}") from exc
+
+
+def _human_interval(value: timedelta) -> str:
+    return str(value)

@@ -1,0 +1,197 @@
+"""Read-side operator queries shared by the CLI and the dashboard.
+
+Everything here reads PostgreSQL only (rates come from the owning relay's
+heartbeat), so the CLI and the dashboard show the same numbers, and neither
+needs the relay to be reachable over the network.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from pgferry import sql
+from pgferry.errors import PgferryError
+
+#: how much of a response body trace shows
+RESPONSE_SNIPPET = 500
+
+
+_AGO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?|d|days?)\s*(ago)?\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """An ISO 8601 time (naive means UTC) or a duration back from now: '15m', '2 hours', '1d ago'."""
+    now = now or datetime.now(UTC)
+    match = _AGO.match(text)
+    if match:
+        return now - timedelta(seconds=float(match[1]) * _UNITS[match[2][0]])
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is neither an ISO time (2026-11-30T10:00:00Z) nor a duration (15m, 2h)") from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def _rows(records: list[asyncpg.Record]) -> list[dict[str, Any]]:
+    return [dict(r) for r in records]
+
+
+def health(sub: dict[str, Any], now: datetime | None = None) -> str:
+    """One word (and why) for an endpoint, from its newest attempts.
+
+    ``ok``: the newest attempt succeeded; ``failing``: it failed (with the
+    error and for how long there has been no success); ``idle``: no attempt
+    in the retained history; ``disabled``/``paused`` from the subscription.
+    """
+    now = now or datetime.now(UTC)
+    if sub.get("state") == "disabled":
+        return "disabled"
+    last = sub.get("last_attempt_at")
+    if last is None:
+        return "paused" if sub.get("state") == "paused" else "idle"
+    if sub.get("last_error_class") is None:
+        return "ok"
+    since = sub.get("last_success_at")
+    how_long = f", no success for {_ago(now - since)}" if since else ", never succeeded"
+    return f"failing: {sub.get('last_error') or sub.get('last_error_class')}{how_long}"
+
+
+def _ago(delta: Any) -> str:
+    seconds = int(delta.total_seconds())
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h"
+
+
+async def subscription_status(conn: asyncpg.Connection) -> list[dict[str, Any]]:
+    """ferry.subscription_status() plus rates, error rate and endpoint health per subscription."""
+    rows = _rows(await conn.fetch(sql.query("subscription_status")))
+    health_rows = {r["name"]: dict(r) for r in await conn.fetch(sql.query("endpoint_health"))}
+    now = datetime.now(UTC)
+    for row in rows:
+        extra = health_rows.get(row["name"], {})
+        for key in ("last_attempt_at", "last_status", "last_error_class", "last_error", "last_success_at"):
+            row[key] = extra.get(key)
+        attempts = row["attempts_5m"] or 0
+        row["error_rate"] = f"{100 * (row['failed_5m'] or 0) / attempts:.1f}%" if attempts else "-"
+        row["rate"] = f"{(row['delivered_1m'] or 0) / 60:.1f}/s"
+        row["rate_per_s"] = (row["delivered_1m"] or 0) / 60
+        row["health"] = health(row, now)
+    return rows
+
+
+async def relays(conn: asyncpg.Connection) -> list[dict[str, Any]]:
+    return _rows(await conn.fetch(sql.query("relays_status")))
+
+
+@dataclass
+class Trace:
+    event: dict[str, Any] | None
+    in_log: bool
+    subscriptions: list[dict[str, Any]]
+    attempts: list[dict[str, Any]]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "event": self.event,
+            "in_log": self.in_log,
+            "subscriptions": self.subscriptions,
+            "attempts": self.attempts,
+        }
+
+
+async def trace(conn: asyncpg.Connection, event_id: int, snippet: int = RESPONSE_SNIPPET) -> Trace:
+    """The event, each subscription it matched with where it is now, and every attempt."""
+    row = await conn.fetchrow(sql.query("lookup_event"), event_id)
+    in_log = row is not None
+    if row is None:
+        row = await conn.fetchrow(sql.query("parked_or_dead_copy"), event_id)
+    attempts = _rows(await conn.fetch(sql.query("trace_attempts"), event_id, snippet, None))
+    if row is None:
+        if not attempts:
+            raise PgferryError(
+                f"event {event_id} is not in the retained log, parked retries, dead letters or attempt history "
+                "(it may not exist, may not have committed, or retention may have dropped it)"
+            )
+        return Trace(None, False, [], attempts)
+    event = dict(row)
+    subs = _rows(await conn.fetch(sql.query("trace_subscriptions"), event_id, event["stream"], event["txid"]))
+    return Trace(event, in_log, subs, attempts)
+
+
+async def dead_letter(conn: asyncpg.Connection, letter_id: int, snippet: int = RESPONSE_SNIPPET) -> dict[str, Any]:
+    """A dead letter in full, with the attempt history of its event for its subscription."""
+    row = await conn.fetchrow(sql.query("dlq_show"), letter_id)
+    if row is None:
+        raise PgferryError(f"dead letter {letter_id} does not exist (replayed or discarded?); see `pgferry dlq list`")
+    letter = dict(row)
+    letter["attempt_history"] = _rows(
+        await conn.fetch(sql.query("trace_attempts"), letter["event_id"], snippet, letter["subscription"])
+    )
+    return letter
+
+
+async def recent_failures(
+    conn: asyncpg.Connection, subscription: str | None = None, limit: int = 20
+) -> list[dict[str, Any]]:
+    return _rows(await conn.fetch(sql.query("recent_failures"), subscription, limit))
+
+
+@dataclass
+class ReplayProgress:
+    queued: int
+    skipped: int
+    done: bool
+
+
+async def replay_count(
+    conn: asyncpg.Connection, subscription: str, since: datetime | None, from_event: int | None
+) -> int:
+    return int(await _admin(conn.fetchval(sql.query("replay_count"), subscription, since, from_event)))
+
+
+async def replay(
+    conn: asyncpg.Connection,
+    subscription: str,
+    *,
+    since: datetime | None = None,
+    from_event: int | None = None,
+    chunk: int = 1000,
+) -> AsyncIterator[ReplayProgress]:
+    """Queue the subscription's already-passed, retained events again, one committed chunk at a time.
+
+    Each chunk (a range of ticks holding about ``chunk`` events) is its own
+    transaction, so a long replay holds no long locks and shows progress, and
+    an interrupted one keeps what it queued (running it again skips that).
+    The walk ends at the subscription's cursor as it was at the start: what
+    the live stream delivers meanwhile is not replayed.
+    """
+    after: int | None = None
+    until: int | None = None
+    while True:
+        row = await _admin(
+            conn.fetchrow(sql.query("replay_chunk"), subscription, since, from_event, after, until, chunk)
+        )
+        if row is None or row["last_tick"] is None:
+            yield ReplayProgress(0, 0, True)
+            return
+        after, until = row["last_tick"], row["end_tick"]
+        yield ReplayProgress(int(row["queued"]), int(row["skipped"]), False)
+
+
+async def _admin(awaitable: Any) -> Any:
+    try:
+        return await awaitable
+    except asyncpg.PostgresError as exc:
+        if exc.sqlstate in ("22023", "22004", "42704"):
+            raise PgferryError(str(exc)) from exc
+        raise

@@ -1,0 +1,75 @@
+"""Log output: human-readable lines by default, JSON lines on request, never a secret.
+
+Secrets can reach a log line in ways no call site foresees (an exception
+that quotes a URL, a driver error echoing a parameter), so redaction is done
+on the finished text of every record, message and traceback alike, rather
+than trusted to each ``log.*`` call: signing secrets (``whsec_...``),
+passwords in URLs, bearer/basic credentials and ``password=`` settings.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from pgferry.delivery.signing import redact_secrets
+
+_REDACTIONS: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@]*:)[^\s@/]+@"), r"\1***@"),
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+"), r"\1 ***"),
+    (re.compile(r"(?i)\b(password|passwd|secret|token)(\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&]+)"), r"\1\2***"),
+]
+
+FORMATS = ("human", "json")
+
+
+def redact(text: str) -> str:
+    """The text with every recognisable secret replaced by ***."""
+    text = redact_secrets(text)
+    for pattern, replacement in _REDACTIONS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class HumanFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts (UTC, ISO 8601), level, logger, msg, and exc when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": redact(record.getMessage()),
+            "pid": record.process,
+        }
+        if record.exc_info:
+            entry["exc"] = redact(self.formatException(record.exc_info))
+        return orjson.dumps(entry).decode()
+
+
+def configure(*, verbose: bool = False, fmt: str = "human") -> None:
+    """(Re)configure the root logger: pgferry's commands call this once their options are known."""
+    if fmt not in FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else HumanFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    logging.getLogger("asyncio").setLevel(logging.WARNING)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

@@ -1,0 +1,123 @@
+"""`pgferry apply`: declarative subscriptions from a TOML file, run as a real subprocess."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import asyncpg
+import orjson
+
+import pgferry
+from pgferry.delivery.signing import new_secret
+from tests.operator.conftest import cli
+
+FIRST = """
+[subscriptions.billing]
+streams = ["public.orders"]
+url = "http://127.0.0.1:9/hooks/orders?token=query-secret-1"
+secret_env = "BILLING_SECRET"
+headers = { "X-Team" = "payments" }
+headers_env = { Authorization = "BILLING_AUTH" }
+ordered = true
+max_age = "2 days"
+
+[subscriptions.audit]
+streams = ["public.orders", "public.refunds"]
+url = "http://127.0.0.1:9/audit"
+batch_size = 50
+"""
+
+SECOND = """
+[subscriptions.billing]
+streams = ["public.orders"]
+url = "http://127.0.0.1:9/hooks/v2/orders"
+secret_env = "BILLING_SECRET"
+headers = { "X-Team" = "payments" }
+headers_env = { Authorization = "BILLING_AUTH" }
+ordered = true
+max_age = "48 hours"
+"""
+
+
+async def test_apply_creates_updates_and_removes_only_what_it_manages(
+    pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry, tmp_path: Path
+) -> None:
+    secret = new_secret()
+    env = {"BILLING_SECRET": secret, "BILLING_AUTH": "Bearer header-secret-2"}
+    secrets_shown = (secret, "header-secret-2", "query-secret-1")
+    await ferry.subscribe("by-hand", ["x"], "http://127.0.0.1:9/by-hand")
+    path = tmp_path / "pgferry.toml"
+    path.write_text(FIRST)
+
+    dry = await cli(pgferry_cmd, db_url, "apply", str(path), "--dry-run", env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert "+ create billing" in dry.stdout and "+ create audit" in dry.stdout
+    assert "= unchanged by-hand (not managed by apply; left alone" in dry.stdout
+    assert "dry run: 2 change(s) not applied" in dry.stdout
+    assert not any(s in dry.stdout + dry.stderr for s in secrets_shown), dry.stdout
+    assert await conn.fetchval("select count(*) from ferry.subscriptions") == 1
+
+    applied = await cli(pgferry_cmd, db_url, "apply", str(path), env=env)
+    assert applied.returncode == 0, applied.stderr
+    assert "applied 2 change(s)" in applied.stdout
+    assert not any(s in applied.stdout + applied.stderr for s in secrets_shown)
+    row = await conn.fetchrow("select * from ferry.subscriptions where name = 'billing'")
+    assert row["secrets"] == [secret] and row["ordered"] is True and row["managed_by"] == "apply"
+    assert row["headers"] == {"X-Team": "payments", "Authorization": "Bearer header-secret-2"}
+    assert await conn.fetchval("select batch_size from ferry.subscriptions where name = 'audit'") == 50
+    assert await conn.fetchval("select count(*) from ferry.consumers where name like 'webhook:%'") == 3
+    listed = await cli(pgferry_cmd, db_url, "subscription", "list", "--json")
+    assert {"X-Team": "***", "Authorization": "***"} in [s["headers"] for s in orjson.loads(listed.stdout)]
+    assert not any(s in listed.stdout for s in secrets_shown)
+
+    again = await cli(pgferry_cmd, db_url, "apply", str(path), "--json", env=env)
+    actions = {c["name"]: c["action"] for c in orjson.loads(again.stdout)["changes"]}
+    assert actions == {"billing": "unchanged", "audit": "unchanged", "by-hand": "unchanged"}
+
+    # audit leaves the file: removed (apply made it); by-hand stays; billing changes its url only
+    # ("48 hours" is the interval "2 days" was, written differently).
+    path.write_text(SECOND)
+    plan = orjson.loads((await cli(pgferry_cmd, db_url, "apply", str(path), "--dry-run", "--json", env=env)).stdout)
+    changes = {c["name"]: c for c in plan["changes"]}
+    assert changes["audit"]["action"] == "remove" and changes["by-hand"]["action"] == "unchanged"
+    assert changes["billing"]["action"] == "update"
+    assert changes["billing"]["changes"]["url"] == {
+        "from": "http://127.0.0.1:9/hooks/orders?…", "to": "http://127.0.0.1:9/hooks/v2/orders"}  # fmt: skip
+    assert set(changes["billing"]["changes"]) == {"url"}
+    rotated = {**env, "BILLING_SECRET": new_secret()}
+    human = await cli(pgferry_cmd, db_url, "apply", str(path), env=rotated)
+    assert human.returncode == 0, human.stderr
+    assert "~ update billing" in human.stdout and "secrets:" in human.stdout and "- remove audit" in human.stdout
+    assert rotated["BILLING_SECRET"] not in human.stdout
+    names = [r["name"] for r in await conn.fetch("select name from ferry.subscriptions order by name")]
+    assert names == ["billing", "by-hand"]
+    assert await conn.fetchval("select secrets from ferry.subscriptions where name = 'billing'") == [
+        rotated["BILLING_SECRET"]
+    ]
+    assert await conn.fetchval("select count(*) from ferry.consumers where name = 'webhook:audit'") == 0
+
+    pruned = await cli(pgferry_cmd, db_url, "apply", str(path), "--prune", env=rotated)
+    assert "- remove by-hand (not in the file (--prune))" in pruned.stdout
+    assert [r["name"] for r in await conn.fetch("select name from ferry.subscriptions")] == ["billing"]
+
+
+async def test_apply_refuses_bad_files_before_touching_anything(
+    pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    path = tmp_path / "pgferry.toml"
+    path.write_text(FIRST)
+    missing = await cli(pgferry_cmd, db_url, "apply", str(path), env={"BILLING_AUTH": "x"})
+    assert missing.returncode == 1 and "environment variable BILLING_SECRET is not set" in missing.stderr
+    path.write_text('[subscriptions.a]\nstreams = ["s"]\nurl = "http://127.0.0.1:9/"\nsecret = "whsec_abc"\n')
+    literal = await cli(pgferry_cmd, db_url, "apply", str(path))
+    assert literal.returncode == 1 and "secrets do not belong in the file" in literal.stderr
+    assert "whsec_abc" not in literal.stderr
+    path.write_text('[subscriptions.a]\nstreams = ["s"]\nurl = "http://127.0.0.1:9/"\nbatch_sise = 5\n')
+    typo = await cli(pgferry_cmd, db_url, "apply", str(path))
+    assert typo.returncode == 1 and "unknown setting(s) batch_sise" in typo.stderr
+    # One bad subscription (a URL the database refuses) rolls back the whole apply.
+    path.write_text('[subscriptions.a]\nstreams = ["s"]\nurl = "http://127.0.0.1:9/"\n\n'
+                    '[subscriptions.b]\nstreams = ["s"]\nurl = "gopher://h/"\n')  # fmt: skip
+    refused = await cli(pgferry_cmd, db_url, "apply", str(path))
+    assert refused.returncode == 1 and "unsupported URL scheme 'gopher'" in refused.stderr
+    assert await conn.fetchval("select count(*) from ferry.subscriptions") == 0

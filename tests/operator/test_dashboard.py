@@ -1,0 +1,165 @@
+"""The relay's web dashboard: access control over HTTP, and end to end in headless Chromium."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from dataclasses import replace
+from pathlib import Path
+
+import aiohttp
+import asyncpg
+import orjson
+import pytest
+
+import pgferry
+from pgferry.errors import PgferryError
+from pgferry.ops.web import check_dashboard_binding
+from pgferry.receiver import Received, Respond
+from pgferry.relay.process import Relay
+from tests.delivery.conftest import FAST, RunningRelay
+from tests.helpers import eventually
+from tests.operator.conftest import MakeReceiver, cli
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+#: Chromium as root in a sandboxless container, with nothing that calls out to the internet.
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+
+
+async def _started(relay: RunningRelay) -> str:
+    async def up() -> bool:
+        return "dashboard" in relay.relay.addresses
+
+    await eventually(up, what="the dashboard to listen")
+    return relay.relay.addresses["dashboard"]
+
+
+async def test_dashboard_needs_a_token_off_loopback_and_checks_token_host_and_form(
+    pgferry_cmd: list[str], db_url: str, ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    with pytest.raises(PgferryError, match="give --dashboard-token"):
+        check_dashboard_binding("0.0.0.0", None)
+    with pytest.raises(PgferryError):
+        Relay(db_url, replace(FAST, dashboard_port=0, dashboard_host="0.0.0.0"))
+    refused = await cli(pgferry_cmd, db_url, "run", "--dashboard-port", "0", "--dashboard-host", "0.0.0.0")
+    assert refused.returncode == 2 and "give --dashboard-token" in refused.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        busy = await cli(pgferry_cmd, db_url, "run", "--dashboard-port", port, "--exit-after", "10")
+    assert busy.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in busy.stderr, busy.stderr
+    assert "Traceback" not in busy.stderr and "never awaited" not in busy.stderr
+
+    await ferry.subscribe("hook", ["s"], "http://127.0.0.1:9/x")
+    relay = RunningRelay(db_url, replace(FAST, dashboard_port=0, dashboard_token="let-me-in"))
+    try:
+        base = await _started(relay)
+        # unsafe: keep cookies of an IP-address host, as browsers do
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
+            async with session.get(base) as r:
+                assert r.status == 401 and "token required" in await r.text()
+            async with session.get(base, headers={"Authorization": "Bearer wrong"}) as r:
+                assert r.status == 401
+            async with session.get(base + "?token=let-me-in") as r:  # sets the cookie, then redirects
+                assert r.status == 200 and 'data-subscription="hook"' in await r.text()
+            async with session.get(base) as r:  # the cookie is enough now
+                assert r.status == 200
+            async with session.get(base + "?flash=crafted") as r:  # messages only by key, never from the link
+                assert r.status == 200 and 'class="flash"' not in await r.text()
+            async with session.post(base + "subscriptions/hook/pause", data={"csrf": "forged"}) as r:
+                assert r.status == 403
+            assert await conn.fetchval("select state from ferry.subscriptions") == "active"
+            rebinding = base.replace("127.0.0.1", "localhost")
+            async with session.get(rebinding, headers={"Host": "evil.example"}) as r:
+                assert r.status == 403
+        async with (
+            aiohttp.ClientSession() as fresh,
+            fresh.get(base, headers={"Authorization": "Bearer let-me-in"}) as r,
+        ):
+            assert r.status == 200
+    finally:
+        await relay.stop()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (scripts/test installs it as root)")
+async def test_dashboard_in_chromium_shows_a_failing_subscription_and_replays_it(
+    db_url: str,
+    conn: asyncpg.Connection,
+    ferry: pgferry.Ferry,
+    receiver_factory: MakeReceiver,
+    tmp_path: Path,
+) -> None:
+    from playwright.async_api import async_playwright, expect
+
+    healthy = False
+
+    def behaviour(_: Received) -> Respond:
+        return Respond() if healthy else Respond(500, b"receiver says: <b>out of disk</b>")
+
+    receiver, url = await receiver_factory(behaviour)
+    await ferry.subscribe("billing", ["orders"], url, max_attempts=1)
+    ids = await ferry.publish_many([{"stream": "orders", "payload": {"order": n}} for n in range(3)])
+
+    async def dead() -> bool:
+        return bool(await conn.fetchval("select count(*) from ferry.dead_letters") == 3)
+
+    relay = RunningRelay(db_url, replace(FAST, dashboard_port=0))
+    try:
+        base = await _started(relay)
+        await eventually(dead, what="three dead letters")
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            try:
+                page = await browser.new_page()
+                await page.goto(base)
+                row = page.locator('tr[data-subscription="billing"]')
+                await expect(row.locator(".health")).to_contain_text("failing: HTTP 500", timeout=15000)
+                await expect(row.locator(".dead")).to_have_text("3")
+                # The receiver's answer is shown as text, never as markup.
+                await expect(page.locator("tr.failure").first).to_contain_text("receiver says: <b>out of disk</b>")
+                await page.screenshot(path=str(tmp_path / "overview.png"), full_page=True)
+
+                healthy = True
+                await row.locator('button[data-action="replay-dead"]').click()
+                await expect(page.locator(".flash")).to_contain_text("3 dead letter(s) of billing queued")
+
+                async def arrived() -> bool:
+                    return len(receiver.received) == 3
+
+                await eventually(arrived, what="the replayed events at the receiver")
+                assert sorted(r.headers["webhook-id"] for r in receiver.received) == sorted(f"evt_{i}" for i in ids)
+                await expect(page.locator('tr[data-subscription="billing"] .health')).to_have_text("ok", timeout=15000)
+
+                # The event's trace page: delivered, with the failed attempt and the successful one.
+                await page.fill('input[name="id"]', str(ids[0]))
+                await page.click('form[action="/events"] button')
+                await page.wait_for_url(f"**/events/{ids[0]}")
+                await expect(page.locator('tr[data-subscription="billing"]')).to_contain_text("delivered")
+                await expect(page.locator("main")).to_contain_text("out of disk")
+                await page.screenshot(path=str(tmp_path / "trace.png"), full_page=True)
+
+                # Replay the last hour from the log, from the subscription's page.
+                await page.goto(base + "subscriptions/billing")
+                await page.fill('input[name="since"]', "1h")
+                await page.click('button[data-action="replay"]')
+                await expect(page.locator(".flash")).to_contain_text("replay of billing since")
+
+                async def replayed() -> bool:
+                    return len(receiver.received) == 6
+
+                await eventually(replayed, what="the events replayed from the log")
+                assert sorted(orjson.loads(r.body)["order"] for r in receiver.received[3:]) == [0, 1, 2]
+
+                # Pause and resume.
+                await page.click('button[data-action="pause"]')
+                await expect(page.locator(".flash")).to_contain_text("billing paused")
+                assert await conn.fetchval("select state from ferry.subscriptions") == "paused"
+                await page.click('button[data-action="resume"]')
+                await expect(page.locator(".flash")).to_contain_text("billing resumed")
+                assert await conn.fetchval("select state from ferry.subscriptions") == "active"
+            finally:
+                await browser.close()
+    finally:
+        await relay.stop()

@@ -1,0 +1,89 @@
+"""`pgferry status`, `relays`, `trace` and `dlq show` against a real relay and receivers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import orjson
+
+import pgferry
+from pgferry.receiver import Respond
+from tests.delivery.conftest import RunningRelay
+from tests.helpers import eventually
+from tests.operator.conftest import MakeReceiver, cli
+
+
+async def test_status_trace_and_dlq_show_explain_a_failing_endpoint(
+    pgferry_cmd: list[str],
+    db_url: str,
+    relay: RunningRelay,
+    conn: asyncpg.Connection,
+    ferry: pgferry.Ferry,
+    receiver_factory: MakeReceiver,
+) -> None:
+    _, bad_url = await receiver_factory(lambda _: Respond(500, b"receiver says: database is down"))
+    good, good_url = await receiver_factory()
+    await ferry.subscribe("billing", ["orders"], bad_url, max_attempts=1)
+    await ferry.subscribe("audit", ["orders"], good_url)
+    await ferry.subscribe("unrelated", ["other"], good_url)
+    event_id = await ferry.publish("orders", {"order": 7}, key="customer-1")
+
+    async def settled() -> bool:
+        dead = await conn.fetchval("select count(*) from ferry.dead_letters")
+        return bool(dead == 1 and len(good.received) == 1)
+
+    await eventually(settled, what="one dead letter and one delivery")
+
+    # trace: the event, each matching subscription with where the event is, every attempt
+    traced = await cli(pgferry_cmd, db_url, "trace", str(event_id), "--json")
+    assert traced.returncode == 0, traced.stderr
+    trace = orjson.loads(traced.stdout)
+    assert trace["event"]["payload"] == {"order": 7} and trace["event"]["key"] == "customer-1"
+    where = {s["name"]: s["state"] for s in trace["subscriptions"]}
+    assert where == {"audit": "delivered", "billing": "dead"}
+    attempts = {a["subscription"]: a for a in trace["attempts"]}
+    assert attempts["billing"]["status"] == 500 and attempts["billing"]["error_class"] == "http_status"
+    assert attempts["billing"]["response"] == "receiver says: database is down"
+    assert attempts["audit"]["status"] == 200 and attempts["audit"]["error_class"] is None
+    assert attempts["audit"]["latency_ms"] > 0
+    table = await cli(pgferry_cmd, db_url, "trace", str(event_id))
+    assert "receiver says: database is down" in table.stdout and "delivered" in table.stdout, table.stdout
+
+    missing = await cli(pgferry_cmd, db_url, "trace", "999999")
+    assert missing.returncode == 1 and "event 999999 is not in the retained log" in missing.stderr
+
+    # status: health per endpoint, owner; relays: who owns what
+    rows: list[dict[str, Any]] = []
+
+    async def reported() -> bool:  # rates come with the relay's next heartbeat
+        rows[:] = orjson.loads((await cli(pgferry_cmd, db_url, "status", "--json")).stdout)
+        by_name = {r["name"]: r for r in rows}
+        return bool(by_name["billing"]["error_rate"] == "100.0%" and by_name["audit"]["owner"])
+
+    await eventually(reported, what="the failure to show in status")
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["billing"]["health"].startswith("failing: HTTP 500"), by_name["billing"]["health"]
+    assert "never succeeded" in by_name["billing"]["health"]
+    assert by_name["billing"]["dead"] == 1 and by_name["billing"]["parked"] == 0
+    assert by_name["audit"]["health"] == "ok" and by_name["audit"]["lag_events"] == 0
+    assert by_name["unrelated"]["health"] == "idle"
+    relays = orjson.loads((await cli(pgferry_cmd, db_url, "relays", "--json")).stdout)
+    assert len(relays) == 1 and relays[0]["live"] is True
+    assert sorted(relays[0]["owned"]) == ["audit", "billing", "unrelated"]
+    assert relays[0]["id"] == by_name["billing"]["owner"]
+    text = (await cli(pgferry_cmd, db_url, "status")).stdout
+    assert "failing: HTTP 500" in text and "relays" in text and relays[0]["id"] in text
+
+    # dlq show: the whole dead letter with its history
+    letters = orjson.loads((await cli(pgferry_cmd, db_url, "dlq", "list", "--json")).stdout)
+    shown = await cli(pgferry_cmd, db_url, "dlq", "show", str(letters[0]["id"]), "--json")
+    assert shown.returncode == 0, shown.stderr
+    letter = orjson.loads(shown.stdout)
+    assert letter["event_id"] == event_id and letter["payload"] == {"order": 7}
+    assert letter["last_response"] == "receiver says: database is down"
+    assert [(a["attempt"], a["status"]) for a in letter["attempt_history"]] == [(1, 500)]
+    human = await cli(pgferry_cmd, db_url, "dlq", "show", str(letters[0]["id"]))
+    assert "pgferry dlq replay billing --id" in human.stdout
+    gone = await cli(pgferry_cmd, db_url, "dlq", "show", "424242")
+    assert gone.returncode == 1 and "dead letter 424242 does not exist" in gone.stderr
