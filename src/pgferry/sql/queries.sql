@@ -252,9 +252,7 @@ select s.name, s.state as subscription_state,
             when r.event_id is not null and r.attempts = 0 then 'waiting (behind an earlier event of its key)'
             when r.event_id is not null then 'parked'
             when $3::bigint is not null and t.snapshot is not null
-                 and not pg_visible_in_snapshot($3::text::xid8, t.snapshot) then
-                case when nt.snapshot is not null and pg_visible_in_snapshot($3::text::xid8, nt.snapshot)
-                     then 'sending' else 'pending' end
+                 and not pg_visible_in_snapshot($3::text::xid8, t.snapshot) then 'pending'
             when la.attempted and la.error_class is null then 'delivered'
             when la.attempted then 'passed (last attempt failed)'
             else 'passed (no attempt recorded: subscribed later, or history pruned)'
@@ -264,7 +262,6 @@ select s.name, s.state as subscription_state,
 from ferry.subscriptions s
 left join ferry.consumers c on c.name = 'webhook:' || s.name
 left join ferry.ticks t on t.id = c.tick_id
-left join ferry.ticks nt on nt.id = c.next_tick_id
 left join ferry.retries r on r.subscription = s.name and r.event_id = $1
 left join ferry.dead_letters d on d.subscription = s.name and d.event_id = $1
 left join lateral (
