@@ -133,7 +133,14 @@ def capture(
               help="Multiply every scenario's transaction count (1.0: the seed's pgbench -c 10 -t 1000).")  # fmt: skip
 @click.option("--only", "only", multiple=True, type=click.IntRange(1, 6), help="Scenario number(s) to run (1-6).")
 @click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for deliveries after the inserts.")
-def webhooks(database_url: str | None, scale: float, only: tuple[int, ...], timeout: float) -> None:
+@click.option(
+    "--rate",
+    type=click.FloatRange(1),
+    metavar="TX/S",
+    help="Throttle pgbench to this many transactions/s in all (pgbench -R) instead of as fast as it can go: "
+    "latency below saturation.",
+)
+def webhooks(database_url: str | None, scale: float, only: tuple[int, ...], timeout: float, rate: float | None) -> None:
     """The seed benchmark as webhooks: pgbench inserts -> capture -> relay -> receiver (exit 1 if not 100%)."""
     import uvloop
 
@@ -142,7 +149,7 @@ def webhooks(database_url: str | None, scale: float, only: tuple[int, ...], time
 
     async def go(admin_url: str) -> bool:
         async with scratch_database(BenchSettings(), admin_url) as ctx:
-            outcomes = await run_webhooks_bench(ctx.url, scale, only, timeout)
+            outcomes = await run_webhooks_bench(ctx.url, scale, only, timeout, rate)
         print_table(outcomes)
         return all(o.unique == o.inserted for o in outcomes)
 

@@ -152,7 +152,7 @@ async def _delivered(conn: asyncpg.Connection, scenario: Scenario, stats: dict[s
     return responses["ok"], float(responses["last_at"]) if responses["last_at"] else None
 
 
-async def run_scenario(url: str, scenario: Scenario, timeout: float) -> Outcome:
+async def run_scenario(url: str, scenario: Scenario, timeout: float, rate: float | None = None) -> Outcome:
     conn = await db.connect(url)
     try:
         async with tracking_receiver(scenario.fail_rate, scenario.drop_rate) as hook, stats_of(hook) as receiver_stats:
@@ -174,7 +174,7 @@ async def run_scenario(url: str, scenario: Scenario, timeout: float) -> Outcome:
                 script = SINGLE_ROW if scenario.rows_per_tx == 1 else HUNDRED_ROWS
                 await run_pgbench(
                     url, script.replace("spice_harvests", table), clients=scenario.clients,
-                    transactions=scenario.transactions,
+                    transactions=scenario.transactions, rate=rate,
                 )  # fmt: skip
                 insert_end = time.time()
                 inserted = await conn.fetchval(named("webhooks.sql", "rows").replace("spice_harvests", table))
@@ -236,7 +236,9 @@ def print_table(outcomes: list[Outcome]) -> None:
     )
 
 
-async def run_webhooks_bench(url: str, scale: float, only: tuple[int, ...], timeout: float) -> list[Outcome]:
+async def run_webhooks_bench(
+    url: str, scale: float, only: tuple[int, ...], timeout: float, rate: float | None = None
+) -> list[Outcome]:
     conn = await db.connect(url)
     try:
         await install(conn, addons=["pg_net"])
@@ -248,5 +250,5 @@ async def run_webhooks_bench(url: str, scale: float, only: tuple[int, ...], time
         if only and number not in only:
             continue
         click.echo(f"scenario {number}: {scenario.name} ...", err=True)
-        outcomes.append(await run_scenario(url, scenario, timeout))
+        outcomes.append(await run_scenario(url, scenario, timeout, rate))
     return outcomes
