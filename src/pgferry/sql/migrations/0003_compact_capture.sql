@@ -198,6 +198,20 @@ begin
     return v_stream;
 end $$;
 
+-- The payload readers see: a captured row (op set) in its Supabase envelope,
+-- a published event as stored. Inlined into the queries that call it.
+create function ferry._envelope(op "char", payload jsonb, old_payload jsonb, schema_name text, table_name text)
+returns jsonb language sql immutable as $$
+    select case when op is null then payload
+                else jsonb_build_object(
+                    'type', case op when 'I' then 'INSERT' when 'U' then 'UPDATE' else 'DELETE' end,
+                    'schema', schema_name,
+                    'table', table_name,
+                    'record', case when op = 'D' then null else payload end,
+                    'old_record', case op when 'U' then old_payload when 'D' then payload end)
+           end
+$$;
+
 -- The events of a batch: committed after start_tick and no later than end_tick,
 -- in id order. Scans the txid range from start_tick's xmax (not its xmin, so
 -- one long transaction cannot make every read slow) plus the few transactions
@@ -219,14 +233,7 @@ language sql stable as $$
                and pg_visible_in_snapshot(e.txid, b.snapshot)
                and (streams is null or e.stream = any (streams)))
     select p.id, p.txid, p.stream, p.key,
-           case when p.op is null then p.payload
-                else jsonb_build_object(
-                    'type', case p.op when 'I' then 'INSERT' when 'U' then 'UPDATE' else 'DELETE' end,
-                    'schema', c.schema_name,
-                    'table', c.table_name,
-                    'record', case when p.op = 'D' then null else p.payload end,
-                    'old_record', case p.op when 'U' then p.old_payload when 'D' then p.payload end)
-           end,
+           ferry._envelope(p.op, p.payload, p.old_payload, c.schema_name, c.table_name),
            p.headers, p.created_at
     from picked p left join ferry.captures c on c.id = p.capture
     order by p.id

@@ -16,19 +16,11 @@ alter table ferry.subscriptions add column managed_by text;
 comment on column ferry.subscriptions.managed_by is
     'Set by `pgferry apply` (''apply''): such subscriptions are removed when they leave the file. NULL: made by hand.';
 
--- The envelope logic mirrors ferry.batch_events (0003): keep the two in step.
 create function ferry.lookup_event(event_id bigint)
 returns table (id bigint, txid xid8, stream text, key text, payload jsonb, headers jsonb, created_at timestamptz)
 language sql stable as $$
     select e.id, e.txid, e.stream, e.key,
-           case when e.op is null then e.payload
-                else jsonb_build_object(
-                    'type', case e.op when 'I' then 'INSERT' when 'U' then 'UPDATE' else 'DELETE' end,
-                    'schema', c.schema_name,
-                    'table', c.table_name,
-                    'record', case when e.op = 'D' then null else e.payload end,
-                    'old_record', case e.op when 'U' then e.old_payload when 'D' then e.payload end)
-           end,
+           ferry._envelope(e.op, e.payload, e.old_payload, c.schema_name, c.table_name),
            e.headers, e.created_at
     from ferry.events e left join ferry.captures c on c.id = e.capture
     where e.id = lookup_event.event_id
