@@ -199,9 +199,10 @@ begin
 end $$;
 
 -- The payload readers see: a captured row (op set) in its Supabase envelope,
--- a published event as stored. Inlined into the queries that call it.
+-- a published event as stored. STABLE like jsonb_build_object, so that it is
+-- inlined into the queries that call it (an IMMUTABLE one would not be).
 create function ferry._envelope(op "char", payload jsonb, old_payload jsonb, schema_name text, table_name text)
-returns jsonb language sql immutable as $$
+returns jsonb language sql stable as $$
     select case when op is null then payload
                 else jsonb_build_object(
                     'type', case op when 'I' then 'INSERT' when 'U' then 'UPDATE' else 'DELETE' end,
