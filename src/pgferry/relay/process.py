@@ -31,6 +31,8 @@ class RelaySettings:
     #: keep-alive connections per endpoint
     pool_size: int = 64
     db_pool_size: int = 10
+    #: deadlines for silent database connections (see db.Liveness)
+    liveness: db.Liveness = field(default_factory=db.Liveness)
 
 
 class Relay:
@@ -43,7 +45,7 @@ class Relay:
 
     async def check(self) -> int:
         """Fail fast, with the fix in the message, if the database is unusable."""
-        conn = await db.connect(self.url)
+        conn = await db.connect(self.url, command_timeout=self.settings.liveness.command_timeout)
         try:
             version = await check_installed(conn)
             max_body = await conn.fetchval(sql.query("max_body_bytes"))
@@ -70,6 +72,7 @@ class Relay:
                 name="ticker",
                 retry_interval=self.settings.leader_retry_interval,
                 on_change=changed,
+                liveness=self.settings.liveness,
             )
         ]
         pool = sender = webhooks = None
@@ -78,11 +81,13 @@ class Relay:
             # crash loses such a commit, the batch's cursor move is lost with it
             # and the batch is sent again (at-least-once, same webhook-ids), so
             # nothing is lost, and a delivery round saves an fsync.
+            pool_kwargs = self.settings.liveness.connect_kwargs("pgferry delivery", holds_locks=False)
             pool = await db.create_pool(
                 self.url,
                 min_size=1,
                 max_size=self.settings.db_pool_size,
-                server_settings={"application_name": "pgferry delivery", "synchronous_commit": "off"},
+                server_settings={**pool_kwargs["server_settings"], "synchronous_commit": "off"},
+                command_timeout=pool_kwargs["command_timeout"],
             )
             sender = HttpSender(pool_size=self.settings.pool_size)
             webhooks = FastSender(pool_size=self.settings.pool_size)
@@ -93,7 +98,7 @@ class Relay:
                 global_limit=asyncio.Semaphore(self.settings.max_in_flight),
                 max_body_bytes=max_body_bytes,
             )
-            jobs.append(Ownership(self.url, ctx, self.settings.ownership).run(stop))
+            jobs.append(Ownership(self.url, ctx, self.settings.ownership, self.settings.liveness).run(stop))
         try:
             await asyncio.gather(*jobs)
         finally:
@@ -102,5 +107,11 @@ class Relay:
             if webhooks is not None:
                 await webhooks.close()
             if pool is not None:
-                await pool.close()
+                # close() waits for every connection to be given back; one stuck on a
+                # silent network must not keep the process from exiting.
+                try:
+                    await asyncio.wait_for(pool.close(), self.settings.liveness.command_timeout)
+                except TimeoutError:
+                    log.warning("delivery: database connections did not close in time; dropping them")
+                    pool.terminate()
         log.info("relay stopped")

@@ -1,0 +1,124 @@
+"""The relay's connections to PostgreSQL cut or black-holed under load (relay -> proxy -> PostgreSQL).
+
+The publisher and the counting use direct connections; only the relay goes
+through the proxy, so the fault hits the relay alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import asyncpg
+
+from pgferry.db import Liveness
+from pgferry.embedded import EmbeddedPostgres
+from pgferry.receiver import Receiver
+from pgferry.relay.process import RelaySettings
+from tests.delivery.conftest import FAST, RunningRelay
+from tests.faults.conftest import Load, MakeReceiver, received_ids, settle
+from tests.faults.proxy import FaultProxy
+from tests.helpers import eventually
+
+#: Timeouts short enough for a test: a statement gets 2 s, a lock-holding session
+#: that stops talking is ended by PostgreSQL after 3 s.
+QUICK = dataclasses.replace(FAST, liveness=Liveness(command_timeout=2.0, session_timeout=3.0))
+
+
+async def _delivered_after(receiver: Receiver, load: Load, mark: int, timeout: float) -> float:
+    """Seconds until an event published after ``mark`` (an index into load.acked) is received."""
+    started = time.monotonic()
+
+    async def moved() -> bool:
+        fresh = set(load.acked[mark:])
+        return bool(fresh & set(received_ids([receiver])))
+
+    await eventually(moved, timeout=timeout, what="deliveries of events published after the fault")
+    return time.monotonic() - started
+
+
+async def _relay_via_proxy(
+    pg: EmbeddedPostgres, db_url: str, proxies: object, settings: RelaySettings
+) -> tuple[FaultProxy, RunningRelay]:
+    proxy: FaultProxy = await proxies(pg.port)  # type: ignore[operator]
+    return proxy, RunningRelay(proxy.url_for(db_url), settings)
+
+
+async def test_relay_db_connections_cut_repeatedly_lose_nothing(
+    pg: EmbeddedPostgres, db_url: str, conn: asyncpg.Connection, receiver_factory: MakeReceiver, proxies: object
+) -> None:
+    receiver, url = await receiver_factory()
+    await conn.execute("select ferry.subscribe('hook', array['s'], $1, retry_base_ms => 50, retry_max_ms => 500)", url)
+    proxy, relay = await _relay_via_proxy(pg, db_url, proxies, QUICK)
+    load = Load(db_url).start()
+    recoveries = []
+    try:
+        await eventually(lambda: _received(receiver, 100), timeout=20, what="first deliveries")
+        for i in range(4):
+            proxy.cut(rst=i % 2 == 0)  # RST, then FIN, alternately
+            recoveries.append(await _delivered_after(receiver, load, len(load.acked), timeout=20))
+        await load.stop()
+        tally = await settle(conn, [receiver], acked=load.acked, timeout=30)
+    finally:
+        await load.stop()
+        await relay.stop()
+    print(f"db link cut x4: {tally}, recovery {max(recoveries):.2f} s max, cut links {proxy.cuts}")
+    assert tally.committed > 300 and not tally.lost and tally.dead == 0
+    assert proxy.cuts >= 8  # each cut really ended the relay's connections
+
+
+async def test_relay_db_connections_blackholed_recover_by_themselves(
+    pg: EmbeddedPostgres, db_url: str, conn: asyncpg.Connection, receiver_factory: MakeReceiver, proxies: object
+) -> None:
+    receiver, url = await receiver_factory()
+    await conn.execute("select ferry.subscribe('hook', array['s'], $1, retry_base_ms => 50, retry_max_ms => 500)", url)
+    proxy, relay = await _relay_via_proxy(pg, db_url, proxies, QUICK)
+    load = Load(db_url).start()
+    try:
+        await eventually(lambda: _received(receiver, 100), timeout=20, what="first deliveries")
+        # Every connection of the relay goes silent mid-conversation; PostgreSQL still
+        # sees its backends (and the locks they hold) alive: a network partition.
+        proxy.blackhole()
+        await asyncio.sleep(1.0)
+        proxy.resume()
+        resumed = time.monotonic()
+        recovery = await _delivered_after(receiver, load, len(load.acked), timeout=40)
+        await load.stop()
+        tally = await settle(conn, [receiver], acked=load.acked, timeout=30)
+        stop_started = time.monotonic()
+    finally:
+        await load.stop()
+        await relay.stop()
+    stopped_in = time.monotonic() - stop_started
+    print(f"db link black-holed: {tally}, delivering again {recovery:.1f} s after the network healed "
+          f"({time.monotonic() - resumed:.1f} s to settle), relay stopped in {stopped_in:.1f} s")  # fmt: skip
+    assert tally.committed > 200 and not tally.lost and tally.dead == 0
+
+
+async def test_relay_db_connections_stalled_briefly_carry_on(
+    pg: EmbeddedPostgres, db_url: str, conn: asyncpg.Connection, receiver_factory: MakeReceiver, proxies: object
+) -> None:
+    receiver, url = await receiver_factory()
+    await conn.execute("select ferry.subscribe('hook', array['s'], $1)", url)
+    proxy, relay = await _relay_via_proxy(pg, db_url, proxies, QUICK)
+    load = Load(db_url).start()
+    try:
+        await eventually(lambda: _received(receiver, 100), timeout=20, what="first deliveries")
+        accepted = proxy.accepted
+        proxy.stall()  # shorter than the command timeout: a hiccup, not a failure
+        await asyncio.sleep(1.0)
+        proxy.resume()
+        recovery = await _delivered_after(receiver, load, len(load.acked), timeout=20)
+        await load.stop()
+        tally = await settle(conn, [receiver], acked=load.acked, timeout=30)
+    finally:
+        await load.stop()
+        await relay.stop()
+    print(f"db link stalled 1 s: {tally}, delivering again {recovery:.2f} s after")
+    assert tally.committed > 200 and not tally.lost and tally.duplicates == 0
+    assert proxy.accepted == accepted  # rode it out on the same connections
+
+
+async def _received(receiver: Receiver, n: int) -> bool:
+    return len(receiver.received) >= n
