@@ -104,7 +104,10 @@ def run(database_url: str | None, tick_interval: float, idle_poll_interval: floa
     from pgferry.log.ticker import TickerSettings
     from pgferry.relay.process import Relay, RelaySettings
 
-    settings = RelaySettings(ticker=TickerSettings(busy_interval=tick_interval, idle_interval=idle_poll_interval))
+    try:
+        settings = RelaySettings(ticker=TickerSettings(busy_interval=tick_interval, idle_interval=idle_poll_interval))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
 
     async def go(url: str, demo: bool) -> None:
         # Long-lived objects made at startup never need collecting; freezing them

@@ -54,8 +54,10 @@ class Liveness:
       frees the locks of a relay that was cut off.
     """
 
-    command_timeout: float = 20.0
-    session_timeout: float = 20.0
+    command_timeout: float = 10.0
+    #: longer than command_timeout plus the relay's longest healthy pause (claim_interval):
+    #: a relay cut off gives up on its locks before PostgreSQL hands them to another relay
+    session_timeout: float = 30.0
 
     def connect_kwargs(self, application_name: str, *, holds_locks: bool) -> dict[str, Any]:
         """Keyword arguments for :func:`connect` / :func:`create_pool`."""

@@ -11,6 +11,7 @@ import dataclasses
 import time
 
 import asyncpg
+import pytest
 
 from pgferry.db import Liveness
 from pgferry.embedded import EmbeddedPostgres
@@ -122,3 +123,36 @@ async def test_relay_db_connections_stalled_briefly_carry_on(
 
 async def _received(receiver: Receiver, n: int) -> bool:
     return len(receiver.received) >= n
+
+
+async def test_healthy_relay_sessions_outlive_the_session_timeout(
+    db_url: str, conn: asyncpg.Connection, receiver_factory: MakeReceiver
+) -> None:
+    """idle_session_timeout must only ever end silent sessions: a healthy, idle relay keeps
+    its lock-holding sessions (and so its leadership and subscriptions) well past it."""
+    _, url = await receiver_factory()
+    await conn.execute("select ferry.subscribe('hook', array['s'], $1)", url)
+    relay = RunningRelay(db_url, QUICK)
+    query = (
+        "select pid from pg_stat_activity where datname = current_database()"
+        " and application_name in ('pgferry relay', 'pgferry ticker')"
+    )
+    try:
+
+        async def both() -> bool:
+            return len(await conn.fetch(query)) == 2
+
+        await eventually(both, timeout=10, what="the relay's ownership and ticker sessions")
+        before = {r["pid"] for r in await conn.fetch(query)}
+        await asyncio.sleep(2.5 * QUICK.liveness.session_timeout)
+        after = {r["pid"] for r in await conn.fetch(query)}
+    finally:
+        await relay.stop()
+    assert before == after
+
+
+def test_relay_settings_refuse_a_session_timeout_a_healthy_relay_would_hit() -> None:
+    with pytest.raises(ValueError, match="claim_interval"):
+        RelaySettings(liveness=Liveness(command_timeout=2, session_timeout=3))  # claim_interval 2 s
+    with pytest.raises(ValueError, match="command_timeout"):
+        dataclasses.replace(QUICK, liveness=Liveness(command_timeout=3, session_timeout=3))

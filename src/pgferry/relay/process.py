@@ -34,6 +34,22 @@ class RelaySettings:
     #: deadlines for silent database connections (see db.Liveness)
     liveness: db.Liveness = field(default_factory=db.Liveness)
 
+    def __post_init__(self) -> None:
+        live = self.liveness
+        # PostgreSQL ends lock-holding sessions silent for session_timeout: a healthy
+        # relay must speak more often than that, and a cut-off one must stop delivering
+        # (command_timeout after its last round) before its locks can pass to another.
+        pauses = {
+            "ownership claim_interval": self.ownership.claim_interval,
+            "ticker idle_interval": self.ticker.idle_interval,
+            "leader_retry_interval": self.leader_retry_interval,
+        }
+        for name, seconds in pauses.items():
+            if seconds * 2 >= live.session_timeout:
+                raise ValueError(f"{name} ({seconds:g} s) must be under half the session timeout")
+        if live.command_timeout + self.ownership.claim_interval >= live.session_timeout:
+            raise ValueError("session_timeout must exceed command_timeout + claim_interval")
+
 
 class Relay:
     """One relay process. Several may run against one database; one of them ticks."""
