@@ -99,13 +99,37 @@ def install(database_url: str | None, pg_net: bool) -> None:
 @click.option("--tick-interval", default=0.01, show_default=True, help="Seconds between tick checks while busy.")
 @click.option("--idle-poll-interval", default=0.5, show_default=True, help="Longest wait between tick checks.")
 @click.option("--exit-after", type=float, help="Stop by itself after this many seconds.")
-def run(database_url: str | None, tick_interval: float, idle_poll_interval: float, exit_after: float | None) -> None:
+@click.option(
+    "--db-command-timeout",
+    default=db.Liveness.command_timeout,
+    show_default=True,
+    type=click.FloatRange(0.1),
+    help="Seconds a relay statement may wait for its answer before the connection is dropped and remade.",
+)
+@click.option(
+    "--db-session-timeout",
+    default=db.Liveness.session_timeout,
+    show_default=True,
+    type=click.FloatRange(1),
+    help="Seconds after which PostgreSQL ends a silent lock-holding relay session (frees a cut-off relay's locks).",
+)
+def run(
+    database_url: str | None,
+    tick_interval: float,
+    idle_poll_interval: float,
+    exit_after: float | None,
+    db_command_timeout: float,
+    db_session_timeout: float,
+) -> None:
     """Run the relay. Without a database URL: a throwaway PostgreSQL and a demo."""
     from pgferry.log.ticker import TickerSettings
     from pgferry.relay.process import Relay, RelaySettings
 
     try:
-        settings = RelaySettings(ticker=TickerSettings(busy_interval=tick_interval, idle_interval=idle_poll_interval))
+        settings = RelaySettings(
+            ticker=TickerSettings(busy_interval=tick_interval, idle_interval=idle_poll_interval),
+            liveness=db.Liveness(command_timeout=db_command_timeout, session_timeout=db_session_timeout),
+        )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import subprocess
 import time
 
 import asyncpg
@@ -156,3 +157,14 @@ def test_relay_settings_refuse_a_session_timeout_a_healthy_relay_would_hit() -> 
         RelaySettings(liveness=Liveness(command_timeout=2, session_timeout=3))  # claim_interval 2 s
     with pytest.raises(ValueError, match="command_timeout"):
         dataclasses.replace(QUICK, liveness=Liveness(command_timeout=3, session_timeout=3))
+
+
+def test_run_refuses_a_session_timeout_shorter_than_the_command_timeout(pgferry_cmd: list[str]) -> None:
+    done = subprocess.run(
+        [*pgferry_cmd, "run", "--db-session-timeout", "5", "--database-url", "postgresql://x@127.0.0.1:1/x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and "session_timeout must exceed command_timeout" in done.stderr
