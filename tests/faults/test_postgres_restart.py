@@ -1,4 +1,4 @@
-"""PostgreSQL restarted (fast, then immediate = crash) while writers publish and the relay delivers.
+"""PostgreSQL restarted (fast, immediate = crash) and down for a while, as writers publish and the relay delivers.
 
 tests/delivery/test_relay_faults.py restarts an idle-ish server once per mode
 between publishes; here the writers keep publishing through the restarts,
@@ -20,7 +20,7 @@ from tests.faults.conftest import Load, MakeReceiver, received_ids, settle
 from tests.helpers import eventually
 
 
-async def test_postgres_fast_and_immediate_restarts_under_load(receiver_factory: MakeReceiver) -> None:
+async def test_postgres_restarts_and_outage_under_load(receiver_factory: MakeReceiver) -> None:
     server = EmbeddedPostgres(settings={"fsync": "on"})  # a crash must not lose acknowledged commits
     server.start()
     relay: RunningRelay | None = None
@@ -36,10 +36,15 @@ async def test_postgres_fast_and_immediate_restarts_under_load(receiver_factory:
         relay = RunningRelay(server.url)
         load = Load(server.url).start()
         recoveries: dict[str, float] = {}
-        for mode in ("fast", "immediate", "fast", "immediate"):
+        for mode in ("fast", "immediate", "fast", "immediate", "down 5 s"):
             target = len(receiver.received) + 100
             await eventually(lambda: _received(receiver, target), timeout=30, what="deliveries")  # noqa: B023
-            await asyncio.to_thread(server.restart, mode)
+            if mode == "down 5 s":  # long enough for the relay's reconnect backoff to grow
+                await asyncio.to_thread(server.stop, "immediate")
+                await asyncio.sleep(5)
+                await asyncio.to_thread(server.start)
+            else:
+                await asyncio.to_thread(server.restart, mode)
             back = time.monotonic()
             mark = len(load.acked)
 
@@ -61,10 +66,12 @@ async def test_postgres_fast_and_immediate_restarts_under_load(receiver_factory:
         if relay is not None:
             await relay.stop()
         server.destroy()
-    print(f"PostgreSQL restarted fast, immediate, fast, immediate under load: {tally}; delivering again "
-          + ", ".join(f"{m} {s:.1f} s" for m, s in recoveries.items()) + " after the server was back")  # fmt: skip
+    back_in = ", ".join(f"{m} {s:.1f} s" for m, s in recoveries.items())
+    print(f"PostgreSQL restarted fast, immediate, fast, immediate, then down 5 s, under load: {tally}; "
+          f"delivering again {back_in} after the server was back")  # fmt: skip
     assert tally.committed > 400 and not tally.lost and tally.dead == 0
     assert load.failed_rounds > 0  # the writers really were cut off by the restarts
+    assert recoveries["down 5 s"] < 4  # the reconnect backoff stays short (it was 6.2 s with a 10 s cap)
 
 
 async def _received(receiver: Receiver, n: int) -> bool:

@@ -50,7 +50,7 @@ async def lead(
             conn = await db.connect(url, **connect_kwargs)
         except DatabaseUnreachable as exc:
             failures += 1
-            delay = backoff_delay(failures, base=0.2)
+            delay = backoff_delay(failures, base=0.2, cap=db.RECONNECT_BACKOFF_CAP)
             log.warning("%s: %s; retrying in %.1f s", name, exc, delay)
             await wait_for_event(stop, delay)
             continue

@@ -76,7 +76,7 @@ class Ownership:
                 conn = await db.connect(self.url, **self.connect_kwargs)
             except CONNECTION_ERRORS as exc:
                 failures += 1
-                delay = backoff_delay(failures, base=0.2)
+                delay = backoff_delay(failures, base=0.2, cap=db.RECONNECT_BACKOFF_CAP)
                 log.warning("delivery: %s; retrying in %.1f s", exc, delay)
                 await wait_for_event(stop, delay)
                 continue
