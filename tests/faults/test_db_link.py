@@ -168,3 +168,53 @@ def test_run_refuses_a_session_timeout_shorter_than_the_command_timeout(pgferry_
         check=False,
     )
     assert done.returncode == 2 and "session_timeout must exceed command_timeout" in done.stderr
+
+
+async def test_relay_partitioned_from_postgres_hands_over_to_a_healthy_relay(
+    pg: EmbeddedPostgres, db_url: str, conn: asyncpg.Connection, receiver_factory: MakeReceiver, proxies: object
+) -> None:
+    """Relay A reaches PostgreSQL through the proxy, relay B directly. A is cut off for good
+    (black hole, never healed): its sessions go silent but stay open on the server. B must end
+    up delivering A's subscriptions too, and nothing may be lost."""
+    receivers: dict[str, Receiver] = {}
+    for name in ("a", "b"):
+        receivers[name], url = await receiver_factory()
+        await conn.execute(
+            "select ferry.subscribe($1, array['s'], $2, retry_base_ms => 50, retry_max_ms => 500)", name, url
+        )
+    proxy, partitioned = await _relay_via_proxy(pg, db_url, proxies, QUICK)
+    healthy = RunningRelay(db_url, QUICK)
+    load = Load(db_url).start()
+
+    async def owners() -> list[set[str]]:
+        rows = await conn.fetch("select owned from ferry.relays where heartbeat_at > now() - interval '1 second'")
+        return [set(r["owned"]) for r in rows if r["owned"]]
+
+    async def spread() -> bool:
+        return sorted(map(len, await owners())) == [1, 1]
+
+    async def healthy_owns_all() -> bool:
+        return await owners() == [set(receivers)]
+
+    try:
+        await eventually(spread, timeout=20, what="one subscription per relay")
+        proxy.blackhole()
+        cut_at = time.monotonic()
+        await eventually(healthy_owns_all, timeout=30, what="the healthy relay to own both subscriptions")
+        took_over = time.monotonic() - cut_at
+        await asyncio.sleep(0.5)
+        await load.stop()
+        tallies = {
+            name: await settle(conn, [rec], acked=load.acked, subscription=name, timeout=30)
+            for name, rec in receivers.items()
+        }
+    finally:
+        await load.stop()
+        await healthy.stop()
+        await partitioned.stop()
+    for name, tally in tallies.items():
+        print(f"relay partitioned from PostgreSQL, subscription {name}: {tally}; "
+              f"the healthy relay owned everything {took_over:.1f} s after the cut")  # fmt: skip
+        assert tally.committed > 300 and not tally.lost and tally.dead == 0
+    # PostgreSQL ended the silent sessions after session_timeout; the handover cannot be faster.
+    assert QUICK.liveness.session_timeout <= took_over < 15
