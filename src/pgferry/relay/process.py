@@ -49,6 +49,8 @@ class RelaySettings:
                 raise ValueError(f"{name} ({seconds:g} s) must be under half the session timeout")
         if live.command_timeout + self.ownership.claim_interval >= live.session_timeout:
             raise ValueError("session_timeout must exceed command_timeout + claim_interval")
+        if self.ownership.stop_grace >= live.session_timeout:  # the ownership connection waits that long
+            raise ValueError("session_timeout must exceed the ownership stop_grace")
 
 
 class Relay:
