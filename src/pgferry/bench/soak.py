@@ -105,6 +105,7 @@ class Sample:
     dead: int
     parked: int
     cursor_age_s: float
+    p50_ms: float
     p99_ms: float
     relay_rss_mb: float
     relay_cpu_pct: float
@@ -214,6 +215,7 @@ async def run_soak(url: str, settings: SoakSettings) -> bool:
                         dead=row["dead"],
                         parked=row["parked"],
                         cursor_age_s=float(row["cursor_age_s"] or 0.0),
+                        p50_ms=percentile(lat, 50),
                         p99_ms=percentile(lat, 99),
                         relay_rss_mb=_proc_rss_mb(proc.pid),
                         relay_cpu_pct=100 * (cpu - last_cpu) / max(1e-9, now - last_at),
@@ -269,21 +271,25 @@ def _print(
     dead: set[int],
     receiver: Receiver,
 ) -> None:
-    headers = ["min", "published", "delivered", "dead", "parked", "lag s", "p99 ms", "relay RSS MB",
+    headers = ["min", "published", "delivered", "dead", "parked", "lag s", "p50 ms", "p99 ms", "relay RSS MB",
                "relay CPU", "relay sockets", "relay sessions", "receiver conns", "attempt rows", "db MB"]  # fmt: skip
     rows = [
         [f"{s.elapsed_s / 60:.1f}", num(s.published), num(s.delivered), num(s.dead), num(s.parked),
-         f"{s.cursor_age_s:.1f}", num(s.p99_ms), f"{s.relay_rss_mb:.1f}", f"{s.relay_cpu_pct:.0f}%",
+         f"{s.cursor_age_s:.1f}", num(s.p50_ms), num(s.p99_ms), f"{s.relay_rss_mb:.1f}", f"{s.relay_cpu_pct:.0f}%",
          str(s.relay_sockets), str(s.relay_sessions), str(s.receiver_conns), num(s.attempt_rows), f"{s.db_mb:.1f}"]
         for s in samples
     ]  # fmt: skip
     click.echo(
         f"soak: {settings.minutes:g} min at {settings.rate:g} events/s, receiver failing "
-        f"{settings.failure_rate:.0%} of requests + 1 event in {POISON_EVERY} always; "
+        f"{settings.failure_rate:.0%} of requests + 1 event in {POISON_EVERY} always; latency = publish to first "
+        "2xx (retries included); "
         f"rotation every {settings.rotation_interval}, attempts kept {settings.attempts_retention}"
     )
     click.echo(table(headers, rows))
-    steady = samples[min(2, len(samples) - 1)]  # after warm-up (first rotation, pools filled)
+    # After warm-up (pools filled, first rotations, attempt history at its retained size):
+    # the sample nearest a quarter of the run, and at least two minutes in.
+    warm = max(120.0, samples[-1].elapsed_s / 4)
+    steady = min(samples, key=lambda s: abs(s.elapsed_s - warm))
     points = (samples[0], steady, samples[-1])
     click.echo(
         table(
