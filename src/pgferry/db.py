@@ -29,9 +29,14 @@ CONNECT_TIMEOUT_S = 10.0
 RECONNECT_BACKOFF_CAP = 2.0
 
 #: Errors after which a long-running loop reconnects (with backoff) instead of failing.
+#: InternalClientError is among them: when the server ends a session on its own (a
+#: shutdown or restart sends FATAL to idle connections), a query sent in that moment
+#: fails with "cannot switch to state ...; another operation (2) is in progress" and the
+#: connection is gone (seen in tests/faults/test_postgres_restart.py).
 CONNECTION_ERRORS = (
     OSError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     asyncpg.PostgresConnectionError,
     asyncpg.AdminShutdownError,
     asyncpg.CannotConnectNowError,
