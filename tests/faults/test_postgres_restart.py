@@ -61,11 +61,13 @@ async def test_postgres_restarts_and_outage_under_load(receiver_factory: MakeRec
             await conn.close()
         tally.notes["publish rounds failed"] = load.failed_rounds
     finally:
-        if load is not None:
-            await load.stop()
-        if relay is not None:
-            await relay.stop()
-        server.destroy()
+        try:  # the server goes away whatever the load or the relay raise on the way out
+            if load is not None:
+                await load.stop()
+            if relay is not None:
+                await relay.stop()
+        finally:
+            server.destroy()
     back_in = ", ".join(f"{m} {s:.1f} s" for m, s in recoveries.items())
     print(f"PostgreSQL restarted fast, immediate, fast, immediate, then down 5 s, under load: {tally}; "
           f"delivering again {back_in} after the server was back")  # fmt: skip
