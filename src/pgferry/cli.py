@@ -140,6 +140,20 @@ def install(database_url: str | None, pg_net: bool) -> None:
     envvar="PGFERRY_DASHBOARD_TOKEN",
     help="Token the dashboard asks for (required when it binds to a non-loopback address).",
 )
+@click.option(
+    "--db-command-timeout",
+    default=db.Liveness.command_timeout,
+    show_default=True,
+    type=click.FloatRange(0.1),
+    help="Seconds a relay statement may wait for its answer before the connection is dropped and remade.",
+)
+@click.option(
+    "--db-session-timeout",
+    default=db.Liveness.session_timeout,
+    show_default=True,
+    type=click.FloatRange(1),
+    help="Seconds after which PostgreSQL ends a silent lock-holding relay session (frees a cut-off relay's locks).",
+)
 @click.pass_context
 def run(
     ctx: click.Context,
@@ -155,6 +169,8 @@ def run(
     dashboard_token: str | None,
     strict_addresses: bool,
     allow_addresses: tuple[str, ...],
+    db_command_timeout: float,
+    db_session_timeout: float,
 ) -> None:
     """Run the relay. Without a database URL: a throwaway PostgreSQL and a demo."""
     from pgferry.delivery.addresses import AddressPolicy, parse_networks
@@ -166,15 +182,19 @@ def run(
         policy = AddressPolicy(strict=strict_addresses, allow=parse_networks(allow_addresses))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--allow-address") from exc
-    settings = RelaySettings(
-        ticker=TickerSettings(busy_interval=tick_interval, idle_interval=idle_poll_interval),
-        addresses=policy,
-        metrics_port=metrics_port,
-        metrics_host=metrics_host,
-        dashboard_port=dashboard_port,
-        dashboard_host=dashboard_host,
-        dashboard_token=dashboard_token,
-    )
+    try:
+        settings = RelaySettings(
+            ticker=TickerSettings(busy_interval=tick_interval, idle_interval=idle_poll_interval),
+            liveness=db.Liveness(command_timeout=db_command_timeout, session_timeout=db_session_timeout),
+            addresses=policy,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            dashboard_port=dashboard_port,
+            dashboard_host=dashboard_host,
+            dashboard_token=dashboard_token,
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
     if dashboard_port is not None:
         from pgferry.ops.web import check_dashboard_binding
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -21,15 +22,61 @@ URL_ENV_VAR = "PGFERRY_DATABASE_URL"
 CONNECT_TIMEOUT_S = 10.0
 
 
+#: Longest wait between the relay's attempts to reconnect. A refused connection
+#: costs PostgreSQL nothing, and the relay delivers nothing until it is back, so
+#: the backoff stays short: with the former 10 s cap, delivery resumed 6.2 s after
+#: a 5 s outage ended (tests/faults/test_postgres_restart.py); with 2 s, 0.5-0.7 s.
+RECONNECT_BACKOFF_CAP = 2.0
+
 #: Errors after which a long-running loop reconnects (with backoff) instead of failing.
+#: InternalClientError is among them: when the server ends a session on its own (a
+#: shutdown or restart sends FATAL to idle connections), a query sent in that moment
+#: fails with "cannot switch to state ...; another operation (2) is in progress" and the
+#: connection is gone (seen in tests/faults/test_postgres_restart.py).
 CONNECTION_ERRORS = (
     OSError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     asyncpg.PostgresConnectionError,
     asyncpg.AdminShutdownError,
     asyncpg.CannotConnectNowError,
     DatabaseUnreachable,
 )
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """How long a relay connection may go silent before someone gives up on it, on both ends.
+
+    A connection that is cut is noticed at once (an error on the next read or
+    write). One that goes *silent* is not: behind a network partition, a stuck
+    proxy or a failed-over address, a query waits for its answer forever, and
+    PostgreSQL keeps the backend on the other end alive with the session
+    advisory locks it holds (the ticker's, the subscriptions'), so no other
+    relay can take over either. TCP keepalives do not help when the silent hop
+    is a proxy that still acknowledges packets. So both ends set a deadline:
+
+    * the relay gives every statement ``command_timeout`` seconds, then drops
+      the connection and reconnects (asyncpg's ``command_timeout``);
+    * PostgreSQL ends a lock-holding relay session that has been idle for
+      ``session_timeout`` seconds (``idle_session_timeout``; those sessions
+      speak every few seconds when healthy), and any relay session idle inside
+      a transaction that long (``idle_in_transaction_session_timeout``), which
+      frees the locks of a relay that was cut off.
+    """
+
+    command_timeout: float = 10.0
+    #: longer than command_timeout plus the relay's longest healthy pause (claim_interval):
+    #: a relay cut off gives up on its locks before PostgreSQL hands them to another relay
+    session_timeout: float = 30.0
+
+    def connect_kwargs(self, application_name: str, *, holds_locks: bool) -> dict[str, Any]:
+        """Keyword arguments for :func:`connect` / :func:`create_pool`."""
+        idle_ms = str(max(1, round(self.session_timeout * 1000)))
+        settings = {"application_name": application_name, "idle_in_transaction_session_timeout": idle_ms}
+        if holds_locks:
+            settings["idle_session_timeout"] = idle_ms
+        return {"command_timeout": self.command_timeout, "server_settings": settings}
 
 
 def redact(url: str) -> str:
@@ -42,6 +89,13 @@ def redact(url: str) -> str:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def describe(exc: BaseException) -> str:
+    """Why a connection was given up, for the log (a timeout's own text is empty)."""
+    if isinstance(exc, TimeoutError):
+        return "no answer in time (command_timeout)"
+    return str(exc) or type(exc).__name__
 
 
 def check_url(url: str) -> None:
@@ -134,6 +188,7 @@ async def create_pool(
     max_size: int = 10,
     server_settings: dict[str, str] | None = None,
     stateless: bool = False,
+    command_timeout: float | None = None,
 ) -> asyncpg.Pool:
     """Open a connection pool, or raise DatabaseUnreachable saying why not.
 
@@ -149,6 +204,7 @@ async def create_pool(
             init=init_connection,
             server_settings=server_settings,
             reset=rollback_if_open if stateless else None,
+            command_timeout=command_timeout,
         )
     except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
         raise _explain(url, exc) from exc

@@ -2,7 +2,7 @@
 
 Written on asyncio's Protocol API rather than a web framework so a test can
 make it misbehave exactly (answer 500, drop the connection, hang, answer
-garbage) and so that, in benchmarks, it is not the bottleneck. It speaks
+garbage, answer slowly, close after the headers) and so that, in benchmarks, it is not the bottleneck. It speaks
 just enough HTTP/1.1: keep-alive, Content-Length bodies.
 """
 
@@ -48,10 +48,21 @@ class Garbage:
 
 @dataclass(frozen=True, slots=True)
 class CutBody:
-    """Answer headers promising a body, send part of it, then close."""
+    """Answer headers promising a body, send ``body_bytes`` of it (0: close right after the headers)."""
+
+    body_bytes: int = 100
 
 
-Action = Respond | Drop | Hang | Garbage | CutBody
+@dataclass(frozen=True, slots=True)
+class Slow:
+    """Answer ``then`` only after ``seconds`` (a slow receiver). If the client gave up and
+    closed meanwhile, nothing is answered and nothing counts as received."""
+
+    seconds: float
+    then: Respond = Respond()
+
+
+Action = Respond | Drop | Hang | Garbage | CutBody | Slow
 Behaviour = Callable[[Received], Action]
 
 _REASONS = {200: "OK", 201: "Created", 204: "No Content", 302: "Found", 400: "Bad Request", 410: "Gone",
@@ -106,19 +117,26 @@ class _Protocol(asyncio.Protocol):
         self.receiver.stats.requests += 1
         action = self.receiver.behaviour(request)
         if isinstance(action, Respond):
-            if self.receiver.keep and 200 <= action.status < 300:
-                self.receiver.received.append(request)
-            extra = "".join(f"{k}: {v}\r\n" for k, v in action.headers)
-            reason = _REASONS.get(action.status, "Status")
-            self.transport.write(
-                f"HTTP/1.1 {action.status} {reason}\r\ncontent-length: {len(action.body)}\r\n{extra}\r\n".encode()
-                + action.body
-            )
+            self._respond(self.transport, request, action)
+        elif isinstance(action, Slow):
+            # Requests on one connection are answered in order: stop reading until this one is.
+            transport, self.transport = self.transport, None
+            transport.pause_reading()
+
+            def later() -> None:
+                if transport.is_closing():
+                    return
+                self._respond(transport, request, action.then)
+                self.transport = transport
+                transport.resume_reading()
+                self.data_received(b"")
+
+            asyncio.get_running_loop().call_later(action.seconds, later)
         elif isinstance(action, Drop):
             self.transport.close()
             self.transport = None
         elif isinstance(action, CutBody):
-            self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n" + b"x" * 100)
+            self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n" + b"x" * action.body_bytes)
             self.transport.close()
             self.transport = None
         elif isinstance(action, Garbage):
@@ -126,8 +144,18 @@ class _Protocol(asyncio.Protocol):
             self.transport.close()
             self.transport = None
         else:
-            self.transport.pause_reading()
+            # Hang: read on (and ignore) so a client that gives up and closes is noticed.
             self.transport = None
+
+    def _respond(self, transport: asyncio.Transport, request: Received, action: Respond) -> None:
+        if self.receiver.keep and 200 <= action.status < 300:
+            self.receiver.received.append(request)
+        extra = "".join(f"{k}: {v}\r\n" for k, v in action.headers)
+        reason = _REASONS.get(action.status, "Status")
+        transport.write(
+            f"HTTP/1.1 {action.status} {reason}\r\ncontent-length: {len(action.body)}\r\n{extra}\r\n".encode()
+            + action.body
+        )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None

@@ -102,36 +102,4 @@ def _has(receiver: Receiver, event_id: int):  # type: ignore[no-untyped-def]
     return check
 
 
-async def test_postgres_restart_under_delivery_loses_nothing(receiver_factory: MakeReceiver) -> None:
-    from pgferry.embedded import EmbeddedPostgres
-    from pgferry.schema import install
-    from tests.delivery.conftest import RunningRelay
-
-    server = EmbeddedPostgres(settings={"fsync": "on"})
-    server.start()
-    try:
-        conn = await pgferry.db.connect(server.url)
-        await install(conn)
-        await conn.close()
-        receiver, url = await receiver_factory()
-        relay = RunningRelay(server.url)
-        published: list[int] = []
-        try:
-            async with pgferry.connect(server.url) as ferry:
-                await ferry.subscribe("hook", ["s"], url, retry_base_ms=50, retry_max_ms=500)
-                published += await ferry.publish_many([{"stream": "s", "payload": {"n": n}} for n in range(200)])
-            for mode in ("fast", "immediate"):
-                await asyncio.to_thread(server.restart, mode)
-                async with pgferry.connect(server.url) as ferry:
-                    published += await ferry.publish_many(
-                        [{"stream": "s", "payload": {"mode": mode, "n": n}} for n in range(200)]
-                    )
-
-            async def everything() -> bool:
-                return set(published) <= set(ids_of(receiver))
-
-            await eventually(everything, timeout=60, what="every event after two PostgreSQL restarts")
-        finally:
-            await relay.stop()
-    finally:
-        server.destroy()
+# PostgreSQL restarts (fast and immediate) under delivery: tests/faults/test_postgres_restart.py.

@@ -168,7 +168,61 @@ def webhooks(database_url: str | None, scale: float, only: tuple[int, ...], time
         raise SystemExit(1)
 
 
+@click.command()
+@click.option(
+    "--database-url",
+    envvar=db.URL_ENV_VAR,
+    metavar="URL",
+    help="Server to use (a scratch database `pgferry_bench` is created on it and dropped after). "
+    "Default: a throwaway PostgreSQL with durable settings (fsync on).",
+)
+@click.option("--minutes", default=20.0, show_default=True, type=click.FloatRange(0.1), help="Minutes of load.")
+@click.option("--rate", default=200.0, show_default=True, type=click.FloatRange(1), help="Events per second.")
+@click.option("--sample-every", default=60.0, show_default=True, type=click.FloatRange(1), help="Seconds per sample.")
+@click.option("--failure-rate", default=0.07, show_default=True, type=click.FloatRange(0, 0.9),
+              help="Share of requests the receiver fails (5xx, drop, garbage, cut body, hang...).")  # fmt: skip
+@click.option("--drain-timeout", default=180.0, show_default=True, type=click.FloatRange(1),
+              help="Seconds to wait after the load for every event to be delivered or dead.")  # fmt: skip
+def soak(
+    database_url: str | None,
+    minutes: float,
+    rate: float,
+    sample_every: float,
+    failure_rate: float,
+    drain_timeout: float,
+) -> None:
+    """Moderate load against a flaky receiver for MINUTES; samples relay RSS, sockets, lag, database size
+    (exit 1 if a committed event is missing)."""
+    import uvloop
+
+    from pgferry.bench.context import BenchSettings, scratch_database
+    from pgferry.bench.soak import SoakSettings, run_soak
+
+    settings = SoakSettings(
+        minutes=minutes, rate=rate, sample_every=sample_every, failure_rate=failure_rate, drain_timeout=drain_timeout
+    )
+
+    async def go(admin_url: str) -> bool:
+        async with scratch_database(BenchSettings(), admin_url) as ctx:
+            return await run_soak(ctx.url, settings)
+
+    try:
+        if database_url:
+            ok = uvloop.run(go(database_url))
+        else:
+            from pgferry.embedded import embedded_postgres
+
+            click.echo("no --database-url: starting a throwaway PostgreSQL (durable: fsync on) ...", err=True)
+            with embedded_postgres() as pg:
+                ok = uvloop.run(go(pg.url))
+    except PgferryError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not ok:
+        raise SystemExit(1)
+
+
 def register(group: click.Group) -> None:
     """Add the bench subcommands to ``group`` (the `pgferry bench` group)."""
     group.add_command(capture)
     group.add_command(webhooks)
+    group.add_command(soak)

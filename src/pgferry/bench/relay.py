@@ -40,8 +40,9 @@ async def wait_for_lock(
 
 
 @contextlib.asynccontextmanager
-async def running_relay(url: str, *, max_seconds: float) -> AsyncIterator[None]:
-    """Run `pgferry run --database-url URL` until the block ends (and never longer than ``max_seconds``)."""
+async def running_relay(url: str, *, max_seconds: float) -> AsyncIterator[asyncio.subprocess.Process]:
+    """Run `pgferry run --database-url URL` until the block ends (and never longer than ``max_seconds``);
+    the block gets the process (the soak samples its memory and sockets)."""
     with tempfile.TemporaryDirectory(prefix="pgferry-bench-relay-") as tmp:
         log_path = Path(tmp) / "relay.log"
         with log_path.open("wb") as log_file:
@@ -62,7 +63,7 @@ async def running_relay(url: str, *, max_seconds: float) -> AsyncIterator[None]:
                     waiter.result()
                 finally:
                     await conn.close()
-                yield
+                yield proc
             finally:
                 if proc.returncode is None:
                     proc.send_signal(signal.SIGTERM)

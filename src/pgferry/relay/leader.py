@@ -35,15 +35,22 @@ async def lead(
     name: str,
     retry_interval: float = 1.0,
     on_change: Callable[[bool], None] | None = None,
+    liveness: db.Liveness | None = None,
 ) -> None:
-    """Run ``job`` whenever this process holds leadership, until ``stop`` is set."""
+    """Run ``job`` whenever this process holds leadership, until ``stop`` is set.
+
+    The connection holds the leadership lock, so it gets ``liveness`` deadlines:
+    a leader whose connection goes silent gives up within ``command_timeout``,
+    and PostgreSQL frees the lock within ``session_timeout``.
+    """
+    connect_kwargs = (liveness or db.Liveness()).connect_kwargs(f"pgferry {name}", holds_locks=True)
     failures = 0
     while not stop.is_set():
         try:
-            conn = await db.connect(url, server_settings={"application_name": f"pgferry {name}"})
+            conn = await db.connect(url, **connect_kwargs)
         except DatabaseUnreachable as exc:
             failures += 1
-            delay = backoff_delay(failures, base=0.2)
+            delay = backoff_delay(failures, base=0.2, cap=db.RECONNECT_BACKOFF_CAP)
             log.warning("%s: %s; retrying in %.1f s", name, exc, delay)
             await wait_for_event(stop, delay)
             continue
@@ -64,7 +71,7 @@ async def lead(
                     waiting_logged = True
                 await wait_for_event(stop, retry_interval)
         except CONNECTION_ERRORS as exc:
-            log.warning("%s: lost the database connection (%s); reconnecting", name, exc)
+            log.warning("%s: lost the database connection (%s); reconnecting", name, db.describe(exc))
             await wait_for_event(stop, retry_interval * random.uniform(0.5, 1.0))
         except Exception:
             # e.g. a statement_timeout or deadlock in housekeeping: step down, let

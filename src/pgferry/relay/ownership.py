@@ -55,8 +55,17 @@ class _Owned:
 
 
 class Ownership:
-    def __init__(self, url: str, ctx: DeliveryContext, settings: OwnershipSettings | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        ctx: DeliveryContext,
+        settings: OwnershipSettings | None = None,
+        liveness: db.Liveness | None = None,
+    ) -> None:
         self.url = url
+        # The ownership connection holds every subscription lock of this relay: it
+        # must neither wait forever on a silent network nor outlive us on the server.
+        self.connect_kwargs = (liveness or db.Liveness()).connect_kwargs("pgferry relay", holds_locks=True)
         self.ctx = ctx
         self.settings = settings or OwnershipSettings()
         self.relay_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -68,10 +77,10 @@ class Ownership:
         failures = 0
         while not stop.is_set():
             try:
-                conn = await db.connect(self.url, server_settings={"application_name": "pgferry relay"})
+                conn = await db.connect(self.url, **self.connect_kwargs)
             except CONNECTION_ERRORS as exc:
                 failures += 1
-                delay = backoff_delay(failures, base=0.2)
+                delay = backoff_delay(failures, base=0.2, cap=db.RECONNECT_BACKOFF_CAP)
                 log.warning("delivery: %s; retrying in %.1f s", exc, delay)
                 await wait_for_event(stop, delay)
                 continue
@@ -86,7 +95,9 @@ class Ownership:
                 await self._release_all(conn, graceful=True)
                 await conn.execute(sql.query("relay_gone"), self.relay_id)
             except CONNECTION_ERRORS as exc:
-                log.warning("delivery: lost the ownership connection (%s); stopping workers and reconnecting", exc)
+                log.warning(
+                    "delivery: lost the ownership connection (%s); stopping workers and reconnecting", db.describe(exc)
+                )
                 await wait_for_event(stop, self.settings.claim_interval)
             except Exception:
                 failures += 1

@@ -43,6 +43,26 @@ class RelaySettings:
     dashboard_port: int | None = None
     dashboard_host: str = "127.0.0.1"
     dashboard_token: str | None = None
+    #: deadlines for silent database connections (see db.Liveness)
+    liveness: db.Liveness = field(default_factory=db.Liveness)
+
+    def __post_init__(self) -> None:
+        live = self.liveness
+        # PostgreSQL ends lock-holding sessions silent for session_timeout: a healthy
+        # relay must speak more often than that, and a cut-off one must stop delivering
+        # (command_timeout after its last round) before its locks can pass to another.
+        pauses = {
+            "ownership claim_interval": self.ownership.claim_interval,
+            "ticker idle_interval": self.ticker.idle_interval,
+            "leader_retry_interval": self.leader_retry_interval,
+        }
+        for name, seconds in pauses.items():
+            if seconds * 2 >= live.session_timeout:
+                raise ValueError(f"{name} ({seconds:g} s) must be under half the session timeout")
+        if live.command_timeout + self.ownership.claim_interval >= live.session_timeout:
+            raise ValueError("session_timeout must exceed command_timeout + claim_interval")
+        if self.ownership.stop_grace >= live.session_timeout:  # the ownership connection waits that long
+            raise ValueError("session_timeout must exceed the ownership stop_grace")
 
 
 class Relay:
@@ -62,7 +82,7 @@ class Relay:
 
     async def check(self) -> int:
         """Fail fast, with the fix in the message, if the database is unusable."""
-        conn = await db.connect(self.url)
+        conn = await db.connect(self.url, command_timeout=self.settings.liveness.command_timeout)
         try:
             version = await check_installed(conn)
             max_body = await conn.fetchval(sql.query("max_body_bytes"))
@@ -90,6 +110,7 @@ class Relay:
                 name="ticker",
                 retry_interval=self.settings.leader_retry_interval,
                 on_change=changed,
+                liveness=self.settings.liveness,
             )
         ]
         pool = sender = webhooks = None
@@ -98,11 +119,13 @@ class Relay:
             # crash loses such a commit, the batch's cursor move is lost with it
             # and the batch is sent again (at-least-once, same webhook-ids), so
             # nothing is lost, and a delivery round saves an fsync.
+            pool_kwargs = self.settings.liveness.connect_kwargs("pgferry delivery", holds_locks=False)
             pool = await db.create_pool(
                 self.url,
                 min_size=1,
                 max_size=self.settings.db_pool_size,
-                server_settings={"application_name": "pgferry delivery", "synchronous_commit": "off"},
+                server_settings={**pool_kwargs["server_settings"], "synchronous_commit": "off"},
+                command_timeout=pool_kwargs["command_timeout"],
                 stateless=True,
             )
             policy = self.settings.addresses
@@ -117,7 +140,7 @@ class Relay:
                 max_body_bytes=max_body_bytes,
                 observe=self.metrics.observe_outcomes if self.metrics is not None else None,
             )
-            self.ownership = Ownership(self.url, ctx, self.settings.ownership)
+            self.ownership = Ownership(self.url, ctx, self.settings.ownership, self.settings.liveness)
             if self.metrics is not None:
                 self.ownership.observe_round = self.metrics.observe_roundtrip("relay_round")
             jobs.append(self.ownership.run(stop))
@@ -137,5 +160,11 @@ class Relay:
             if webhooks is not None:
                 await webhooks.close()
             if pool is not None:
-                await pool.close()
+                # close() waits for every connection to be given back; one stuck on a
+                # silent network must not keep the process from exiting.
+                try:
+                    await asyncio.wait_for(pool.close(), self.settings.liveness.command_timeout)
+                except TimeoutError:
+                    log.warning("delivery: database connections did not close in time; dropping them")
+                    pool.terminate()
         log.info("relay stopped")
