@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -10,6 +12,37 @@ from pgferry import db
 from pgferry.errors import PgferryError
 
 SECTION_NAMES = ("inserts", "e2e", "producers", "idle")
+
+database_url_option = click.option(
+    "--database-url",
+    envvar=db.URL_ENV_VAR,
+    metavar="URL",
+    help="Server to measure (a scratch database `pgferry_bench` is created on it and dropped after). "
+    "Default: a throwaway PostgreSQL with durable settings (fsync on).",
+)
+
+
+def _run_bench(
+    database_url: str | None,
+    bench: Callable[[str], Coroutine[Any, Any, bool]],
+    server_settings: dict[str, str] | None = None,
+) -> None:
+    """Run ``bench`` on the given server, or on a throwaway durable one; exit 1 when it says a target was missed."""
+    import uvloop
+
+    try:
+        if database_url:
+            met: bool = uvloop.run(bench(database_url))
+        else:
+            from pgferry.embedded import embedded_postgres
+
+            click.echo("no --database-url: starting a throwaway PostgreSQL (durable: fsync on) ...", err=True)
+            with embedded_postgres(server_settings) as pg:
+                met = uvloop.run(bench(pg.url))
+    except PgferryError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not met:
+        raise SystemExit(1)
 
 
 def _int_list(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -32,13 +65,7 @@ def _sections(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ..
 
 
 @click.command()
-@click.option(
-    "--database-url",
-    envvar=db.URL_ENV_VAR,
-    metavar="URL",
-    help="Server to measure (a scratch database `pgferry_bench` is created on it and dropped after). "
-    "Default: a throwaway PostgreSQL with durable settings (fsync on).",
-)
+@database_url_option
 @click.option(
     "--only",
     multiple=True,
@@ -87,8 +114,6 @@ def capture(
 
     Exits with status 1 when a target is missed.
     """
-    import uvloop
-
     from pgferry.bench.capture import run_capture_bench
     from pgferry.bench.context import BenchSettings
 
@@ -105,30 +130,12 @@ def capture(
         idle_seconds=idle_seconds,
         stat_statements=stat_statements,
     )
-    try:
-        if database_url:
-            met = uvloop.run(run_capture_bench(settings, database_url, json_out))
-        else:
-            from pgferry.embedded import embedded_postgres
-
-            click.echo("no --database-url: starting a throwaway PostgreSQL (durable: fsync on) ...", err=True)
-            extra = {"shared_preload_libraries": "pg_stat_statements"} if stat_statements else None
-            with embedded_postgres(extra) as pg:
-                met = uvloop.run(run_capture_bench(settings, pg.url, json_out))
-    except PgferryError as exc:
-        raise click.ClickException(str(exc)) from exc
-    if not met:
-        raise SystemExit(1)
+    extra = {"shared_preload_libraries": "pg_stat_statements"} if stat_statements else None
+    _run_bench(database_url, lambda url: run_capture_bench(settings, url, json_out), extra)
 
 
 @click.command()
-@click.option(
-    "--database-url",
-    envvar=db.URL_ENV_VAR,
-    metavar="URL",
-    help="Server to use (a scratch database `pgferry_bench` is created on it and dropped after). "
-    "Default: a throwaway PostgreSQL with durable settings (fsync on).",
-)
+@database_url_option
 @click.option("--scale", default=1.0, show_default=True, type=click.FloatRange(0.01),
               help="Multiply every scenario's transaction count (1.0: the seed's pgbench -c 10 -t 1000).")  # fmt: skip
 @click.option("--only", "only", multiple=True, type=click.IntRange(1, 6), help="Scenario number(s) to run (1-6).")
@@ -142,8 +149,6 @@ def capture(
 )
 def webhooks(database_url: str | None, scale: float, only: tuple[int, ...], timeout: float, rate: float | None) -> None:
     """The seed benchmark as webhooks: pgbench inserts -> capture -> relay -> receiver (exit 1 if not 100%)."""
-    import uvloop
-
     from pgferry.bench.context import BenchSettings, scratch_database
     from pgferry.bench.webhooks import print_table, run_webhooks_bench
 
@@ -153,29 +158,11 @@ def webhooks(database_url: str | None, scale: float, only: tuple[int, ...], time
         print_table(outcomes)
         return all(o.unique == o.inserted for o in outcomes)
 
-    try:
-        if database_url:
-            ok = uvloop.run(go(database_url))
-        else:
-            from pgferry.embedded import embedded_postgres
-
-            click.echo("no --database-url: starting a throwaway PostgreSQL (durable: fsync on) ...", err=True)
-            with embedded_postgres() as pg:
-                ok = uvloop.run(go(pg.url))
-    except PgferryError as exc:
-        raise click.ClickException(str(exc)) from exc
-    if not ok:
-        raise SystemExit(1)
+    _run_bench(database_url, go)
 
 
 @click.command()
-@click.option(
-    "--database-url",
-    envvar=db.URL_ENV_VAR,
-    metavar="URL",
-    help="Server to use (a scratch database `pgferry_bench` is created on it and dropped after). "
-    "Default: a throwaway PostgreSQL with durable settings (fsync on).",
-)
+@database_url_option
 @click.option("--minutes", default=20.0, show_default=True, type=click.FloatRange(0.1), help="Minutes of load.")
 @click.option("--rate", default=200.0, show_default=True, type=click.FloatRange(1), help="Events per second.")
 @click.option("--sample-every", default=60.0, show_default=True, type=click.FloatRange(1), help="Seconds per sample.")
@@ -193,8 +180,6 @@ def soak(
 ) -> None:
     """Moderate load against a flaky receiver for MINUTES; samples relay RSS, sockets, lag, database size
     (exit 1 if a committed event is missing)."""
-    import uvloop
-
     from pgferry.bench.context import BenchSettings, scratch_database
     from pgferry.bench.soak import SoakSettings, run_soak
 
@@ -206,19 +191,7 @@ def soak(
         async with scratch_database(BenchSettings(), admin_url) as ctx:
             return await run_soak(ctx.url, settings)
 
-    try:
-        if database_url:
-            ok = uvloop.run(go(database_url))
-        else:
-            from pgferry.embedded import embedded_postgres
-
-            click.echo("no --database-url: starting a throwaway PostgreSQL (durable: fsync on) ...", err=True)
-            with embedded_postgres() as pg:
-                ok = uvloop.run(go(pg.url))
-    except PgferryError as exc:
-        raise click.ClickException(str(exc)) from exc
-    if not ok:
-        raise SystemExit(1)
+    _run_bench(database_url, go)
 
 
 def register(group: click.Group) -> None:
