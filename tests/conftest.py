@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import asyncpg
@@ -16,6 +16,7 @@ import uvloop
 import pgferry
 from pgferry import db
 from pgferry.embedded import EmbeddedPostgres
+from pgferry.receiver import Behaviour, Receiver, always_ok
 from pgferry.schema import install
 
 TEMPLATE = "pgferry_template"
@@ -109,3 +110,19 @@ def pgferry_cmd() -> list[str]:
     """How to run the installed `pgferry` command in a subprocess."""
     exe = Path(sys.executable).with_name("pgferry")
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "pgferry"]
+
+
+@pytest.fixture
+async def receiver_factory() -> AsyncIterator[Callable[[Behaviour], Awaitable[tuple[Receiver, str]]]]:
+    """Start test receivers on 127.0.0.1 (``make(behaviour)`` -> receiver, URL); all stopped afterwards."""
+    started: list[Receiver] = []
+
+    async def make(behaviour: Behaviour = always_ok) -> tuple[Receiver, str]:
+        receiver = Receiver(behaviour)
+        url = await receiver.start()
+        started.append(receiver)
+        return receiver, url
+
+    yield make
+    for receiver in started:
+        await receiver.stop()

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
 from pgferry.log.ticker import TickerSettings
-from pgferry.receiver import Behaviour, Receiver, always_ok
 from pgferry.relay.ownership import OwnershipSettings
 from pgferry.relay.process import Relay, RelaySettings
 
@@ -35,18 +34,3 @@ async def relay(db_url: str) -> AsyncIterator[RunningRelay]:
     running = RunningRelay(db_url)
     yield running
     await running.stop()
-
-
-@pytest.fixture
-async def receiver_factory() -> AsyncIterator[Callable[[Behaviour], Awaitable[tuple[Receiver, str]]]]:
-    started: list[Receiver] = []
-
-    async def make(behaviour: Behaviour = always_ok) -> tuple[Receiver, str]:
-        receiver = Receiver(behaviour)
-        url = await receiver.start()
-        started.append(receiver)
-        return receiver, url
-
-    yield make
-    for receiver in started:
-        await receiver.stop()

@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from pgferry import db
-from pgferry.receiver import Behaviour, Receiver, always_ok
+from pgferry.receiver import Receiver
 from tests.faults.proxy import FaultProxy
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
@@ -155,21 +155,6 @@ async def settle(
         duplicates=len(ids) - len(set(ids)),
         requests=sum(rec.stats.requests for rec in receivers),
     )
-
-
-@pytest.fixture
-async def receiver_factory() -> AsyncIterator[MakeReceiver]:
-    started: list[Receiver] = []
-
-    async def make(behaviour: Behaviour = always_ok) -> tuple[Receiver, str]:
-        receiver = Receiver(behaviour)
-        url = await receiver.start()
-        started.append(receiver)
-        return receiver, url
-
-    yield make
-    for receiver in started:
-        await receiver.stop()
 
 
 @pytest.fixture

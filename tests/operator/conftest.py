@@ -8,9 +8,9 @@ import subprocess
 from collections.abc import Awaitable, Callable
 
 from pgferry.receiver import Receiver
-from tests.delivery.conftest import receiver_factory, relay
+from tests.delivery.conftest import relay
 
-__all__ = ["MakeReceiver", "cli", "receiver_factory", "relay"]
+__all__ = ["MakeReceiver", "cli", "relay"]
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 

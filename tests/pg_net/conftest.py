@@ -9,7 +9,7 @@ import pytest
 
 from pgferry import db
 from pgferry.schema import install
-from tests.delivery.conftest import RunningRelay, receiver_factory  # noqa: F401 - fixture re-export
+from tests.delivery.conftest import RunningRelay
 
 
 @pytest.fixture
