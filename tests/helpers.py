@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -42,3 +44,26 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+async def cli(
+    cmd: list[str],
+    url: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    stdin: str | None = None,
+    timeout: float = 60,
+) -> subprocess.CompletedProcess[str]:
+    """Run `pgferry ARGS` as a real subprocess against the database at ``url`` (``stdin``: text fed to it)."""
+    return await asyncio.to_thread(
+        subprocess.run,
+        [*cmd, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        input=stdin,
+        stdin=subprocess.DEVNULL if stdin is None else None,
+        env={"PGFERRY_DATABASE_URL": url, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COLUMNS": "250",
+             **(env or {})},
+    )  # fmt: skip

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
 from collections.abc import Awaitable, Callable
 
 import asyncpg
@@ -12,21 +10,9 @@ import orjson
 import pgferry
 from pgferry.receiver import Receiver, Respond
 from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually
+from tests.helpers import cli, eventually
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
-
-
-async def cli(cmd: list[str], url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return await asyncio.to_thread(
-        subprocess.run,
-        [*cmd, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={"PGFERRY_DATABASE_URL": url, "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
-    )
 
 
 async def test_subscription_lifecycle_from_the_cli(

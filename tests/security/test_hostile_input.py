@@ -8,7 +8,6 @@ after the hostile one still arrives.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 import pgferry
 from pgferry.receiver import Receiver, Respond
 from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually, read_all
+from tests.helpers import cli, eventually, read_all
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 
@@ -253,10 +252,7 @@ async def test_cli_tables_show_hostile_receiver_text_as_text(
     await dead_letters(conn, 1)
     # httptools refuses control characters in headers; other texts (response bodies) keep them
     await conn.execute("update ferry.dead_letters set last_error = last_error || e' \\x1b[2J'")
-    shown = await asyncio.to_thread(
-        subprocess.run, [*pgferry_cmd, "dlq", "list"], capture_output=True, text=True, timeout=60, check=False,
-        env={"PGFERRY_DATABASE_URL": db_url, "PATH": "/usr/bin:/bin", "COLUMNS": "250"},
-    )  # fmt: skip
+    shown = await cli(pgferry_cmd, db_url, "dlq", "list")
     assert shown.returncode == 0, shown.stderr
     assert "[/bold][red]x" in shown.stdout and "\\x1b[2J" in shown.stdout and "\x1b" not in shown.stdout
 

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import os
 import signal
-import subprocess
 from collections.abc import Awaitable, Callable
 
 import asyncpg
@@ -25,7 +24,7 @@ from pgferry.delivery.signing import new_secret, redact_secrets
 from pgferry.embedded import EmbeddedPostgres
 from pgferry.receiver import Received, Receiver, Respond
 from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually
+from tests.helpers import cli, eventually
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 
@@ -34,13 +33,6 @@ def echo_everything(request: Received) -> Respond:
     """A receiver that fails and echoes the whole request back (stored as the attempt's response)."""
     head = "".join(f"{k}: {v}\n" for k, v in request.headers.items())
     return Respond(500, head.encode() + request.body)
-
-
-async def cli(cmd: list[str], url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return await asyncio.to_thread(
-        subprocess.run, [*cmd, *args], capture_output=True, text=True, timeout=60, check=False, input=stdin,
-        env={"PGFERRY_DATABASE_URL": url, "PATH": "/usr/bin:/bin", "COLUMNS": "250"},
-    )  # fmt: skip
 
 
 async def stored_text(conn: asyncpg.Connection) -> str:
