@@ -21,7 +21,7 @@ from pgferry import db
 from pgferry.bench.sqlfiles import query
 from pgferry.errors import PgferryError
 from pgferry.relay.leader import TICKER_LOCK
-from pgferry.schema import LOCK_CLASS
+from pgferry.schema import CONSUMER_LOCK_CLASS, LOCK_CLASS
 
 
 class RelayFailed(PgferryError):
@@ -42,7 +42,10 @@ async def wait_for_lock(
 @contextlib.asynccontextmanager
 async def running_relay(url: str, *, max_seconds: float) -> AsyncIterator[asyncio.subprocess.Process]:
     """Run `pgferry run --database-url URL` until the block ends (and never longer than ``max_seconds``);
-    the block gets the process (the soak samples its memory and sockets)."""
+    the block gets the process (the soak samples its memory and sockets).
+
+    The block starts once the relay ticks and delivers every active subscription, so that
+    a benchmark measures delivery, not the relay starting up."""
     with tempfile.TemporaryDirectory(prefix="pgferry-bench-relay-") as tmp:
         log_path = Path(tmp) / "relay.log"
         with log_path.open("wb") as log_file:
@@ -61,6 +64,8 @@ async def running_relay(url: str, *, max_seconds: float) -> AsyncIterator[asynci
                         raise RelayFailed(f"the relay exited with code {proc.returncode}:\n{_tail(log_path)}")
                     exited.cancel()
                     waiter.result()
+                    for key in await conn.fetch(query("active_subscription_lock_keys")):
+                        await wait_for_lock(conn, key[0], "the relay's delivery", classid=CONSUMER_LOCK_CLASS)
                 finally:
                     await conn.close()
                 yield proc

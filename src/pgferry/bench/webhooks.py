@@ -50,7 +50,9 @@ class Scenario:
     clients: int = 10
     fail_rate: float = 0.0
     drop_rate: float = 0.0
-    max_in_flight: int = 32
+    # The subscription default is 32. At ~7K inserts/s a 10 ms tick brings ~70 events; with
+    # 48 in flight they go out in two rounds instead of three (single-row p99 ~35 vs ~70 ms).
+    max_in_flight: int = 48
     pg_net: bool = False  # through net.http_post in a row trigger instead of a subscription
 
 
@@ -232,7 +234,7 @@ def print_table(outcomes: list[Outcome]) -> None:
         "(last receipt - first insert); p50/p99: commit-to-receipt; last+s: last receipt after the last commit; "
         "retried: failed attempts (retried later); "
         "dups: events received more than once; TW run/end: the relay's sockets toward the receiver in TIME_WAIT "
-        "with it running / after it stopped (pool: 64 connections per endpoint, max_in_flight 32)."
+        "with it running / after it stopped (pool: 64 connections per endpoint, max_in_flight 48)."
     )
 
 
