@@ -43,8 +43,11 @@ ATTEMPT_COLUMNS = (
     "subscription", "event_id", "attempt", "status", "error_class", "error", "response", "latency_ms", "created_at",
 )  # fmt: skip
 
-#: Batches a worker reads ahead while earlier ones are still being sent.
-PIPELINE_DEPTH = 3
+#: Batches in flight at once: one being sent while the next is read. A third
+#: made batch-100 throughput ~10% higher (60K vs 54K events/s) but the
+#: single-row p99 worse (median of runs 56 vs 37 ms): batches queue behind
+#: each other for the in-flight slots (docs/benchmarks.md).
+PIPELINE_DEPTH = 2
 #: SQLSTATE of ferry.advance_consumer when another process moved the cursor.
 CURSOR_MOVED = "PF001"
 
