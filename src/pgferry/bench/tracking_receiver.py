@@ -27,6 +27,8 @@ import uvloop
 from pgferry.receiver import Action, Drop, Received, Receiver, Respond
 
 STATS_PATH = "/__stats"
+#: Start scoring afresh (after a warm-up); events seen before still count as duplicates if they come again.
+RESET_PATH = "/__reset"
 
 
 class Score:
@@ -41,6 +43,14 @@ class Score:
         self.requests = 0
         self.failed = 0
         self.pending: list[Received] = []
+        self.seen_before_reset = 0
+
+    def reset(self) -> None:
+        self.settle()
+        self.seen_before_reset = len(self.seen)
+        self.duplicates = self.duplicate_same_id = self.requests = self.failed = 0
+        self.latencies_ms = []
+        self.first_at = self.last_at = None
 
     def settle(self) -> None:
         """Score the requests answered since the last call."""
@@ -78,7 +88,7 @@ class Score:
         self.settle()
         return orjson.dumps(
             {
-                "unique": len(self.seen),
+                "unique": len(self.seen) - self.seen_before_reset,
                 "duplicates": self.duplicates,
                 "duplicate_requests_same_id_and_body": self.duplicate_same_id,
                 "requests": self.requests,
@@ -94,6 +104,9 @@ def behaviour(score: Score, fail_rate: float, drop_rate: float, rng: random.Rand
     def answer(request: Received) -> Action:
         if request.path == STATS_PATH:
             return Respond(200, score.as_json())
+        if request.path == RESET_PATH:
+            score.reset()
+            return Respond()
         score.requests += 1
         roll = rng.random()
         if roll < fail_rate:

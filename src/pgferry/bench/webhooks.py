@@ -7,7 +7,9 @@ each scenario we report: success rate (unique events received / rows
 inserted), end-to-end throughput (events received / time from the first
 insert to the last receipt), commit-to-receipt latency, how long after the
 last commit the last event arrived, and sockets left in TIME_WAIT toward the
-receiver (while the relay runs and after it stops).
+receiver (while the relay runs and after it stops). Each scenario starts
+with a checkpoint and a warm-up of WARM_UP_ROWS rows that are delivered but
+not scored.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from pgferry.bench.pgbench import run_pgbench
 from pgferry.bench.relay import running_relay
 from pgferry.bench.report import Latency, ms, num
 from pgferry.bench.sqlfiles import named
-from pgferry.bench.tracking_receiver import STATS_PATH
+from pgferry.bench.tracking_receiver import RESET_PATH, STATS_PATH
+from pgferry.errors import PgferryError
 from pgferry.schema import install
 
 SINGLE_ROW = "insert into spice_harvests (harvester, amount) values ('harvester-' || :client_id, 1);\n"
@@ -39,6 +42,8 @@ HUNDRED_ROWS = (
     "insert into spice_harvests (harvester, amount)"
     " select 'harvester-' || :client_id, g from generate_series(1, 100) g;\n"
 )
+#: Rows inserted and delivered before each scenario, and not scored.
+WARM_UP_ROWS = 1000
 
 
 @dataclass(frozen=True)
@@ -110,11 +115,16 @@ class ReceiverStats:
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
         self.url = f"{parts.scheme}://{parts.netloc}{STATS_PATH}"
+        self.reset_url = f"{parts.scheme}://{parts.netloc}{RESET_PATH}"
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
 
     async def __call__(self) -> dict[str, Any]:
         async with self.session.get(self.url) as resp:
             return dict(await resp.json(content_type=None))
+
+    async def reset(self) -> None:
+        async with self.session.get(self.reset_url) as resp:
+            resp.raise_for_status()
 
     async def close(self) -> None:
         await self.session.close()
@@ -145,13 +155,53 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-async def _delivered(conn: asyncpg.Connection, scenario: Scenario, stats: dict[str, Any]) -> tuple[int, float | None]:
+@dataclass(frozen=True)
+class Baseline:
+    """Counts after the warm-up; a scenario scores what came after."""
+
+    rows: int = 0
+    net_ok: int = 0
+    dead: int = 0
+    failed_attempts: int = 0
+
+
+async def _delivered(
+    conn: asyncpg.Connection, scenario: Scenario, stats: dict[str, Any], baseline: Baseline
+) -> tuple[int, float | None]:
     """(events delivered, time of the last delivery): receipts at the receiver for webhooks,
     responses with status 200 in net._http_response for the pg_net API."""
     if not scenario.pg_net:
         return stats["unique"], stats["last_at"]
     responses = await conn.fetchrow(named("webhooks.sql", "net_responses"))
-    return responses["ok"], float(responses["last_at"]) if responses["last_at"] else None
+    return responses["ok"] - baseline.net_ok, float(responses["last_at"]) if responses["last_at"] else None
+
+
+async def warm_up(
+    conn: asyncpg.Connection, url: str, scenario: Scenario, script: str, table: str, receiver: ReceiverStats,
+    timeout: float,
+) -> Baseline:  # fmt: skip
+    """Insert and deliver WARM_UP_ROWS rows, then reset the score.
+
+    Measuring starts in steady state: the relay's connections are open, and the
+    pages the inserts and the relay change have had their first change since the
+    scenario's checkpoint (which writes each whole page to WAL: measured, it put
+    p99 at 50-80 ms for the first ~150 ms of a run, against ~25 ms after)."""
+    per_client = max(1, WARM_UP_ROWS // (scenario.rows_per_tx * scenario.clients))
+    await run_pgbench(url, script, clients=scenario.clients, transactions=per_client)
+    rows = await conn.fetchval(named("webhooks.sql", "rows").replace("spice_harvests", table))
+    deadline = time.time() + timeout
+    while (await _delivered(conn, scenario, await receiver(), Baseline()))[0] < rows:
+        if time.time() > deadline:
+            raise PgferryError(f"the {rows} warm-up events were not delivered within {timeout:.0f} s")
+        await asyncio.sleep(0.05)
+    await receiver.reset()
+    responses = await conn.fetchrow(named("webhooks.sql", "net_responses"))
+    return Baseline(
+        rows=rows,
+        net_ok=responses["ok"],
+        dead=await conn.fetchval(named("webhooks.sql", "dead")),
+        failed_attempts=await conn.fetchval(named("webhooks.sql", "failed_attempts")),
+    )
 
 
 async def run_scenario(url: str, scenario: Scenario, timeout: float, rate: float | None = None) -> Outcome:
@@ -171,26 +221,25 @@ async def run_scenario(url: str, scenario: Scenario, timeout: float, rate: float
                 table = "spice_harvests"
             await conn.execute(named("webhooks.sql", "checkpoint"))  # no scenario pays for an earlier one's WAL
             port = urlsplit(hook).port or 80
+            script = (SINGLE_ROW if scenario.rows_per_tx == 1 else HUNDRED_ROWS).replace("spice_harvests", table)
             async with running_relay(url, max_seconds=timeout + 600):
+                before = await warm_up(conn, url, scenario, script, table, receiver_stats, timeout)
                 started = time.time()
-                script = SINGLE_ROW if scenario.rows_per_tx == 1 else HUNDRED_ROWS
-                await run_pgbench(
-                    url, script.replace("spice_harvests", table), clients=scenario.clients,
-                    transactions=scenario.transactions, rate=rate,
-                )  # fmt: skip
+                await run_pgbench(url, script, clients=scenario.clients, transactions=scenario.transactions, rate=rate)
                 insert_end = time.time()
-                inserted = await conn.fetchval(named("webhooks.sql", "rows").replace("spice_harvests", table))
+                rows = await conn.fetchval(named("webhooks.sql", "rows").replace("spice_harvests", table))
+                inserted = rows - before.rows
                 deadline = insert_end + timeout
                 stats = await receiver_stats()
-                delivered, last_at = await _delivered(conn, scenario, stats)
+                delivered, last_at = await _delivered(conn, scenario, stats, before)
                 while delivered < inserted and time.time() < deadline:
                     await asyncio.sleep(0.2)
                     stats = await receiver_stats()
-                    delivered, last_at = await _delivered(conn, scenario, stats)
+                    delivered, last_at = await _delivered(conn, scenario, stats, before)
                 time_wait_running = time_wait_sockets(port)
             time_wait_after = time_wait_sockets(port)
-            dead = await conn.fetchval(named("webhooks.sql", "dead"))
-            failed = await conn.fetchval(named("webhooks.sql", "failed_attempts"))
+            dead = await conn.fetchval(named("webhooks.sql", "dead")) - before.dead
+            failed = await conn.fetchval(named("webhooks.sql", "failed_attempts")) - before.failed_attempts
             for row in await conn.fetch(named("webhooks.sql", "failure_classes")):
                 click.echo(f"  failed attempts: {row['n']} x {row['error_class']}", err=True)
     finally:
