@@ -7,6 +7,12 @@ letters them), and acknowledges the batch. A crash anywhere before that
 commit re-sends the batch: at-least-once, with stable webhook-ids. The retry
 loop sends parked events when they are due, with the same bookkeeping.
 
+A request still unanswered after ``detach_after`` seconds (when the
+subscription's timeout is longer) no longer holds back its batch: its events
+are parked as in flight, due only after the request's timeout, the cursor
+moves on, and the answer, when it comes, is recorded as a retry's would be.
+One hanging request then costs its subscription a second, not its timeout.
+
 With ``ordered`` on, events are spread over lanes by key and each lane sends
 in id order; once an event of a key fails, the later events of that key in
 the batch are parked behind it, and the retry loop only ever sends the
@@ -22,12 +28,12 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 
-from pgferry import sql
+from pgferry import db, sql
 from pgferry.aio import wait_for_event
 from pgferry.delivery import pg_net, request
 from pgferry.delivery.counters import RollingCounter
@@ -51,7 +57,21 @@ PIPELINE_DEPTH = 2
 #: SQLSTATE of ferry.advance_consumer when another process moved the cursor.
 CURSOR_MOVED = "PF001"
 
-Outcome = tuple[OutEvent, HttpResult | None]  # None: not sent, waiting behind an earlier event of its key
+
+class _InFlight:
+    """The outcome of an event whose request was still unanswered when its batch was recorded."""
+
+
+IN_FLIGHT = _InFlight()
+#: What a parked in-flight event's row says (`pgferry trace` shows it as in flight).
+_IN_FLIGHT_NOTE = "in flight: no answer yet when its batch was recorded; the answer is recorded when it comes"
+#: An in-flight event is due again this long after its request's timeout, should the answer never be recorded.
+IN_FLIGHT_MARGIN = timedelta(seconds=5)
+#: The most a stopping worker waits to make its abandoned requests due at once.
+ABANDON_TIMEOUT_S = 2.0
+
+# None: not sent (waiting behind an earlier event of its key, or not started when the batch let go)
+Outcome = tuple[OutEvent, HttpResult | _InFlight | None]
 
 
 @dataclass
@@ -66,6 +86,8 @@ class DeliveryContext:
     max_batch_events: int | None = None
     retry_fetch: int = 1000
     poll_interval: float = 1.0
+    #: seconds a batch waits for its slowest request before letting go of it (see the module doc)
+    detach_after: float = 1.0
     #: metrics hook: (subscription, outcomes, from a log batch?) after each round
     observe: Callable[[str, Sequence[Outcome], bool], None] | None = None
 
@@ -78,6 +100,8 @@ class _Bookkeeping:
     bury: list[tuple[Any, ...]] = field(default_factory=list)
     responses: list[tuple[Any, ...]] = field(default_factory=list)  # net._http_response rows (pg_net API)
     gone: str | None = None
+    #: set once these books are committed; answers to requests let go of wait for it
+    recorded: asyncio.Event | None = None
 
     @property
     def all_delivered(self) -> bool:
@@ -112,6 +136,16 @@ NO_ACKS: tuple[None, ...] = (None,) * 6
 
 
 @dataclass
+class _Sending:
+    """The requests of one delivery round, so that the round can let go of slow ones."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    in_flight: dict[int, Sequence[OutEvent]] = field(default_factory=dict)  # by id() of the chunk
+    let_go: bool = False
+    recorded: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
 class _Flight:
     """A batch read from the log and being sent."""
 
@@ -131,6 +165,10 @@ class SubscriptionWorker:
         self.limit = asyncio.Semaphore(sub.max_in_flight)
         self.delivered = RollingCounter()
         self.failed = RollingCounter()
+        #: requests let go of by their round, and the recording of their answers
+        self.background: set[asyncio.Future[Any]] = set()
+        #: events parked as in flight whose answers are not recorded yet
+        self.let_go: set[int] = set()
 
     def update(self, sub: Subscription) -> None:
         """New settings take effect with the next request; the owning relay notices a change
@@ -148,10 +186,28 @@ class SubscriptionWorker:
         loops = [asyncio.create_task(self._batch_loop()), asyncio.create_task(self._retry_loop())]
         try:
             await asyncio.gather(*loops)
+            # Stopping: requests let go of may still be answered and recorded (the owner
+            # cancels us after its grace period).
+            while self.background:
+                await asyncio.gather(*self.background, return_exceptions=True)
         finally:
-            for task in loops:
+            for task in [*loops, *self.background]:
                 task.cancel()
-            await asyncio.gather(*loops, return_exceptions=True)
+            await asyncio.gather(*loops, *self.background, return_exceptions=True)
+            await self._abandon_let_go()
+
+    async def _abandon_let_go(self) -> None:
+        """Requests let go of and now abandoned: make their parked events due at once, so whoever
+        delivers next sends them again now rather than after their timeout."""
+        if not self.let_go:
+            return
+        try:
+            async with asyncio.timeout(ABANDON_TIMEOUT_S), self.ctx.pool.acquire() as conn:
+                await conn.execute(sql.query("retry_in_flight_now"), self.sub.name, sorted(self.let_go))
+        except (TimeoutError, asyncpg.PostgresError, *db.CONNECTION_ERRORS) as exc:
+            log.warning("subscription %s: %d abandoned request(s) will be sent again after their timeout (%s)",
+                        self.sub.name, len(self.let_go), db.describe(exc))  # fmt: skip
+        self.let_go.clear()
 
     # -- loops -------------------------------------------------------------
 
@@ -231,7 +287,12 @@ class SubscriptionWorker:
             )  # fmt: skip
 
     async def _deliver_batch(self, events: Sequence[OutEvent], blocked: set[str]) -> _Bookkeeping:
-        return self._account(await self._deliver(events, blocked) if events else [], from_batch=True)
+        if not events:
+            return self._account([], from_batch=True)
+        outcomes, recorded = await self._deliver(events, blocked)
+        books = self._account(outcomes, from_batch=True)
+        books.recorded = recorded
+        return books
 
     async def _wait(self, head: asyncio.Task[_Bookkeeping] | None, *, wake: bool, timeout: float | None) -> None:
         """Until the oldest batch in flight is done, or (``wake``) a tick is announced, or ``timeout``."""
@@ -259,7 +320,10 @@ class SubscriptionWorker:
                 await wait_for_event(self.stopping, delay)
                 continue
             events = [OutEvent.from_row(r) for r in rows]
-            await self._record(self._account(await self._deliver(events, set()), from_batch=False), advance=None)
+            outcomes, recorded = await self._deliver(events, set())
+            books = self._account(outcomes, from_batch=False)
+            books.recorded = recorded
+            await self._record(books, advance=None)
 
     # -- sending -----------------------------------------------------------
 
@@ -294,21 +358,57 @@ class SubscriptionWorker:
             connect_timeout=sub.connect_timeout_ms / 1000,
         )
 
-    async def _deliver(self, events: Sequence[OutEvent], blocked: set[str]) -> list[Outcome]:
+    async def _deliver(
+        self, events: Sequence[OutEvent], blocked: set[str]
+    ) -> tuple[list[Outcome], asyncio.Event | None]:
+        """Sends ``events``; returns their outcomes, and (when the round let go of slow
+        requests) the event to set once those outcomes are committed."""
+        sending = _Sending()
+        work = asyncio.ensure_future(self._send_all(events, blocked, sending))
+        # pg_net requests carry their own timeouts and are not let go of.
+        patient = self.sub.kind == "pg_net" or self.sub.timeout_ms / 1000 <= self.ctx.detach_after
+        patience = None if patient else self.ctx.detach_after
+        try:
+            await asyncio.wait({work}, timeout=patience)
+        except BaseException:
+            work.cancel()
+            raise
+        if work.done() or not sending.in_flight:
+            await work
+            return sending.outcomes, None
+        # Let go: what was answered counts, requests in flight are parked as in flight,
+        # events not sent yet are parked as due now; the round's tasks stop after their
+        # current request, whose answer _answered_late records.
+        sending.let_go = True
+        self.background.add(work)
+        work.add_done_callback(self.background.discard)
+        in_flight = {e.id for chunk in sending.in_flight.values() for e in chunk}
+        self.let_go |= in_flight
+        settled = {e.id for e, _ in sending.outcomes}
+        outcomes = list(sending.outcomes)
+        for e in events:
+            if e.id in in_flight:
+                outcomes.append((e, IN_FLIGHT))
+            elif e.id not in settled:
+                outcomes.append((e, None))
+        log.info(
+            "subscription %s: %d event(s) in requests unanswered after %.1f s; moving on, their answers are "
+            "recorded when they come", self.sub.name, len(in_flight), patience,
+        )  # fmt: skip
+        return outcomes, sending.recorded
+
+    async def _send_all(self, events: Sequence[OutEvent], blocked: set[str], sending: _Sending) -> None:
         sub = self.sub
-        outcomes: list[Outcome] = []
         batch_size = 1 if sub.kind == "pg_net" else sub.batch_size
         if not sub.ordered:
             chunks = deque(events[i : i + batch_size] for i in range(0, len(events), batch_size))
 
             async def drain() -> None:
-                while chunks:
-                    chunk = chunks.popleft()
-                    result = await self._send(chunk)
-                    outcomes.extend((e, result) for e in chunk)
+                while chunks and not sending.let_go:
+                    await self._send_in(sending, chunks.popleft())
 
             await asyncio.gather(*(drain() for _ in range(min(sub.max_in_flight, len(chunks)))))
-            return outcomes
+            return
 
         n_lanes = max(1, min(sub.max_in_flight, len(events)))
         lanes: list[list[OutEvent]] = [[] for _ in range(n_lanes)]
@@ -320,24 +420,50 @@ class SubscriptionWorker:
             chunk: list[OutEvent] = []
 
             async def flush() -> None:
-                result = await self._send(chunk)
-                outcomes.extend((e, result) for e in chunk)
-                if not result.ok:
+                result = await self._send_in(sending, list(chunk))
+                if result is not None and not result.ok:
                     blocked.update(e.key for e in chunk if e.key is not None)
                 chunk.clear()
 
             for e in lane_events:
+                if sending.let_go:
+                    return
                 if e.key is not None and e.key in blocked:
-                    outcomes.append((e, None))
+                    sending.outcomes.append((e, None))
                     continue
                 chunk.append(e)
                 if len(chunk) >= batch_size:
                     await flush()
-            if chunk:
+            if chunk and not sending.let_go:
                 await flush()
 
         await asyncio.gather(*(run_lane(lane) for lane in lanes if lane))
-        return outcomes
+
+    async def _send_in(self, sending: _Sending, chunk: Sequence[OutEvent]) -> HttpResult | None:
+        """Sends ``chunk`` as part of ``sending``; None when the round let go of it meanwhile."""
+        sending.in_flight[id(chunk)] = chunk
+        try:
+            result = await self._send(chunk)
+        finally:
+            del sending.in_flight[id(chunk)]
+        if sending.let_go:
+            task = asyncio.create_task(self._answered_late(sending.recorded, chunk, result))
+            self.background.add(task)
+            task.add_done_callback(self.background.discard)
+            return None
+        sending.outcomes.extend((e, result) for e in chunk)
+        return result
+
+    async def _answered_late(self, recorded: asyncio.Event, chunk: Sequence[OutEvent], result: HttpResult) -> None:
+        """Records the answer to a request its round let go of, once the round's parking is committed."""
+        await recorded.wait()
+        try:
+            await self._record(self._account([(e, result) for e in chunk], from_batch=False), advance=None)
+            self.let_go.difference_update(e.id for e in chunk)
+        except (asyncpg.PostgresError, *db.CONNECTION_ERRORS) as exc:
+            # Still parked as in flight: it is sent again once that is due (at-least-once).
+            log.warning("subscription %s: could not record a late answer (%s); it will be sent again",
+                        self.sub.name, db.describe(exc))  # fmt: skip
 
     # -- bookkeeping -------------------------------------------------------
 
@@ -350,6 +476,11 @@ class SubscriptionWorker:
         for event, result in outcomes:
             if result is None:
                 books.park.append(_parked(event, event.attempts, now, now, None))
+                continue
+            if isinstance(result, _InFlight):
+                due = now + timedelta(milliseconds=sub.timeout_ms) + IN_FLIGHT_MARGIN
+                books.park.append(_parked(event, event.attempts, event.first_failed_at or now, due, None,
+                                          error=_IN_FLIGHT_NOTE))  # fmt: skip
                 continue
             attempt = event.attempts + 1
             books.attempts.append(
@@ -402,17 +533,20 @@ class SubscriptionWorker:
                 self.stop()
             if advance is not None:
                 await conn.execute(sql.query("advance_consumer"), sub.consumer, *advance)
+        if books.recorded is not None:
+            books.recorded.set()
         if books.bury:
             log.warning("subscription %s: %d event(s) moved to dead letters", sub.name, len(books.bury))
 
 
 def _parked(
-    event: OutEvent, attempts: int, first_failed: datetime, next_at: datetime, result: HttpResult | None
-) -> tuple[Any, ...]:
+    event: OutEvent, attempts: int, first_failed: datetime, next_at: datetime, result: HttpResult | None,
+    *, error: str | None = None,
+) -> tuple[Any, ...]:  # fmt: skip
     return (
         event.id, event.stream, event.key, event.payload, event.headers, event.created_at, attempts,
         first_failed, next_at,
-        result.status if result else None, result.error if result else None, result.response if result else None,
+        result.status if result else None, result.error if result else error, result.response if result else None,
     )  # fmt: skip
 
 

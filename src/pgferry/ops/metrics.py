@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from pgferry.delivery.http import HttpResult
+
 if TYPE_CHECKING:
     from pgferry.delivery.worker import Outcome
 
@@ -105,7 +107,7 @@ class RelayMetrics:
         requests: dict[int, float] = {}
         lag = self.delivery_lag.labels(subscription)
         for event, result in outcomes:
-            if result is None:  # parked behind an earlier event of its key: no attempt
+            if not isinstance(result, HttpResult):  # parked without an answer (behind its key, or in flight)
                 continue
             requests[id(result)] = result.latency_ms
             if result.ok:

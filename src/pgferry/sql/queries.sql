@@ -134,6 +134,11 @@ on conflict (subscription, event_id) do nothing
 -- name: unpark
 delete from ferry.retries where subscription = $1 and event_id = any ($2::bigint[])
 
+-- name: retry_in_flight_now
+-- Events parked as in flight whose requests a stopping worker abandoned: due now.
+update ferry.retries set next_attempt_at = now()
+where subscription = $1 and event_id = any ($2::bigint[]) and last_error like 'in flight:%'
+
 -- name: due_retries
 select r.event_id as id, r.stream, r.key, r.payload::text as payload, r.headers::text as headers,
        r.event_created_at as created_at, r.attempts, r.first_failed_at
@@ -249,6 +254,7 @@ limit 1
 select s.name, s.state as subscription_state,
        case when d.id is not null then 'dead'
             when r.event_id is not null and r.attempts = 0 and r.last_error = 'replayed by an operator' then 'replay queued'
+            when r.event_id is not null and r.last_status is null and r.last_error like 'in flight:%' then 'in flight (its batch moved on)'
             when r.event_id is not null and r.attempts = 0 then 'waiting (behind an earlier event of its key)'
             when r.event_id is not null then 'parked'
             when $3::bigint is not null and t.snapshot is not null
