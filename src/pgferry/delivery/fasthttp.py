@@ -268,8 +268,8 @@ class FastSender:
             return done(None, "bad_request", f"header cannot be sent: {exc}")
         data = b"".join([*head, b"\r\n", body])
 
-        deadline = asyncio.get_running_loop().time() + timeout
         async with pool.slots:
+            deadline = asyncio.get_running_loop().time() + timeout  # the wait for a slot does not count
             try:
                 response = await self._exchange(pool, data, connect_timeout, deadline)
             except TimeoutError:
