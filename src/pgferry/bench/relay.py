@@ -17,8 +17,9 @@ from pathlib import Path
 
 import asyncpg
 
-from pgferry import db
+from pgferry import db, sql
 from pgferry.bench.sqlfiles import query
+from pgferry.delivery.model import consumer_name
 from pgferry.errors import PgferryError
 from pgferry.relay.leader import TICKER_LOCK
 from pgferry.schema import CONSUMER_LOCK_CLASS, LOCK_CLASS
@@ -64,8 +65,9 @@ async def running_relay(url: str, *, max_seconds: float) -> AsyncIterator[asynci
                         raise RelayFailed(f"the relay exited with code {proc.returncode}:\n{_tail(log_path)}")
                     exited.cancel()
                     waiter.result()
-                    for key in await conn.fetch(query("active_subscription_lock_keys")):
-                        await wait_for_lock(conn, key[0], "the relay's delivery", classid=CONSUMER_LOCK_CLASS)
+                    for sub in await conn.fetch(query("active_subscriptions")):
+                        key = await conn.fetchval(sql.query("consumer_lock_key"), consumer_name(sub["name"]))
+                        await wait_for_lock(conn, key, f"delivery of {sub['name']}", classid=CONSUMER_LOCK_CLASS)
                 finally:
                     await conn.close()
                 yield proc

@@ -44,9 +44,8 @@ select exists (
       and l.classid = $1::int::oid and l.objid = $2::int::oid and l.objsubid = 2
 )
 
--- name: active_subscription_lock_keys
--- The advisory lock key (classid CONSUMER_LOCK_CLASS) a relay holds while it delivers each active subscription.
-select hashtext('webhook:' || name) from ferry.subscriptions where state = 'active'
+-- name: active_subscriptions
+select name from ferry.subscriptions where state = 'active'
 
 -- name: database_xacts
 -- Transactions (queries, for autocommit clients) the database has run so far.
