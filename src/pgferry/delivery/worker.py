@@ -287,10 +287,15 @@ class SubscriptionWorker:
             )  # fmt: skip
 
     async def _deliver_batch(self, events: Sequence[OutEvent], blocked: set[str]) -> _Bookkeeping:
-        if not events:
-            return self._account([], from_batch=True)
+        return await self._deliver_and_account(events, blocked, from_batch=True)
+
+    async def _deliver_and_account(
+        self, events: Sequence[OutEvent], blocked: set[str], *, from_batch: bool
+    ) -> _Bookkeeping:
+        if not events:  # a batch with nothing for this subscription: only its range to acknowledge
+            return self._account([], from_batch=from_batch)
         outcomes, recorded = await self._deliver(events, blocked)
-        books = self._account(outcomes, from_batch=True)
+        books = self._account(outcomes, from_batch=from_batch)
         books.recorded = recorded
         return books
 
@@ -320,10 +325,7 @@ class SubscriptionWorker:
                 await wait_for_event(self.stopping, delay)
                 continue
             events = [OutEvent.from_row(r) for r in rows]
-            outcomes, recorded = await self._deliver(events, set())
-            books = self._account(outcomes, from_batch=False)
-            books.recorded = recorded
-            await self._record(books, advance=None)
+            await self._record(await self._deliver_and_account(events, set(), from_batch=False), advance=None)
 
     # -- sending -----------------------------------------------------------
 
