@@ -64,6 +64,10 @@ async def cli(
         check=False,
         input=stdin,
         stdin=subprocess.DEVNULL if stdin is None else None,
-        env={"PGFERRY_DATABASE_URL": url, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COLUMNS": "250",
-             **(env or {})},
-    )  # fmt: skip
+        env={**pgferry_env(url), "COLUMNS": "250", **(env or {})},
+    )
+
+
+def pgferry_env(url: str) -> dict[str, str]:
+    """The environment a `pgferry` subprocess of the tests gets: the database URL and PATH, nothing else."""
+    return {"PGFERRY_DATABASE_URL": url, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import sys
 from dataclasses import replace
@@ -19,7 +18,7 @@ from pgferry.delivery.signing import new_secret
 from pgferry.ops.logs import HumanFormatter, JsonFormatter
 from pgferry.receiver import Respond
 from tests.delivery.conftest import FAST, RunningRelay
-from tests.helpers import eventually
+from tests.helpers import eventually, pgferry_env
 from tests.operator.conftest import MakeReceiver
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -109,7 +108,7 @@ async def test_run_logs_json_lines_and_serves_metrics_from_the_command_line(
         *pgferry_cmd, "run", "--log-format", "json", "--metrics-port", "0", "--exit-after", "4",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env={"PGFERRY_DATABASE_URL": db_url, "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        env=pgferry_env(db_url),
     )  # fmt: skip
     try:
         assert proc.stderr is not None

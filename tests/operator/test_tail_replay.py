@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import os
 
 import asyncpg
 import orjson
 
 import pgferry
 from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually
+from tests.helpers import eventually, pgferry_env
 from tests.operator.conftest import MakeReceiver, cli
 
 
@@ -26,7 +25,7 @@ async def test_tail_prints_committed_events_in_commit_order_and_pins_nothing(
         *pgferry_cmd, "tail", "s", "--json", "--count", "3", "--timeout", "30",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env={"PGFERRY_DATABASE_URL": db_url, "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        env=pgferry_env(db_url),
     )  # fmt: skip
     try:
 
