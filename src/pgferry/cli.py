@@ -124,6 +124,13 @@ def install(database_url: str | None, pg_net: bool) -> None:
     help=f"Allow this address range although refused otherwise (repeatable; or {ALLOW_ENV_VAR}=cidr,...).",
 )
 @click.option(
+    "--ca-file",
+    type=click.Path(exists=True, dir_okay=False),
+    envvar="PGFERRY_CA_FILE",
+    help="PEM file of CA certificates to trust for https endpoints, in addition to the system's "
+    "(or set PGFERRY_CA_FILE; SSL_CERT_FILE replaces the system's instead).",
+)
+@click.option(
     "--log-format",
     type=click.Choice(["human", "json"]),
     default="human",
@@ -169,6 +176,7 @@ def run(
     dashboard_token: str | None,
     strict_addresses: bool,
     allow_addresses: tuple[str, ...],
+    ca_file: str | None,
     db_command_timeout: float,
     db_session_timeout: float,
 ) -> None:
@@ -187,6 +195,7 @@ def run(
             ticker=TickerSettings(busy_interval=tick_interval, idle_interval=idle_poll_interval),
             liveness=db.Liveness(command_timeout=db_command_timeout, session_timeout=db_session_timeout),
             addresses=policy,
+            ca_file=ca_file,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
             dashboard_port=dashboard_port,

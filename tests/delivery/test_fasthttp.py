@@ -82,14 +82,10 @@ async def test_metadata_and_link_local_addresses_are_refused_without_connecting(
     assert result.error_class == "refused_address" and "cloud-metadata" in (result.error or "")
 
 
-async def test_aiohttp_sender_refuses_them_too() -> None:
-    from pgferry.delivery.http import HttpSender
-
-    sender = HttpSender(pool_size=2)
-    try:
-        result = await sender.send("http://169.254.169.254/latest/meta-data/", None, {}, timeout=2, connect_timeout=1)
-    finally:
-        await sender.close()
+async def test_pg_net_requests_are_refused_them_too(sender: FastSender) -> None:
+    result = await sender.request(
+        "GET", "http://169.254.169.254/latest/meta-data/", None, {}, timeout=2, connect_timeout=1, capture=True
+    )
     assert result.error_class == "refused_address", result
 
 

@@ -1,17 +1,27 @@
-"""The webhook hot path: HTTP/1.1 POSTs over kept-alive connections, parsed by httptools.
+"""pgferry's HTTP/1.1 client: requests over bounded pools of kept-alive connections.
 
 Profiling the relay showed aiohttp's per-request bookkeeping as most of the
 CPU a delivery costs (~120 us of ~150 us), which on a two-core machine that
-also runs PostgreSQL is what decides whether deliveries keep up with
-inserts. Webhook delivery needs a narrow slice of HTTP: POST a body of
-known length to one endpoint, read status, a couple of headers and the start
-of the body, reuse the connection. This module does exactly that on asyncio's
-Protocol API, with httptools (the C parser behind uvicorn, by uvloop's
-authors) doing the parsing. Everything else (redirects, whole responses, any
-method) stays with aiohttp in ``delivery.http``.
+also runs PostgreSQL decides whether deliveries keep up with inserts
+(docs/benchmarks.md). Delivery needs a narrow slice of HTTP/1.1: send a
+request of known length, read the answer (status, a few headers, the start
+of the body, or for the pg_net API all of it), reuse the connection. This
+module does that slice on asyncio's Protocol API; ``delivery.http1`` frames
+the answers, byte-exact.
 
-Results and error classes are the same ``HttpResult`` values as the aiohttp
-sender's, so the rest of the engine cannot tell them apart.
+What it guarantees, because a wrong answer here records a rejected event as
+delivered:
+- an answer is attributed only to the request it belongs to: a connection
+  is given back to its pool only when its answer ended exactly where the
+  framing says and nothing else arrived; bytes nobody asked for, a second
+  answer, a framing doubt or a timeout close it;
+- every request that reached the wire is reported: one sent on a kept-alive
+  connection that the server had just closed is sent again once on a new
+  connection, and the first try comes back in ``HttpResult.earlier``;
+- a request that has not reached the wire can be withdrawn (``on_wire``):
+  nothing is sent, and the caller knows it was not.
+
+Results and error classes are ``HttpResult`` values (``delivery.http``).
 """
 
 from __future__ import annotations
@@ -22,20 +32,31 @@ import re
 import socket
 import ssl
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import lru_cache
-from urllib.parse import urlsplit
-
-import httptools
+from urllib.parse import urljoin, urlsplit
 
 from pgferry.delivery.addresses import DEFAULT_POLICY, AddressPolicy, RefusedAddress, allowed_addresses
-from pgferry.delivery.http import RESPONSE_SNIPPET_BYTES, HttpResult, endpoint_of, parse_retry_after
+from pgferry.delivery.http import (
+    MAX_CAPTURED_BYTES,
+    RESPONSE_SNIPPET_BYTES,
+    Captured,
+    HttpResult,
+    Timings,
+    decode_text,
+    endpoint_of,
+    parse_retry_after,
+)
+from pgferry.delivery.http1 import ProtocolError, Response, ResponseReader, Truncated
 
 _USER_AGENT = b"pgferry"
-#: the most a response's status line and headers may take
-MAX_HEAD_BYTES = 64 * 1024
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
+#: Methods whose request carries no body unless one is given.
+_BODYLESS = frozenset(("GET", "HEAD", "DELETE", "OPTIONS"))
+#: Redirects that turn a POST into a GET without a body (what curl and browsers do).
+_SEE_OTHER = frozenset((301, 302, 303))
+_FOLLOWED = frozenset((301, 302, 303, 307, 308))
 
 
 class _Lost(Exception):
@@ -46,18 +67,12 @@ class _Lost(Exception):
         self.got_bytes = got_bytes
 
 
-class _BadResponse(Exception):
-    """What came back is not HTTP."""
+class _Withdrawn(Exception):
+    """The caller took the request back before it reached the wire."""
 
 
-@dataclass
-class _Response:
-    status: int = 0
-    reason: str = ""
-    retry_after: str | None = None
-    location: str | None = None
-    body: bytearray = field(default_factory=bytearray)
-    keep_alive: bool = False
+class _ConnectTimeout(Exception):
+    pass
 
 
 class _Connection(asyncio.Protocol):
@@ -65,12 +80,10 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.waiter: asyncio.Future[_Response] | None = None
-        self.response = _Response()
-        self.got_bytes = False
+        self.reader: ResponseReader | None = None  # the answer being read; None while idle
+        self.waiter: asyncio.Future[Response] | None = None
         self.closed = False
-        self.head_bytes = 0  # received before the end of the response headers
+        self.reusable = True
 
     # asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -81,65 +94,53 @@ class _Connection(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
-        self.got_bytes = True
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(_BadResponse(f"invalid HTTP response: {exc}"))
+        reader = self.reader
+        if reader is None:  # bytes nobody asked for: this connection can no longer be trusted
             self.close()
             return
-        if self.head_bytes >= 0:  # the headers have not ended yet
-            # httptools buffers a header until it ends: a receiver sending one endless
-            # header would grow the relay's memory until the timeout (aiohttp stops at 8 KB).
-            self.head_bytes += len(data)
-            if self.head_bytes > MAX_HEAD_BYTES:
-                self._fail(_BadResponse(f"invalid HTTP response: headers longer than {MAX_HEAD_BYTES} bytes"))
-                self.close()
+        try:
+            response = reader.feed(data)
+        except ProtocolError as exc:
+            self._fail(exc)
+            self.close()
+            return
+        if response is not None:
+            self._finish(reader, response)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        reason = f"connection error: {exc}" if exc else "server closed the connection"
-        self._fail(_Lost(self.got_bytes, reason))
+        reader, self.reader = self.reader, None
+        if reader is None:
+            return
+        try:
+            response = reader.feed_eof()  # a body delimited by the close ends here
+        except Truncated as lost:
+            reason = f"connection error: {exc}" if exc else "server closed the connection"
+            self._fail(_Lost(lost.got_bytes, reason))
+            return
+        self._finish(reader, response)
 
-    # httptools callbacks
-    def on_status(self, reason: bytes) -> None:
-        self.response.reason = reason.decode("latin-1", "replace")
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        lowered = name.lower()
-        if lowered == b"retry-after":
-            self.response.retry_after = value.decode("latin-1")
-        elif lowered == b"location":
-            self.response.location = value.decode("latin-1")
-
-    def on_headers_complete(self) -> None:
-        self.head_bytes = -1
-        self.response.status = self.parser.get_status_code()
-
-    def on_body(self, body: bytes) -> None:
-        room = RESPONSE_SNIPPET_BYTES - len(self.response.body)
-        if room > 0:
-            self.response.body += body[:room]
-
-    def on_message_complete(self) -> None:
-        self.response.keep_alive = self.parser.should_keep_alive()
+    def _finish(self, reader: ResponseReader, response: Response) -> None:
+        self.reader = None
+        if reader.extra or not response.keep_alive:
+            self.reusable = False
         if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(self.response)
+            self.waiter.set_result(response)
 
     def _fail(self, exc: Exception) -> None:
+        self.reader = None
+        self.reusable = False
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(exc)
 
-    async def request(self, data: bytes, deadline: float) -> _Response:
-        """Send ``data`` and wait for the response until ``deadline`` (loop time), then TimeoutError.
+    async def request(self, data: bytes, deadline: float, reader: ResponseReader) -> Response:
+        """Send ``data`` and wait for its answer until ``deadline`` (loop time), then TimeoutError.
 
         One timer on the loop instead of an ``asyncio.timeout`` block: the block costs about
         twice as much, and a request's timer is the only one most deliveries need."""
         assert self.transport is not None
-        self.response = _Response()
-        self.got_bytes = False
-        self.head_bytes = 0
         loop = asyncio.get_running_loop()
+        self.reader = reader
         self.waiter = loop.create_future()
         timer = loop.call_at(deadline, self._expire)
         self.transport.write(data)
@@ -147,6 +148,7 @@ class _Connection(asyncio.Protocol):
             return await self.waiter
         finally:
             timer.cancel()
+            self.waiter = None
 
     def _expire(self) -> None:
         self._fail(TimeoutError())
@@ -154,6 +156,7 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self.reusable = False
         if self.transport is not None:
             self.transport.close()
 
@@ -161,10 +164,11 @@ class _Connection(asyncio.Protocol):
 class _Pool:
     """Kept-alive connections to one endpoint; at most ``size`` open, one request each."""
 
-    def __init__(self, scheme: str, host: str, port: int, size: int, policy: AddressPolicy) -> None:
+    def __init__(self, scheme: str, host: str, port: int, size: int, policy: AddressPolicy,
+                 tls: ssl.SSLContext | None) -> None:  # fmt: skip
         self.host, self.port = host, port
         self.policy = policy
-        self.ssl = ssl.create_default_context() if scheme == "https" else None
+        self.ssl = tls if scheme == "https" else None
         self.idle: list[_Connection] = []
         self.slots = asyncio.Semaphore(size)
         default_port = 443 if scheme == "https" else 80
@@ -177,23 +181,27 @@ class _Pool:
                 return conn
         return None
 
-    async def connect(self) -> _Connection:
+    async def connect(self, timings: _Clock) -> _Connection:
         """Resolve, refuse forbidden addresses, then connect to one allowed address itself."""
         loop = asyncio.get_running_loop()
         last_error: OSError | None = None
-        for _, ip in await allowed_addresses(self.host, self.port, self.policy):
+        timings.connecting()
+        addresses = await allowed_addresses(self.host, self.port, self.policy)
+        timings.resolved()
+        for _, ip in addresses:
             try:
                 _, conn = await loop.create_connection(
                     _Connection, ip, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None
                 )
+                timings.connected()
                 return conn
             except OSError as exc:
                 last_error = exc
         assert last_error is not None
         raise last_error
 
-    def give_back(self, conn: _Connection, reusable: bool) -> None:
-        if reusable and not conn.closed:
+    def give_back(self, conn: _Connection) -> None:
+        if conn.reusable and not conn.closed:
             self.idle.append(conn)
         else:
             conn.close()
@@ -202,6 +210,41 @@ class _Pool:
         for conn in self.idle:
             conn.close()
         self.idle.clear()
+
+
+class _Clock:
+    """When each phase of one exchange ended (curl's phases, for pg_net's timeout message)."""
+
+    __slots__ = ("connect_at", "connecting_at", "dns_at", "started")
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.connecting_at: float | None = None  # None: a kept-alive connection was reused
+        self.dns_at: float | None = None
+        self.connect_at: float | None = None
+
+    def connecting(self) -> None:
+        self.connecting_at, self.dns_at, self.connect_at = time.perf_counter(), None, None
+
+    def resolved(self) -> None:
+        self.dns_at = time.perf_counter()
+
+    def connected(self) -> None:
+        self.connect_at = time.perf_counter()
+
+    def timings(self) -> Timings:
+        """The phases so far; a phase cut short by a timeout ends now."""
+        now = time.perf_counter()
+        if self.connecting_at is None:
+            return Timings((now - self.started) * 1000, 0.0, 0.0, (now - self.started) * 1000)
+        dns_end = self.dns_at or now
+        connect_end = self.connect_at or (now if self.dns_at else dns_end)
+        return Timings(
+            total_ms=(now - self.started) * 1000,
+            dns_ms=(dns_end - self.connecting_at) * 1000,
+            connect_ms=(connect_end - dns_end) * 1000,
+            exchange_ms=(now - connect_end) * 1000 if self.connect_at else 0.0,
+        )
 
 
 @lru_cache(maxsize=1024)
@@ -213,27 +256,59 @@ def _valid_name(name: str) -> bool:
 @lru_cache(maxsize=4096)
 def _target(url: str) -> tuple[tuple[str, str, int], bytes]:
     parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"unsupported URL scheme {parts.scheme!r}")
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     if any(c in url for c in "\r\n\t\0 "):  # urlsplit silently drops some of these
         raise ValueError("URL contains whitespace or control characters")
     return endpoint_of(url), path.encode("ascii", "strict")
 
 
-class FastSender:
-    """POSTs for webhook delivery over per-endpoint pools of kept-alive connections."""
+def tls_context(ca_file: str | None = None) -> ssl.SSLContext:
+    """The system's trusted CAs (or those of SSL_CERT_FILE / SSL_CERT_DIR), plus ``ca_file``'s."""
+    context = ssl.create_default_context()
+    if ca_file:
+        context.load_verify_locations(cafile=ca_file)
+    return context
 
-    def __init__(self, *, pool_size: int = 64, policy: AddressPolicy = DEFAULT_POLICY) -> None:
+
+def _tls_reason(exc: ssl.SSLError) -> str:
+    """What the TLS layer said, as precisely as it said it (CERTIFICATE_VERIFY_FAILED alone
+    does not tell an untrusted CA from a wrong name or an expired certificate)."""
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        return f"certificate verify failed: {exc.verify_message}"
+    return str(exc.reason or exc)
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    method: str
+    url: str
+    body: bytes | None
+    headers: Mapping[str, str]
+
+
+class FastSender:
+    """Requests over per-endpoint pools of kept-alive connections (webhooks and the pg_net API)."""
+
+    def __init__(
+        self, *, pool_size: int = 64, policy: AddressPolicy = DEFAULT_POLICY, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.pool_size = pool_size
         self.policy = policy
+        self.tls = tls
         self._pools: dict[tuple[str, str, int], _Pool] = {}
 
     def _pool(self, endpoint: tuple[str, str, int]) -> _Pool:
         pool = self._pools.get(endpoint)
         if pool is None:
-            pool = self._pools[endpoint] = _Pool(*endpoint, self.pool_size, self.policy)
+            tls = self.tls
+            if endpoint[0] == "https" and tls is None:
+                tls = self.tls = tls_context()
+            pool = self._pools[endpoint] = _Pool(*endpoint, self.pool_size, self.policy, tls)
         return pool
 
-    async def send(  # noqa: PLR0911 - one return per way a request can end
+    async def send(
         self,
         url: str,
         body: bytes,
@@ -241,92 +316,142 @@ class FastSender:
         *,
         timeout: float,
         connect_timeout: float,
+        on_wire: Callable[[], bool] | None = None,
     ) -> HttpResult:
+        """A webhook POST. ``on_wire`` is asked right before the first byte is written; if it
+        answers False nothing is sent and the result's error class is ``withdrawn``."""
+        return await self.request("POST", url, body, headers, timeout=timeout, connect_timeout=connect_timeout,
+                                  on_wire=on_wire)  # fmt: skip
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str],
+        *,
+        timeout: float,
+        connect_timeout: float,
+        capture: bool = False,
+        redirects: int = 0,
+        on_wire: Callable[[], bool] | None = None,
+    ) -> HttpResult:
+        """Any request. ``capture``: keep every response header and up to MAX_CAPTURED_BYTES of
+        the body (``HttpResult.captured``). ``redirects``: how many to follow (0: a 3xx is
+        the answer). The timeout covers the whole request, redirects included."""
         started = time.perf_counter()
+        request = _Request(method, url, body, headers)
+        earlier: list[HttpResult] = []
+        deadline: float | None = None
+        for hop in range(redirects + 1):
+            result, response, deadline = await self._one(request, timeout, connect_timeout, capture, on_wire,
+                                                         deadline, earlier)  # fmt: skip
+            on_wire = None  # a redirect's request is part of one that reached the wire
+            if response is None or not response.location or response.status not in _FOLLOWED:
+                break
+            if hop == redirects:
+                if redirects:
+                    result = HttpResult(None, "redirect", f"more than {redirects} redirects, last to "
+                                        f"{response.location}", None, 0.0, timings=result.timings)  # fmt: skip
+                break
+            request = _redirected(request, response)
+        latency = (time.perf_counter() - started) * 1000
+        return _with(result, latency_ms=latency, earlier=tuple(earlier))
+
+    async def _one(
+        self,
+        request: _Request,
+        timeout: float,
+        connect_timeout: float,
+        capture: bool,
+        on_wire: Callable[[], bool] | None,
+        deadline: float | None,
+        earlier: list[HttpResult],
+    ) -> tuple[HttpResult, Response | None, float | None]:
+        """One request-response exchange: (result, the response if there was one, deadline)."""
+        clock = _Clock()
 
         def done(status: int | None, error_class: str | None, error: str | None, response: str | None = None,
-                 retry_after: float | None = None) -> HttpResult:  # fmt: skip
-            return HttpResult(status, error_class, error, response, (time.perf_counter() - started) * 1000, retry_after)
+                 retry_after: float | None = None, captured: Captured | None = None) -> HttpResult:  # fmt: skip
+            return HttpResult(status, error_class, error, response, (time.perf_counter() - clock.started) * 1000,
+                              retry_after, captured, timings=clock.timings())  # fmt: skip
 
         try:
-            endpoint, path = _target(url)
+            endpoint, path = _target(request.url)
         except (ValueError, UnicodeError) as exc:
-            return done(None, "bad_request", f"cannot send to {url!r}: {exc}")
+            return done(None, "bad_request", f"cannot send to {request.url!r}: {exc}"), None, deadline
         pool = self._pool(endpoint)
         try:
-            head = [b"POST ", path, b" HTTP/1.1\r\nHost: ", pool.host_header, b"\r\nUser-Agent: ", _USER_AGENT,
-                    b"\r\nContent-Length: ", str(len(body)).encode(), b"\r\n"]  # fmt: skip
-            for name, value in headers.items():
-                # Last line of defence against header injection: whatever the
-                # SQL checks let through, no CR/LF/NUL reaches the wire.
-                if not _valid_name(name):
-                    return done(None, "bad_request", f"header name {name[:100]!r} is not a valid HTTP header name")
-                if "\r" in value or "\n" in value or "\0" in value:
-                    return done(None, "bad_request", f"header {name!r} contains a line break or NUL; not sent")
-                head += [name.encode("latin-1"), b": ", value.encode("utf-8"), b"\r\n"]
-        except UnicodeError as exc:
-            return done(None, "bad_request", f"header cannot be sent: {exc}")
-        data = b"".join([*head, b"\r\n", body])
-
+            data = _serialize(request, path, pool.host_header)
+        except _BadHeader as exc:
+            return done(None, "bad_request", str(exc)), None, deadline
         async with pool.slots:
-            deadline = asyncio.get_running_loop().time() + timeout  # the wait for a slot does not count
+            clock.started = time.perf_counter()
+            if deadline is None:  # the wait for a slot does not count
+                deadline = asyncio.get_running_loop().time() + timeout
+            reader = ResponseReader(keep_body=MAX_CAPTURED_BYTES if capture else RESPONSE_SNIPPET_BYTES,
+                                    keep_headers=capture)  # fmt: skip
             try:
-                response = await self._exchange(pool, data, connect_timeout, deadline)
-            except TimeoutError:
-                return done(None, "timeout", f"no complete answer within {timeout:g} s")
-            except socket.gaierror as exc:
-                return done(None, "dns", f"cannot resolve host {endpoint[1]!r}: {exc}")
-            except RefusedAddress as exc:
-                return done(None, "refused_address", str(exc))
-            except _ConnectTimeout:
-                return done(
-                    None, "timeout", f"cannot connect to {endpoint[1]}:{endpoint[2]} within {connect_timeout:g} s"
-                )
-            except ssl.SSLError as exc:
-                return done(None, "tls", f"TLS error with {endpoint[1]}:{endpoint[2]}: {exc.reason or exc}")
-            except _Lost as exc:
-                if exc.got_bytes:
-                    return done(None, "reset", f"response cut off: {exc}")
-                return done(None, "empty_reply", "server closed the connection without a complete response")
-            except _BadResponse as exc:
-                return done(None, "invalid_response", str(exc))
-            except OSError as exc:
-                return done(None, "connect", f"cannot connect to {endpoint[1]}:{endpoint[2]}: {exc.strerror or exc}")
+                response = await self._exchange(pool, data, connect_timeout, deadline, clock, on_wire, reader, earlier)
+            except (_Withdrawn, TimeoutError, _ConnectTimeout, RefusedAddress, _Lost, ProtocolError, OSError) as exc:
+                return done(None, *_failure(exc, endpoint, timeout, connect_timeout)), None, deadline
 
         status = response.status
+        captured = None
+        if capture:
+            text = decode_text(bytes(response.body), response.content_type)
+            captured = Captured(dict(response.headers), response.content_type, text if response.body else None)
         if 200 <= status < 300:
-            return done(status, None, None)
-        snippet = response.body.decode("utf-8", "replace")
-        if 300 <= status < 400:
-            return done(
-                status, "redirect", f"HTTP {status} redirect to {response.location or '?'} (not followed)", snippet
-            )
+            return done(status, None, None, captured=captured), response, deadline
+        snippet = decode_text(bytes(response.body[:RESPONSE_SNIPPET_BYTES]), response.content_type)
+        if 300 <= status < 400 and response.location:
+            error = f"HTTP {status} redirect to {response.location} (not followed)"
+            return done(status, "redirect", error, snippet, captured=captured), response, deadline
         error = f"HTTP {status} {response.reason}".strip()
-        return done(status, "http_status", error, snippet, parse_retry_after(response.retry_after))
+        retry_after = parse_retry_after(response.retry_after)
+        return done(status, "http_status", error, snippet, retry_after, captured), response, deadline
 
-    async def _exchange(self, pool: _Pool, data: bytes, connect_timeout: float, deadline: float) -> _Response:
+    async def _exchange(
+        self,
+        pool: _Pool,
+        data: bytes,
+        connect_timeout: float,
+        deadline: float,
+        clock: _Clock,
+        on_wire: Callable[[], bool] | None,
+        reader: ResponseReader,
+        earlier: list[HttpResult],
+    ) -> Response:
         conn = pool.take_idle()
-        reused = conn is not None
+        fresh = conn is None
         if conn is None:
-            conn = await _connect(pool, connect_timeout, deadline)
+            conn = await _connect(pool, connect_timeout, deadline, clock)
+        if on_wire is not None and not on_wire():
+            pool.give_back(conn)
+            raise _Withdrawn
         try:
-            response = await conn.request(data, deadline)
+            response = await conn.request(data, deadline, reader)
         except _Lost as exc:
-            pool.give_back(conn, reusable=False)
-            if not (reused and not exc.got_bytes):
+            pool.give_back(conn)
+            if fresh or exc.got_bytes:
                 raise
-            # The server closed a kept-alive connection just as we reused it:
-            # nothing was processed, so one fresh connection is safe to try.
-            conn = await _connect(pool, connect_timeout, deadline)
+            # The server closed a kept-alive connection just as we reused it, without a
+            # byte of answer: most likely it never read the request. Send it once more on
+            # a new connection, and report the first try (it reached the wire).
+            latency = (time.perf_counter() - clock.started) * 1000
+            earlier.append(HttpResult(None, "empty_reply", "server closed the kept-alive connection without "
+                                      "answering; sent again on a new connection", None, latency))  # fmt: skip
+            conn = await _connect(pool, connect_timeout, deadline, clock)
+            reader = reader.again()
             try:
-                response = await conn.request(data, deadline)
+                response = await conn.request(data, deadline, reader)
             except BaseException:
-                pool.give_back(conn, reusable=False)
+                pool.give_back(conn)
                 raise
         except BaseException:
-            pool.give_back(conn, reusable=False)
+            pool.give_back(conn)
             raise
-        pool.give_back(conn, reusable=response.keep_alive)
+        pool.give_back(conn)
         return response
 
     async def close(self) -> None:
@@ -335,17 +460,87 @@ class FastSender:
         self._pools.clear()
 
 
-class _ConnectTimeout(Exception):
+class _BadHeader(Exception):
     pass
 
 
-async def _connect(pool: _Pool, connect_timeout: float, deadline: float) -> _Connection:
+def _failure(  # noqa: PLR0911 - one return per way a request can end
+    exc: BaseException, endpoint: tuple[str, str, int], timeout: float, connect_timeout: float
+) -> tuple[str, str]:
+    """(error class, error text) of a request that ended without an answer."""
+    host = f"{endpoint[1]}:{endpoint[2]}"
+    if isinstance(exc, _Withdrawn):
+        return "withdrawn", "taken back before it was sent"
+    if isinstance(exc, _ConnectTimeout):
+        return "timeout", f"cannot connect to {host} within {connect_timeout:g} s"
+    if isinstance(exc, TimeoutError):
+        return "timeout", f"no complete answer within {timeout:g} s"
+    if isinstance(exc, socket.gaierror):
+        return "dns", f"cannot resolve host {endpoint[1]!r}: {exc}"
+    if isinstance(exc, RefusedAddress):
+        return "refused_address", str(exc)
+    if isinstance(exc, ssl.SSLError):
+        return "tls", f"TLS error with {host}: {_tls_reason(exc)}"
+    if isinstance(exc, _Lost):
+        if exc.got_bytes:
+            return "reset", f"response cut off: {exc}"
+        return "empty_reply", "server closed the connection without a complete response"
+    if isinstance(exc, ProtocolError):
+        return "invalid_response", str(exc)
+    assert isinstance(exc, OSError)
+    return "connect", f"cannot connect to {host}: {exc.strerror or exc}"
+
+
+def _serialize(request: _Request, path: bytes, host_header: bytes) -> bytes:
+    """The request's bytes. Last line of defence against header injection: whatever the SQL
+    checks let through, no CR/LF/NUL and no invalid header name reaches the wire."""
+    head = [request.method.encode("ascii"), b" ", path, b" HTTP/1.1\r\nHost: ", host_header]
+    names = set()
+    for name, value in request.headers.items():
+        if not _valid_name(name):
+            raise _BadHeader(f"header name {name[:100]!r} is not a valid HTTP header name")
+        if "\r" in value or "\n" in value or "\0" in value:
+            raise _BadHeader(f"header {name!r} contains a line break or NUL; not sent")
+        lowered = name.lower()
+        if lowered in ("host", "content-length", "transfer-encoding"):
+            continue  # framing is ours to state
+        names.add(lowered)
+        try:
+            head += [b"\r\n", name.encode("ascii"), b": ", value.encode("utf-8")]
+        except UnicodeError as exc:
+            raise _BadHeader(f"header {name!r} cannot be sent: {exc}") from None
+    if "user-agent" not in names:
+        head += [b"\r\nUser-Agent: ", _USER_AGENT]
+    body = request.body
+    if body is not None or request.method not in _BODYLESS:
+        head += [b"\r\nContent-Length: ", str(len(body or b"")).encode()]
+    head.append(b"\r\n\r\n")
+    if body:
+        head.append(body)
+    return b"".join(head)
+
+
+def _redirected(request: _Request, response: Response) -> _Request:
+    assert response.location is not None
+    url = urljoin(request.url, response.location)
+    if response.status in _SEE_OTHER and request.method not in ("GET", "HEAD"):
+        headers = {k: v for k, v in request.headers.items() if k.lower() != "content-type"}
+        return _Request("GET", url, None, headers)
+    return _Request(request.method, url, request.body, request.headers)
+
+
+def _with(result: HttpResult, *, latency_ms: float, earlier: tuple[HttpResult, ...]) -> HttpResult:
+    return HttpResult(result.status, result.error_class, result.error, result.response, latency_ms,
+                      result.retry_after, result.captured, earlier, result.timings)  # fmt: skip
+
+
+async def _connect(pool: _Pool, connect_timeout: float, deadline: float, clock: _Clock) -> _Connection:
     """A new connection within ``connect_timeout`` (_ConnectTimeout) and before the request's
     ``deadline`` (TimeoutError), whichever comes first."""
     remaining = deadline - asyncio.get_running_loop().time()
     try:
         async with asyncio.timeout(min(connect_timeout, remaining)):
-            return await pool.connect()
+            return await pool.connect(clock)
     except TimeoutError:
         if connect_timeout < remaining:
             raise _ConnectTimeout from None

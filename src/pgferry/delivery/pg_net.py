@@ -4,8 +4,16 @@ Each event of stream 'net.http' describes one request (method, url, headers,
 body, timeout). Unlike a webhook, any HTTP answer except 429 and 5xx is the
 final result, as in pg_net; those and transport errors are retried with the
 'pg_net' subscription's schedule. The final outcome becomes a row of
-net._http_response with pg_net's columns and, for errors, curl-like texts
-that existing checks (e.g. ``error_msg like 'Timeout of % ms reached%'``) match.
+net._http_response with pg_net's columns and, for errors, the very texts
+pg_net stores (libcurl's ``curl_easy_strerror``, and pg_net's own timeout
+message with its phase timings), so existing checks such as
+``error_msg like 'Timeout of % ms reached%'`` or
+``error_msg = 'Couldn''t connect to server'`` keep matching; the detail
+behind each (which address, which TLS check) is in ferry.attempts.
+
+The requests go through the same client as webhooks (``delivery.fasthttp``),
+asked to keep the whole answer and to follow redirects as pg_net's libcurl
+does (up to 30).
 """
 
 from __future__ import annotations
@@ -14,12 +22,15 @@ from typing import Any
 
 import orjson
 
-from pgferry.delivery.http import HttpResult, HttpSender
+from pgferry.delivery.fasthttp import FastSender
+from pgferry.delivery.http import HttpResult
 from pgferry.delivery.model import OutEvent, Subscription
 
-_CURL_TEXT = {
-    "too_large": "Request body too large",
-    "bad_request": "Request could not be sent",
+#: libcurl's default since 8.3 (pg_net sets CURLOPT_FOLLOWLOCATION and no CURLOPT_MAXREDIRS).
+MAX_REDIRECTS = 30
+
+#: What pg_net records in error_msg (libcurl's curl_easy_strerror) for each of our error classes.
+CURL_TEXT = {
     "connect": "Couldn't connect to server",
     "dns": "Couldn't resolve host name",
     "empty_reply": "Server returned nothing (no headers, no data)",
@@ -27,6 +38,13 @@ _CURL_TEXT = {
     "invalid_response": "Weird server reply",
     "redirect": "Number of redirects hit maximum amount",
 }
+#: Failures of pgferry's own checks (pg_net has no body limit and no address policy).
+OWN_TEXT = {"too_large": "Request body too large", "bad_request": "Request could not be sent"}
+#: pg_net's timeout message (src/errors.c), with libcurl's phases.
+TIMEOUT_TEXT = (
+    "Timeout of {timeout} ms reached. Total time: {total:f} ms (DNS time: {dns:f} ms, "
+    "TCP/SSL handshake time: {handshake:f} ms, HTTP Request/Response time: {exchange:f} ms)"
+)
 
 
 def is_final(result: HttpResult) -> bool:
@@ -34,7 +52,7 @@ def is_final(result: HttpResult) -> bool:
     return result.status is not None and result.status != 429 and result.status < 500
 
 
-async def send(sender: HttpSender, sub: Subscription, event: OutEvent, *, max_body_bytes: int = 1 << 20) -> HttpResult:
+async def send(sender: FastSender, sub: Subscription, event: OutEvent, *, max_body_bytes: int = 1 << 20) -> HttpResult:
     try:
         request: dict[str, Any] = orjson.loads(event.payload)
         headers = {str(k): str(v) for k, v in (request.get("headers") or {}).items() if v is not None}
@@ -56,13 +74,15 @@ async def send(sender: HttpSender, sub: Subscription, event: OutEvent, *, max_bo
     if size > max_body_bytes:
         error = f"request body is {size} bytes, over the {max_body_bytes}-byte limit (ferry.config.max_body_bytes)"
         return HttpResult(None, "too_large", error, None, 0.0)
-    return await sender.send(
-        request["url"],
+    return await sender.request(
+        request["method"],
+        url,
         body.encode() if body is not None else None,
         headers,
-        method=request["method"],
         timeout=timeout_ms / 1000,
         connect_timeout=min(sub.connect_timeout_ms, timeout_ms) / 1000,
+        capture=True,
+        redirects=MAX_REDIRECTS,
     )
 
 
@@ -71,11 +91,24 @@ def response_row(event: OutEvent, result: HttpResult) -> tuple[Any, ...]:
     if result.status is not None and result.captured is not None:
         captured = result.captured
         return (event.id, result.status, captured.content_type, orjson.dumps(captured.headers).decode(),
-                captured.content, False, None)  # fmt: skip
+                captured.content or None, False, None)  # fmt: skip
     if result.error_class == "timeout":
-        timeout_ms = orjson.loads(event.payload)["timeout_ms"]
-        message = f"Timeout of {timeout_ms} ms reached. Total time: {result.latency_ms:f} ms"
-        return (event.id, None, None, None, None, True, message)
-    curl = _CURL_TEXT.get(result.error_class or "")
-    message = f"{curl}: {result.error}" if curl else (result.error or "request failed")
+        return (event.id, None, None, None, None, True, timeout_text(event, result))
+    if result.error_class == "tls":
+        verify = "certificate verify failed" in (result.error or "")
+        message = "SSL peer certificate or SSH remote key was not OK" if verify else "SSL connect error"
+    elif result.error_class in OWN_TEXT:  # failures pg_net does not have: ours, with the detail
+        message = f"{OWN_TEXT[result.error_class]}: {result.error}"
+    else:
+        message = CURL_TEXT.get(result.error_class or "") or result.error or "request failed"
     return (event.id, None, None, None, None, False, message)
+
+
+def timeout_text(event: OutEvent, result: HttpResult) -> str:
+    """pg_net's timeout message: 'Timeout of N ms reached. Total time: ... (DNS time: ..., ...)'."""
+    timeout_ms = orjson.loads(event.payload)["timeout_ms"]
+    t = result.timings
+    if t is None:
+        return TIMEOUT_TEXT.format(timeout=timeout_ms, total=result.latency_ms, dns=0.0, handshake=0.0, exchange=0.0)
+    return TIMEOUT_TEXT.format(timeout=timeout_ms, total=t.total_ms, dns=t.dns_ms, handshake=t.connect_ms,
+                               exchange=t.exchange_ms)  # fmt: skip

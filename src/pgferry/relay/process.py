@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from dataclasses import dataclass, field
 
 import asyncpg
 
 from pgferry import db, sql
 from pgferry.delivery.addresses import AddressPolicy
-from pgferry.delivery.fasthttp import FastSender
-from pgferry.delivery.http import HttpSender
+from pgferry.delivery.fasthttp import FastSender, tls_context
 from pgferry.delivery.worker import DeliveryContext
 from pgferry.log.ticker import Ticker, TickerSettings
 from pgferry.ops.metrics import RelayMetrics
@@ -36,6 +36,8 @@ class RelaySettings:
     db_pool_size: int = 10
     #: where deliveries may connect (SSRF protection); from PGFERRY_STRICT_ADDRESSES/PGFERRY_ALLOW_ADDRESSES
     addresses: AddressPolicy = field(default_factory=AddressPolicy.from_env)
+    #: PEM file of extra CA certificates trusted for https endpoints (PGFERRY_CA_FILE)
+    ca_file: str | None = None
     #: Prometheus metrics at http://metrics_host:metrics_port/metrics (None: off; 0: any free port)
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
@@ -63,6 +65,11 @@ class RelaySettings:
             raise ValueError("session_timeout must exceed command_timeout + claim_interval")
         if self.ownership.stop_grace >= live.session_timeout:  # the ownership connection waits that long
             raise ValueError("session_timeout must exceed the ownership stop_grace")
+        if self.ca_file is not None:
+            try:
+                tls_context(self.ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise ValueError(f"cannot use {self.ca_file} as a CA file (PEM certificates expected): {exc}") from None
 
 
 class Relay:
@@ -113,7 +120,7 @@ class Relay:
                 liveness=self.settings.liveness,
             )
         ]
-        pool = sender = webhooks = None
+        pool = http = None
         if self.settings.deliver:
             # Delivery bookkeeping commits without waiting for its WAL flush: if a
             # crash loses such a commit, the batch's cursor move is lost with it
@@ -130,12 +137,11 @@ class Relay:
             )
             policy = self.settings.addresses
             log.info("delivery: %s", policy.describe())
-            sender = HttpSender(pool_size=self.settings.pool_size, policy=policy)
-            webhooks = FastSender(pool_size=self.settings.pool_size, policy=policy)
+            tls = tls_context(self.settings.ca_file)
+            http = FastSender(pool_size=self.settings.pool_size, policy=policy, tls=tls)
             ctx = DeliveryContext(
                 pool=pool,
-                sender=sender,
-                webhooks=webhooks,
+                http=http,
                 global_limit=asyncio.Semaphore(self.settings.max_in_flight),
                 max_body_bytes=max_body_bytes,
                 observe=self.metrics.observe_outcomes if self.metrics is not None else None,
@@ -155,10 +161,8 @@ class Relay:
             await asyncio.gather(*jobs)
         finally:
             await web.stop()
-            if sender is not None:
-                await sender.close()
-            if webhooks is not None:
-                await webhooks.close()
+            if http is not None:
+                await http.close()
             if pool is not None:
                 # close() waits for every connection to be given back; one stuck on a
                 # silent network must not keep the process from exiting.

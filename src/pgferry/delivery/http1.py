@@ -1,0 +1,359 @@
+"""Reading one HTTP/1.x response from the bytes of a connection, without I/O.
+
+Why not a parser library: httptools (llhttp) parsed responses here before,
+and three things it cannot do decided against it. It cannot say where a
+response ended inside the bytes it was fed, so a second answer (or a stray
+one) on a kept-alive connection could be read as the answer to the NEXT
+request, which is how a rejected event once got recorded as delivered. It
+cannot finish a body delimited by the connection closing (HTTP/1.0 servers,
+``Connection: close`` without a length). And it refuses what curl accepts,
+such as header names with spaces, which the pg_net API must record as pg_net
+does. So this module frames responses itself, byte-exact, and is held to a
+stricter bar than the library it replaces: tests/delivery/test_http1.py
+checks it against h11 and llhttp on generated responses split at every
+boundary, and tests/delivery/conformance against real servers.
+
+The rules, in the order RFC 9112 gives them (section 6.3), with curl's
+leniency where it cannot cause a wrong attribution and strictness where it
+could:
+- interim answers (1xx but 101) are skipped; an unasked-for 101 is an error;
+- 204 and 304 have no body;
+- ``Transfer-Encoding`` ending in ``chunked`` frames the body in chunks; any
+  other transfer coding means "until the connection closes";
+- else ``Content-Length`` (several must agree) frames it;
+- else the body runs until the connection closes.
+Anything that makes the framing doubtful (both a length and chunked, a bad
+length, a malformed chunk) is a ``ProtocolError``: the caller must close the
+connection. Header lines are lenient (any name without a colon in it,
+folded lines, bare LF line ends), except that a framing header whose name
+is padded with whitespace is refused rather than guessed at.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: The most a response's status line and headers (and a chunked body's trailers) may take.
+MAX_HEAD_BYTES = 128 * 1024
+#: The longest chunk-size line (size plus extensions) accepted.
+MAX_CHUNK_LINE = 4096
+
+_FRAMING = frozenset((b"content-length", b"transfer-encoding"))
+
+
+class ProtocolError(Exception):
+    """What came back is not an HTTP/1.x response we can frame: close the connection."""
+
+
+class Truncated(Exception):
+    """The connection closed before the response was complete."""
+
+    def __init__(self, got_bytes: bool) -> None:
+        super().__init__("the connection closed before a complete response")
+        self.got_bytes = got_bytes
+
+
+@dataclass(slots=True)
+class Response:
+    status: int = 0
+    reason: str = ""
+    #: minor version: 0 for HTTP/1.0, 1 for HTTP/1.1
+    minor: int = 1
+    #: every header as sent (name spelling kept), when the reader was asked to keep them
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    retry_after: str | None = None
+    location: str | None = None
+    content_type: str | None = None
+    #: the start of the body, up to the reader's ``keep_body`` bytes (decoded, not chunk-framed)
+    body: bytearray = field(default_factory=bytearray)
+    body_bytes: int = 0
+    #: whether the connection may carry another request after this response
+    keep_alive: bool = False
+
+
+# reader states
+_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
+
+
+class ResponseReader:
+    """Reads the response to one request.
+
+    ``feed`` returns the final response once its last byte has arrived and
+    None until then; ``feed_eof`` is called when the connection closes.
+    After the response, ``extra`` tells whether more bytes came than the
+    response held: such a connection must not carry another request.
+    """
+
+    __slots__ = ("_buf", "_chunk_left", "_got", "_keep_body", "_keep_headers", "_left", "_scan", "_state", "extra",
+                 "response")  # fmt: skip
+
+    def __init__(self, *, keep_body: int = 2048, keep_headers: bool = False) -> None:
+        self._keep_body = keep_body
+        self._keep_headers = keep_headers
+        self._buf = bytearray()
+        self._state = _HEAD
+        self._left = 0  # body bytes still expected (Content-Length)
+        self._chunk_left = 0
+        self._scan = 0  # how far the buffer was searched for the end of a header block
+        self._got = False
+        self.extra = False
+        self.response = Response()
+
+    def again(self) -> ResponseReader:
+        """A new reader with the same settings (the same request, sent once more)."""
+        return ResponseReader(keep_body=self._keep_body, keep_headers=self._keep_headers)
+
+    def feed(self, data: bytes) -> Response | None:
+        if not data:
+            return None
+        self._got = True
+        if self._state == _DONE:
+            self.extra = True
+            return None
+        if self._state == _LENGTH and not self._buf:  # the common case: a body of known length
+            return self._length(data)
+        self._buf += data
+        return self._run()
+
+    def feed_eof(self) -> Response:
+        """The connection closed: the response if that ends it, else Truncated."""
+        if self._state == _UNTIL_CLOSE:
+            self._state = _DONE
+            return self.response
+        if self._state == _DONE:
+            return self.response
+        raise Truncated(self._got)
+
+    # -- states --------------------------------------------------------------
+
+    def _run(self) -> Response | None:
+        steps = (self._head, self._buffered_length, self._chunk_size, self._chunk_data, self._chunk_end,
+                 self._trailers, self._buffered_until_close)  # fmt: skip  # indexed by state
+        while self._state != _DONE:
+            if not steps[self._state]():
+                return None
+        if self._buf:
+            self.extra = True
+            self._buf.clear()
+        return self.response
+
+    def _buffered_length(self) -> bool:
+        data = bytes(self._buf)
+        self._buf.clear()
+        return self._length(data) is not None
+
+    def _buffered_until_close(self) -> bool:
+        self._keep(self._buf)
+        self._buf.clear()
+        return False
+
+    def _head(self) -> bool:
+        buf = self._buf
+        # Blank lines before the status line are skipped (what llhttp and curl do).
+        start = 0
+        while start < len(buf) and buf[start] in b"\r\n":
+            start += 1
+        if start:
+            del buf[:start]
+            self._scan = 0
+        end, blank = self._block_end()
+        if end < 0 or end > MAX_HEAD_BYTES:
+            if end > MAX_HEAD_BYTES or len(buf) > MAX_HEAD_BYTES:
+                raise ProtocolError(f"invalid HTTP response: headers longer than {MAX_HEAD_BYTES} bytes")
+            return False
+        head = bytes(buf[:end])
+        del buf[: end + blank]
+        self._parse_head(head)
+        return True
+
+    def _parse_head(self, head: bytes) -> None:
+        lines = head.split(b"\n")
+        status_line = lines[0].rstrip(b"\r")
+        minor, status, reason = _status_line(status_line)
+        if status == 101:
+            raise ProtocolError("unexpected 101 Switching Protocols (no upgrade was asked for)")
+        if status < 200:  # an interim answer (100 Continue, 103 Early Hints, ...): the real one follows
+            return
+        response = self.response
+        response.status, response.reason, response.minor = status, reason, minor
+        lengths: list[bytes] = []
+        codings: list[bytes] = []
+        connection: list[bytes] = []
+        headers: list[tuple[bytes, bytes]] = []
+        for raw in lines[1:]:
+            line = raw.rstrip(b"\r")
+            if line[:1] in (b" ", b"\t"):  # obs-fold: continues the previous header's value
+                if not headers:
+                    raise ProtocolError("invalid HTTP response: continuation line before any header")
+                name, value = headers[-1]
+                if name.strip().lower() in _FRAMING:
+                    raise ProtocolError("invalid HTTP response: folded framing header")
+                headers[-1] = (name, value + b" " + line.strip())
+                continue
+            name, colon, value = line.partition(b":")
+            if not colon or not name.strip():
+                continue  # not a header line; curl ignores these too
+            headers.append((name, value.strip()))
+        for name, value in headers:
+            key = name.lower()
+            stripped = key.strip()
+            if stripped != key:
+                if stripped in _FRAMING:
+                    raise ProtocolError(f"invalid HTTP response: whitespace in header name {name!r}")
+                key = stripped
+            if key == b"content-length":
+                lengths.append(value)
+            elif key == b"transfer-encoding":
+                codings.extend(c.strip().lower() for c in value.split(b",") if c.strip())
+            elif key == b"connection":
+                connection.extend(t.strip().lower() for t in value.split(b","))
+            elif key == b"retry-after":
+                response.retry_after = value.decode("latin-1")
+            elif key == b"location":
+                response.location = value.decode("latin-1")
+            elif key == b"content-type":
+                response.content_type = value.decode("latin-1")
+        if self._keep_headers:
+            response.headers = [(n.strip().decode("latin-1"), v.decode("latin-1")) for n, v in headers]
+        if minor == 1:
+            response.keep_alive = b"close" not in connection
+        else:
+            response.keep_alive = b"keep-alive" in connection and b"close" not in connection
+        self._frame(status, lengths, codings)
+
+    def _frame(self, status: int, lengths: list[bytes], codings: list[bytes]) -> None:
+        if status in (204, 304):
+            self._state = _DONE
+            return
+        if codings:
+            if lengths:
+                raise ProtocolError("invalid HTTP response: both Content-Length and Transfer-Encoding")
+            if codings[-1] == b"chunked":
+                if codings.count(b"chunked") > 1:
+                    raise ProtocolError("invalid HTTP response: chunked applied twice")
+                self._state = _CHUNK_SIZE
+            else:
+                self._until_close()
+            return
+        if lengths:
+            values = {v.strip() for joined in lengths for v in joined.split(b",")}
+            if len(values) != 1:
+                raise ProtocolError("invalid HTTP response: conflicting Content-Length values")
+            value = values.pop()
+            if not value.isdigit() or len(value) > 18:
+                raise ProtocolError(f"invalid HTTP response: bad Content-Length {value[:40]!r}")
+            self._left = int(value)
+            self._state = _LENGTH if self._left else _DONE
+            return
+        self._until_close()
+
+    def _until_close(self) -> None:
+        self.response.keep_alive = False
+        self._state = _UNTIL_CLOSE
+
+    def _length(self, data: bytes) -> Response | None:
+        take = self._left
+        if len(data) < take:
+            self._left -= len(data)
+            self._keep(data)
+            return None
+        self._keep(data[:take] if len(data) > take else data)
+        self._left = 0
+        self._state = _DONE
+        if len(data) > take:
+            self.extra = True
+        return self.response
+
+    def _chunk_size(self) -> bool:
+        buf = self._buf
+        end = buf.find(b"\n")
+        if end < 0:
+            if len(buf) > MAX_CHUNK_LINE:
+                raise ProtocolError("invalid HTTP response: chunk size line too long")
+            return False
+        if end > MAX_CHUNK_LINE:
+            raise ProtocolError("invalid HTTP response: chunk size line too long")
+        line = bytes(buf[:end]).rstrip(b"\r")
+        del buf[: end + 1]
+        size = line.split(b";", 1)[0].strip(b" \t")
+        if not size or len(size) > 15 or any(c not in b"0123456789abcdefABCDEF" for c in size):
+            raise ProtocolError(f"invalid HTTP response: bad chunk size {line[:40]!r}")
+        self._chunk_left = int(size, 16)
+        self._state = _CHUNK_DATA if self._chunk_left else _TRAILERS
+        return True
+
+    def _chunk_data(self) -> bool:
+        buf = self._buf
+        if not buf:
+            return False
+        take = min(self._chunk_left, len(buf))
+        self._keep(buf[:take])
+        del buf[:take]
+        self._chunk_left -= take
+        if self._chunk_left:
+            return False
+        self._state = _CHUNK_END
+        return True
+
+    def _chunk_end(self) -> bool:
+        buf = self._buf
+        if buf[:2] == b"\r\n":
+            del buf[:2]
+        elif buf[:1] == b"\n":
+            del buf[:1]
+        elif buf == b"\r" or not buf:
+            return False
+        else:
+            raise ProtocolError("invalid HTTP response: chunk data not followed by a line end")
+        self._state = _CHUNK_SIZE
+        return True
+
+    def _trailers(self) -> bool:
+        buf = self._buf
+        if buf[:2] == b"\r\n" or buf[:1] == b"\n":  # no trailers
+            del buf[: 2 if buf[:1] == b"\r" else 1]
+            self._state = _DONE
+            return True
+        end, blank = self._block_end()
+        if end < 0:
+            if len(buf) > MAX_HEAD_BYTES:
+                raise ProtocolError(f"invalid HTTP response: trailers longer than {MAX_HEAD_BYTES} bytes")
+            return False
+        del buf[: end + blank]  # trailer fields are read past, not kept
+        self._state = _DONE
+        return True
+
+    def _block_end(self) -> tuple[int, int]:
+        """Where the header block at the start of the buffer ends (before its blank line), and
+        the blank line's length; (-1, 0) while incomplete. Lines may end in CRLF or a bare LF,
+        as curl accepts. Searching resumes where the last search stopped, so a head that
+        arrives a byte at a time costs linear time."""
+        buf = self._buf
+        start = max(0, self._scan - 2)
+        crlf = buf.find(b"\n\r\n", start)
+        lf = buf.find(b"\n\n", start)
+        if crlf < 0 and lf < 0:
+            self._scan = len(buf)
+            return -1, 0
+        self._scan = 0
+        if lf < 0 or (0 <= crlf < lf):
+            return crlf + 1, 2
+        return lf + 1, 1
+
+    def _keep(self, data: bytes | bytearray) -> None:
+        response = self.response
+        response.body_bytes += len(data)
+        room = self._keep_body - len(response.body)
+        if room > 0:
+            response.body += data[:room]
+
+
+def _status_line(line: bytes) -> tuple[int, int, str]:
+    """(minor version, status, reason) of ``HTTP/1.x NNN reason``."""
+    version, _, rest = line.partition(b" ")
+    if version not in (b"HTTP/1.1", b"HTTP/1.0"):
+        raise ProtocolError(f"invalid HTTP response: status line {line[:60]!r}")
+    code, _, reason = rest.lstrip(b" ").partition(b" ")
+    if len(code) != 3 or not code.isdigit() or code[0] == 0x30:
+        raise ProtocolError(f"invalid HTTP response: status line {line[:60]!r}")
+    return version[-1] - 0x30, int(code), reason.strip().decode("latin-1", "replace")
