@@ -101,7 +101,7 @@ async def test_the_sender_never_puts_a_line_break_in_a_header(
         "select ferry.publish('s', '{\"n\": 2}', headers => jsonb_build_object('x-deep', $1::text::jsonb))",
         "[" * 2000 + "]" * 2000,
     )
-    # a key with a line break is delivered, without the pgferry-key header
+    # a key with a line break is delivered, its pgferry-key header percent-encoded
     keyed = await conn.fetchval("select ferry.publish('s', '{\"n\": 3}', key => e'k\\r\\nInjected: yes')")
     letters = await dead_letters(conn, 2)
     assert [(d["event_id"], d["attempts"]) for d in letters] == [(bad, 1), (deep_header, 1)]
@@ -116,7 +116,8 @@ async def test_the_sender_never_puts_a_line_break_in_a_header(
     assert letters[-1]["event_id"] == late and "contains a line break or NUL; not sent" in letters[-1]["last_error"]
     got = receiver.received
     assert [orjson.loads(r.body)["n"] for r in got] == [3]
-    assert "pgferry-key" not in got[0].headers and all("injected" not in r.headers for r in got)
+    assert all("injected" not in r.headers for r in got)
+    assert (got[0].headers["pgferry-key"], got[0].headers["pgferry-key-encoding"]) == ("k%0D%0AInjected:%20yes", "percent")
     assert got[0].headers["webhook-id"] == f"evt_{keyed}"
     await conn.execute("""update ferry.subscriptions set headers = '{}'""")
     await asyncio.sleep(0.5)
@@ -277,17 +278,15 @@ class _HeaderFlood(asyncio.Protocol):
 
 async def test_a_receiver_sending_an_endless_header_is_cut_off() -> None:
     from pgferry.delivery.fasthttp import FastSender
-    from pgferry.delivery.http import HttpSender
 
     server = await asyncio.get_running_loop().create_server(_HeaderFlood, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
-    fast, general = FastSender(pool_size=1), HttpSender(pool_size=1)
+    sender = FastSender(pool_size=1)
     try:
-        for sender in (fast, general):
-            result = await sender.send(url, b"{}", {}, timeout=5, connect_timeout=1)
-            # refused after a bounded amount (64 KB / aiohttp's 8 KB), not buffered until the timeout
+        for capture in (False, True):  # a webhook, a pg_net request
+            result = await sender.request("POST", url, b"{}", {}, timeout=5, connect_timeout=1, capture=capture)
+            # refused after a bounded amount (MAX_HEAD_BYTES), not buffered until the timeout
             assert result.error_class == "invalid_response" and result.latency_ms < 2000, result
     finally:
-        await fast.close()
-        await general.close()
+        await sender.close()
         server.close()

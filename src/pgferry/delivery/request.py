@@ -2,8 +2,15 @@
 
 With batch_size 1 the body is the event's payload exactly as stored (for
 captured tables, the Supabase database-webhook shape), so existing receivers
-keep working. With larger batches the body is ``{"data": [...]}`` and each
-element carries its event id, the key to de-duplicate on.
+keep working, and the event's stream, key and headers travel as HTTP headers.
+With a larger batch_size the body is always ``{"data": [...]}``, even when a
+request happens to hold one event (a receiver must never have to guess the
+shape), and each element carries its event id, stream and key.
+
+A key is any text (a primary key may hold control characters), but a header
+value may not: a key that is not plain printable ASCII goes into
+``pgferry-key`` percent-encoded (UTF-8), flagged by
+``pgferry-key-encoding: percent``; the body keeps it exact.
 """
 
 from __future__ import annotations
@@ -19,7 +26,10 @@ from pgferry.delivery.model import OutEvent, Subscription
 from pgferry.delivery.signing import Signer
 
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-_RESERVED = {"webhook-id", "webhook-timestamp", "webhook-signature", "content-length", "host", "transfer-encoding"}
+#: A key sent as is: printable ASCII, spaces only inside (a parser strips them at the ends).
+_PLAIN_KEY = re.compile(r"^[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?\Z")
+_RESERVED = {"webhook-id", "webhook-timestamp", "webhook-signature", "content-length", "host", "transfer-encoding",
+             "pgferry-key-encoding"}  # fmt: skip
 
 
 class BadRequest(ValueError):
@@ -46,8 +56,16 @@ def message_id(events: Sequence[OutEvent]) -> str:
     return f"evt_{events[0].id}_{events[-1].id}_{len(events)}"
 
 
-def _body(events: Sequence[OutEvent]) -> bytes:
-    if len(events) == 1:
+def key_header(key: str) -> tuple[str, bool]:
+    """The ``pgferry-key`` value for ``key``, and whether it is percent-encoded."""
+    if _PLAIN_KEY.match(key):
+        return key, False
+    encoded = "".join(c if "!" <= c <= "~" and c != "%" else "".join(f"%{b:02X}" for b in c.encode()) for c in key)
+    return encoded, True
+
+
+def _body(events: Sequence[OutEvent], batched: bool) -> bytes:
+    if not batched:
         return events[0].payload.encode()
     items = []
     for e in events:
@@ -72,20 +90,23 @@ def _event_headers(event: OutEvent) -> dict[str, str]:
 
 
 def build(sub: Subscription, events: Sequence[OutEvent], signer: Signer, *, max_body_bytes: int) -> Request:
-    body = _body(events)
+    batched = sub.batch_size > 1
+    body = _body(events, batched)
     if len(body) > max_body_bytes:
         raise TooLarge(
             f"request body is {len(body)} bytes, over the {max_body_bytes}-byte limit (ferry.config.max_body_bytes)"
         )
     headers: dict[str, str] = {"content-type": "application/json", **{k.lower(): v for k, v in sub.headers.items()}}
-    if len(events) == 1:
+    if not batched:
         event = events[0]
         for name, value in _event_headers(event).items():
             if name.lower() not in _RESERVED:
                 headers[name.lower()] = value
         headers["pgferry-stream"] = event.stream
-        if event.key is not None and not any(c in event.key for c in "\r\n\0"):
-            headers["pgferry-key"] = event.key
+        if event.key is not None:
+            headers["pgferry-key"], encoded = key_header(event.key)
+            if encoded:
+                headers["pgferry-key-encoding"] = "percent"
     msg_id = message_id(events)
     timestamp = int(time.time())
     headers["webhook-id"] = msg_id

@@ -13,10 +13,21 @@ are parked as in flight, due only after the request's timeout, the cursor
 moves on, and the answer, when it comes, is recorded as a retry's would be.
 One hanging request then costs its subscription a second, not its timeout.
 
+Only a request that reached the wire can be in flight: one still waiting
+for a connection (behind the endpoint's pool, or the in-flight limits) when
+its round lets go is withdrawn, never sent, and its events are parked as due
+now, so no later retry can race it (a race that once duplicated thousands of
+events with 1,000 subscriptions sharing one endpoint).
+
+When the endpoint is down (``delivery.health``), events are held (parked
+without spending an attempt) instead of sent, one request at a time probes
+the endpoint, and once it answers the held and parked events are released
+at once.
+
 With ``ordered`` on, events are spread over lanes by key and each lane sends
 in id order; once an event of a key fails, the later events of that key in
-the batch are parked behind it, and the retry loop only ever sends the
-earliest parked event of a key.
+the batch are parked behind it, and the retry loop only sends a key's parked
+events in order, from its earliest.
 """
 
 from __future__ import annotations
@@ -38,7 +49,8 @@ from pgferry.aio import wait_for_event
 from pgferry.delivery import pg_net, request
 from pgferry.delivery.counters import RollingCounter
 from pgferry.delivery.fasthttp import FastSender
-from pgferry.delivery.http import HttpResult, HttpSender
+from pgferry.delivery.health import Admission, Endpoint, EndpointHealth
+from pgferry.delivery.http import HttpResult, endpoint_of
 from pgferry.delivery.model import OutEvent, Subscription
 from pgferry.delivery.retry import judge
 from pgferry.delivery.signing import Signer
@@ -63,6 +75,16 @@ class _InFlight:
 
 
 IN_FLIGHT = _InFlight()
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """The outcome of an event not sent because its endpoint is down (``note`` says since when)."""
+
+    note: str
+    ok = False
+
+
 #: What a parked in-flight event's row says (`pgferry trace` shows it as in flight).
 _IN_FLIGHT_NOTE = "in flight: no answer yet when its batch was recorded; the answer is recorded when it comes"
 #: An in-flight event is due again this long after its request's timeout, should the answer never be recorded.
@@ -70,8 +92,8 @@ IN_FLIGHT_MARGIN = timedelta(seconds=5)
 #: The most a stopping worker waits to make its abandoned requests due at once.
 ABANDON_TIMEOUT_S = 2.0
 
-# None: not sent (waiting behind an earlier event of its key, or not started when the batch let go)
-Outcome = tuple[OutEvent, HttpResult | _InFlight | None]
+# None: not sent (waiting behind an earlier event of its key, or not on the wire when the batch let go)
+Outcome = tuple[OutEvent, HttpResult | Held | _InFlight | None]
 
 
 @dataclass
@@ -79,8 +101,7 @@ class DeliveryContext:
     """What every worker of a relay shares."""
 
     pool: asyncpg.Pool
-    sender: HttpSender  # pg_net requests: any method, redirects, whole responses
-    webhooks: FastSender  # webhook POSTs, the hot path
+    http: FastSender  # webhook POSTs and pg_net requests
     global_limit: asyncio.Semaphore
     max_body_bytes: int = 1 << 20
     max_batch_events: int | None = None
@@ -90,6 +111,7 @@ class DeliveryContext:
     detach_after: float = 1.0
     #: metrics hook: (subscription, outcomes, from a log batch?) after each round
     observe: Callable[[str, Sequence[Outcome], bool], None] | None = None
+    health: EndpointHealth = field(default_factory=EndpointHealth)
 
 
 @dataclass
@@ -100,12 +122,14 @@ class _Bookkeeping:
     bury: list[tuple[Any, ...]] = field(default_factory=list)
     responses: list[tuple[Any, ...]] = field(default_factory=list)  # net._http_response rows (pg_net API)
     gone: str | None = None
+    #: an attempt failed on the way to a delivery (a try on a kept-alive connection the server closed)
+    failed_tries: bool = False
     #: set once these books are committed; answers to requests let go of wait for it
     recorded: asyncio.Event | None = None
 
     @property
     def all_delivered(self) -> bool:
-        return not (self.park or self.bury or self.responses or self.gone)
+        return not (self.park or self.bury or self.responses or self.gone or self.failed_tries)
 
 
 @dataclass
@@ -140,7 +164,8 @@ class _Sending:
     """The requests of one delivery round, so that the round can let go of slow ones."""
 
     outcomes: list[Outcome] = field(default_factory=list)
-    in_flight: dict[int, Sequence[OutEvent]] = field(default_factory=dict)  # by id() of the chunk
+    #: chunks whose requests reached the wire and are unanswered, by id() of the chunk
+    in_flight: dict[int, Sequence[OutEvent]] = field(default_factory=dict)
     let_go: bool = False
     recorded: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -169,6 +194,27 @@ class SubscriptionWorker:
         self.background: set[asyncio.Future[Any]] = set()
         #: events parked as in flight whose answers are not recorded yet
         self.let_go: set[int] = set()
+        #: wakes the retry loop: stopping, or the endpoint answering again
+        self.retry_wake = asyncio.Event()
+        self.release_parked = False
+        self.endpoint: Endpoint | None = None
+        self._watch(sub)
+
+    def _watch(self, sub: Subscription) -> None:
+        """Follow the health of the subscription's endpoint (webhooks only: each pg_net request
+        has its own URL and timeout, as in pg_net)."""
+        endpoint = endpoint_of(sub.url) if sub.kind == "webhook" else None
+        if endpoint == self.endpoint:
+            return
+        if self.endpoint is not None:
+            self.ctx.health.unwatch(self.endpoint, self._endpoint_recovered)
+        self.endpoint = endpoint
+        if endpoint is not None:
+            self.ctx.health.watch(endpoint, self._endpoint_recovered)
+
+    def _endpoint_recovered(self) -> None:
+        self.release_parked = True
+        self.retry_wake.set()
 
     def update(self, sub: Subscription) -> None:
         """New settings take effect with the next request; the owning relay notices a change
@@ -177,10 +223,12 @@ class SubscriptionWorker:
             self.limit = asyncio.Semaphore(sub.max_in_flight)
         self.sub = sub
         self.signer = Signer(sub.secrets)
+        self._watch(sub)
 
     def stop(self) -> None:
         self.stopping.set()
         self.wake.set()
+        self.retry_wake.set()
 
     async def run(self) -> None:
         loops = [asyncio.create_task(self._batch_loop()), asyncio.create_task(self._retry_loop())]
@@ -195,6 +243,8 @@ class SubscriptionWorker:
                 task.cancel()
             await asyncio.gather(*loops, *self.background, return_exceptions=True)
             await self._abandon_let_go()
+            if self.endpoint is not None:
+                self.ctx.health.unwatch(self.endpoint, self._endpoint_recovered)
 
     async def _abandon_let_go(self) -> None:
         """Requests let go of and now abandoned: make their parked events due at once, so whoever
@@ -313,23 +363,34 @@ class SubscriptionWorker:
 
     async def _retry_loop(self) -> None:
         while not self.stopping.is_set():
+            self.retry_wake.clear()
+            if self.release_parked:
+                self.release_parked = False
+                async with self.ctx.pool.acquire() as conn:
+                    await conn.execute(sql.query("retries_release"), self.sub.name)
+            probe_wait = self.ctx.health.probe_wait(self.endpoint) if self.endpoint is not None else None
+            if probe_wait:  # the endpoint is down and not due for a probe: its events wait
+                await wait_for_event(self.retry_wake, probe_wait)
+                continue
+            limit = 1 if probe_wait is not None else self.ctx.retry_fetch  # down: one event, as the probe
             async with self.ctx.pool.acquire() as conn:
-                rows = await conn.fetch(sql.query("due_retries"), self.sub.name, self.sub.ordered, self.ctx.retry_fetch)
+                rows = await conn.fetch(sql.query("due_retries"), self.sub.name, self.sub.ordered, limit)
                 next_at = (
                     None if rows else await conn.fetchval(sql.query("next_retry_at"), self.sub.name, self.sub.ordered)
                 )
-            if not rows:
+            # Requests let go of are still in flight: their answers are recorded when they come.
+            events = [OutEvent.from_row(r) for r in rows if r["id"] not in self.let_go]
+            if not events:
                 delay = self.ctx.poll_interval
                 if next_at is not None:
                     delay = min(delay, max(0.0, (next_at - datetime.now(UTC)).total_seconds()))
-                await wait_for_event(self.stopping, delay)
+                await wait_for_event(self.retry_wake, delay)
                 continue
-            events = [OutEvent.from_row(r) for r in rows]
             await self._record(await self._deliver_and_account(events, set(), from_batch=False), advance=None)
 
     # -- sending -----------------------------------------------------------
 
-    async def _send(self, chunk: Sequence[OutEvent]) -> HttpResult:
+    async def _send(self, chunk: Sequence[OutEvent], on_wire: Callable[[], bool] | None = None) -> HttpResult | Held:
         sub = self.sub
         req = None
         if sub.kind != "pg_net":
@@ -337,27 +398,38 @@ class SubscriptionWorker:
                 req = request.build(sub, chunk, self.signer, max_body_bytes=self.ctx.max_body_bytes)
             except request.BadRequest as exc:
                 return HttpResult(None, exc.error_class, str(exc), None, 0.0)
+        admission = Admission.SEND
+        if self.endpoint is not None:
+            admission = self.ctx.health.admit(self.endpoint)
+            if admission is Admission.HOLD:
+                return Held(self.ctx.health.down_note(self.endpoint))
         # The subscription's limit covers the batch and the retry loop together.
         async with self.limit, self.ctx.global_limit:
             self.in_flight += len(chunk)
             try:
-                return await self._transmit(chunk, req)
+                result = await self._transmit(chunk, req, on_wire)
             except Exception as exc:  # a bug of ours must cost a retry, not the worker
                 log.exception("subscription %s: unexpected error sending events %s", sub.name, [e.id for e in chunk])
-                return HttpResult(None, "internal", f"pgferry internal error: {exc!r}", None, 0.0)
+                result = HttpResult(None, "internal", f"pgferry internal error: {exc!r}", None, 0.0)
             finally:
                 self.in_flight -= len(chunk)
+        if self.endpoint is not None:
+            self.ctx.health.report(self.endpoint, result, admission)
+        return result
 
-    async def _transmit(self, chunk: Sequence[OutEvent], req: request.Request | None) -> HttpResult:
+    async def _transmit(
+        self, chunk: Sequence[OutEvent], req: request.Request | None, on_wire: Callable[[], bool] | None
+    ) -> HttpResult:
         sub = self.sub
         if req is None:
-            return await pg_net.send(self.ctx.sender, sub, chunk[0], max_body_bytes=self.ctx.max_body_bytes)
-        return await self.ctx.webhooks.send(
+            return await pg_net.send(self.ctx.http, sub, chunk[0], max_body_bytes=self.ctx.max_body_bytes)
+        return await self.ctx.http.send(
             sub.url,
             req.body,
             req.headers,
             timeout=sub.timeout_ms / 1000,
             connect_timeout=sub.connect_timeout_ms / 1000,
+            on_wire=on_wire,
         )
 
     async def _deliver(
@@ -441,17 +513,27 @@ class SubscriptionWorker:
 
         await asyncio.gather(*(run_lane(lane) for lane in lanes if lane))
 
-    async def _send_in(self, sending: _Sending, chunk: Sequence[OutEvent]) -> HttpResult | None:
+    async def _send_in(self, sending: _Sending, chunk: Sequence[OutEvent]) -> HttpResult | Held | None:
         """Sends ``chunk`` as part of ``sending``; None when the round let go of it meanwhile."""
-        sending.in_flight[id(chunk)] = chunk
+        key = id(chunk)
+
+        def on_wire() -> bool:  # the last moment a request can be taken back
+            if sending.let_go:
+                return False
+            sending.in_flight[key] = chunk
+            return True
+
         try:
-            result = await self._send(chunk)
+            result = await self._send(chunk, on_wire)
         finally:
-            del sending.in_flight[id(chunk)]
+            wired = sending.in_flight.pop(key, None) is not None
         if sending.let_go:
-            task = asyncio.create_task(self._answered_late(sending.recorded, chunk, result))
-            self.background.add(task)
-            task.add_done_callback(self.background.discard)
+            # Its events were parked when the round let go: as in flight if the request was
+            # on the wire (its answer is recorded now), as due now if it was not.
+            if wired and isinstance(result, HttpResult):
+                task = asyncio.create_task(self._answered_late(sending.recorded, chunk, result))
+                self.background.add(task)
+                task.add_done_callback(self.background.discard)
             return None
         sending.outcomes.extend((e, result) for e in chunk)
         return result
@@ -479,12 +561,24 @@ class SubscriptionWorker:
             if result is None:
                 books.park.append(_parked(event, event.attempts, now, now, None))
                 continue
+            if isinstance(result, Held):  # not sent: no attempt spent, due once the endpoint answers
+                books.park.append(_parked(event, event.attempts, event.first_failed_at or now, now, None,
+                                          error=result.note))  # fmt: skip
+                continue
             if isinstance(result, _InFlight):
                 due = now + timedelta(milliseconds=sub.timeout_ms) + IN_FLIGHT_MARGIN
                 books.park.append(_parked(event, event.attempts, event.first_failed_at or now, due, None,
                                           error=_IN_FLIGHT_NOTE))  # fmt: skip
                 continue
-            attempt = event.attempts + 1
+            attempt = event.attempts
+            for earlier in result.earlier:  # tries that reached the wire before this one
+                attempt += 1
+                books.failed_tries = True
+                books.attempts.append(
+                    (sub.name, event.id, attempt, earlier.status, earlier.error_class, earlier.error,
+                     earlier.response, earlier.latency_ms, now)
+                )  # fmt: skip
+            attempt += 1
             books.attempts.append(
                 (sub.name, event.id, attempt, result.status, result.error_class, result.error,
                  result.response, result.latency_ms, now)

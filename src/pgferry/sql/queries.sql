@@ -140,15 +140,25 @@ update ferry.retries set next_attempt_at = now()
 where subscription = $1 and event_id = any ($2::bigint[]) and last_error like 'in flight:%'
 
 -- name: due_retries
+-- Parked events due now, in id order. With ordering on ($2), a key's events come
+-- in order from its earliest parked one, up to the first that is not due yet
+-- (the worker's lanes send them in order and stop a key at its first failure).
 select r.event_id as id, r.stream, r.key, r.payload::text as payload, r.headers::text as headers,
        r.event_created_at as created_at, r.attempts, r.first_failed_at
 from ferry.retries r
 where r.subscription = $1 and r.next_attempt_at <= now()
   and (not $2 or r.key is null or not exists (
         select 1 from ferry.retries r2
-        where r2.subscription = r.subscription and r2.key = r.key and r2.event_id < r.event_id))
+        where r2.subscription = r.subscription and r2.key = r.key and r2.event_id < r.event_id
+          and r2.next_attempt_at > now()))
 order by r.event_id
 limit $3
+
+-- name: retries_release
+-- The subscription's endpoint answers again: everything parked is due now (but
+-- events whose requests are still in flight, which are recorded when they come).
+update ferry.retries set next_attempt_at = now()
+where subscription = $1 and next_attempt_at > now() and (last_error is null or last_error not like 'in flight:%')
 
 -- name: next_retry_at
 -- With ordering on, only the earliest parked event of a key can be due.
@@ -255,6 +265,7 @@ select s.name, s.state as subscription_state,
        case when d.id is not null then 'dead'
             when r.event_id is not null and r.attempts = 0 and r.last_error = 'replayed by an operator' then 'replay queued'
             when r.event_id is not null and r.last_status is null and r.last_error like 'in flight:%' then 'in flight (its batch moved on)'
+            when r.event_id is not null and r.last_status is null and r.last_error like 'held:%' then 'held (endpoint down)'
             when r.event_id is not null and r.attempts = 0 then 'waiting (behind an earlier event of its key)'
             when r.event_id is not null then 'parked'
             when $3::bigint is not null and t.snapshot is not null

@@ -1,0 +1,166 @@
+"""Endpoint health: an endpoint that is down is probed, not hammered, and gets its backlog at once when it is back.
+
+Without this, every event parked during an outage followed its own
+exponential backoff: a receiver down for 60 s while 20,000 events were
+written still had 3 of them waiting 304 s after it came back, and while it
+was down every due event cost it a request. Now the relay keeps, per
+endpoint (scheme, host, port), a count of endpoint-level failures in a row:
+refused or timed-out connections, resets, empty or garbled answers, and the
+statuses that speak for the whole endpoint (429, 502, 503, 504). After
+``down_after`` of them the endpoint is down: its events are held (parked
+without spending an attempt) and one request at a time, at most one per
+``probe_interval`` (longer if the endpoint asked with Retry-After), goes out
+as a probe. The first answer that is not an endpoint-level failure (a 2xx,
+but also a 400 or a 500: the endpoint is up, the event is the problem) makes
+it healthy again and tells every worker delivering to it to release its
+parked events now (ordered subscriptions still send each key in order).
+
+A plain 500 does not count toward "down": a receiver that rejects some
+events must not have its healthy traffic held behind them.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from pgferry.delivery.http import HttpResult
+
+log = logging.getLogger(__name__)
+
+Endpoint = tuple[str, str, int]
+
+#: Endpoint-level failures in a row that mark an endpoint down.
+DOWN_AFTER = 5
+#: Seconds between probes of a down endpoint (docs/reliability.md: the outage timeline).
+PROBE_INTERVAL = 1.0
+#: The longest a Retry-After on a probe's answer delays the next probe.
+MAX_PROBE_DELAY = 60.0
+#: Error classes that say nothing answered for the endpoint.
+ENDPOINT_ERRORS = frozenset(("connect", "timeout", "empty_reply", "reset", "dns", "tls", "invalid_response"))
+#: Statuses that speak for the whole endpoint, not for one event.
+ENDPOINT_STATUSES = frozenset((429, 502, 503, 504))
+
+
+class Admission(enum.Enum):
+    SEND = "send"  # healthy: send
+    PROBE = "probe"  # down, and this request is the probe
+    HOLD = "hold"  # down: do not send
+
+
+def endpoint_failure(result: HttpResult) -> bool:
+    """Whether ``result`` says the endpoint (not the event) is failing."""
+    return result.error_class in ENDPOINT_ERRORS or result.status in ENDPOINT_STATUSES
+
+
+@dataclass
+class _State:
+    failures: int = 0
+    down_since: datetime | None = None
+    next_probe: float = 0.0
+    probing: bool = False
+    last_error: str | None = None
+    #: called when the endpoint answers again
+    on_recovery: set[Callable[[], None]] = field(default_factory=set)
+
+
+class EndpointHealth:
+    """The health of every endpoint one relay delivers to; shared by its workers."""
+
+    def __init__(
+        self,
+        *,
+        down_after: int = DOWN_AFTER,
+        probe_interval: float = PROBE_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if down_after < 1 or probe_interval <= 0:
+            raise ValueError("down_after must be at least 1 and probe_interval positive")
+        self.down_after = down_after
+        self.probe_interval = probe_interval
+        self.clock = clock
+        self._states: dict[Endpoint, _State] = {}
+
+    def _state(self, endpoint: Endpoint) -> _State:
+        state = self._states.get(endpoint)
+        if state is None:
+            state = self._states[endpoint] = _State()
+        return state
+
+    def watch(self, endpoint: Endpoint, on_recovery: Callable[[], None]) -> None:
+        self._state(endpoint).on_recovery.add(on_recovery)
+
+    def unwatch(self, endpoint: Endpoint, on_recovery: Callable[[], None]) -> None:
+        state = self._states.get(endpoint)
+        if state is not None:
+            state.on_recovery.discard(on_recovery)
+
+    def is_down(self, endpoint: Endpoint) -> bool:
+        state = self._states.get(endpoint)
+        return state is not None and state.down_since is not None
+
+    def down_note(self, endpoint: Endpoint) -> str:
+        """Why events of ``endpoint`` are held (for their parked rows and `pgferry trace`)."""
+        state = self._state(endpoint)
+        since = f"{state.down_since:%Y-%m-%d %H:%M:%S}Z" if state.down_since else "?"
+        return (f"held: endpoint down since {since} (last error: {state.last_error or '?'}); "
+                "sent once a probe gets an answer")  # fmt: skip
+
+    def probe_wait(self, endpoint: Endpoint) -> float | None:
+        """None when the endpoint is healthy; else seconds until a probe may go (0: now)."""
+        state = self._states.get(endpoint)
+        if state is None or state.down_since is None:
+            return None
+        if state.probing:
+            return self.probe_interval
+        return max(0.0, state.next_probe - self.clock())
+
+    def admit(self, endpoint: Endpoint) -> Admission:
+        state = self._states.get(endpoint)
+        if state is None or state.down_since is None:
+            return Admission.SEND
+        if state.probing or self.clock() < state.next_probe:
+            return Admission.HOLD
+        state.probing = True
+        return Admission.PROBE
+
+    def report(self, endpoint: Endpoint, result: HttpResult, admission: Admission) -> None:
+        """What the request admitted as ``admission`` ended with."""
+        state = self._state(endpoint)
+        if admission is Admission.PROBE:
+            state.probing = False
+        if result.error_class == "withdrawn":  # never sent: says nothing
+            if admission is Admission.PROBE:
+                state.next_probe = self.clock()
+            return
+        if not endpoint_failure(result):
+            state.failures = 0
+            if state.down_since is not None:
+                self._recovered(endpoint, state)
+            return
+        state.failures += 1
+        state.last_error = result.error or result.error_class
+        if state.down_since is None:
+            if state.failures >= self.down_after:
+                state.down_since = datetime.now(UTC)
+                state.next_probe = self.clock() + self.probe_interval
+                log.warning(
+                    "endpoint %s://%s:%d is down after %d failures in a row (last: %s); holding its events "
+                    "and probing it every %g s", *endpoint, state.failures, state.last_error, self.probe_interval,
+                )  # fmt: skip
+            return
+        if admission is Admission.PROBE:
+            delay = max(self.probe_interval, min(result.retry_after or 0.0, MAX_PROBE_DELAY))
+            state.next_probe = self.clock() + delay
+
+    def _recovered(self, endpoint: Endpoint, state: _State) -> None:
+        down_for = (datetime.now(UTC) - state.down_since).total_seconds() if state.down_since else 0.0
+        log.info("endpoint %s://%s:%d answers again after %.1f s down; releasing its held events", *endpoint, down_for)
+        state.down_since = None
+        state.probing = False
+        for callback in list(state.on_recovery):
+            callback()
