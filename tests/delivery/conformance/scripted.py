@@ -105,6 +105,8 @@ class ScriptedServer:
                     return
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             return
+        except asyncio.CancelledError:  # stop(): end quietly (asyncio logs a cancelled handler as an error)
+            return
         finally:
             self._tasks.discard(task)
             writer.close()
