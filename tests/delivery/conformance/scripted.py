@@ -44,6 +44,10 @@ Script = Callable[[Request], Sequence[Step]]
 MakeScripted = Callable[[Script], Awaitable["ScriptedServer"]]
 
 
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+EARLY_HINTS = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r\n\r\n"
+
+
 def status_line(status: int, version: str = "HTTP/1.1") -> bytes:
     return f"{version} {status} {_REASONS.get(status, 'Status')}\r\n".encode()
 
@@ -57,6 +61,11 @@ def answer(status: int, body: bytes = b"", *headers: str, version: str = "HTTP/1
 def body_for(status: int) -> bytes:
     """What the scripted server says along with ``status``: "boom" for failures, to check ``response``."""
     return b"boom" if status >= 400 else b"fine"
+
+
+def full(status: int) -> bytes:
+    """The scripted server's ordinary answer to a request that asked for ``status``."""
+    return answer(status, body_for(status))
 
 
 def requested_status(request: Request) -> int:

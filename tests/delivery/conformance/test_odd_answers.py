@@ -17,6 +17,8 @@ import pytest
 
 from pgferry.delivery.fasthttp import FastSender
 from tests.delivery.conformance.scripted import (
+    CONTINUE,
+    EARLY_HINTS,
     Close,
     MakeScripted,
     Pause,
@@ -24,6 +26,7 @@ from tests.delivery.conformance.scripted import (
     Step,
     answer,
     body_for,
+    full,
     requested_status,
     status_line,
 )
@@ -32,14 +35,7 @@ from tests.delivery.conformance.servers import post
 #: how a case answers a request that asked for a status
 Answer = Callable[[int], Sequence[Step]]
 
-CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-EARLY_HINTS = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r\n\r\n"
 KIB = 1024
-
-
-def full(status: int) -> bytes:
-    """The scripted server's ordinary answer to a request that asked for ``status``."""
-    return answer(status, body_for(status))
 
 
 def plain(status: int) -> Sequence[Step]:
