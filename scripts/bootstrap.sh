@@ -31,6 +31,18 @@ if [ "${PGFERRY_DEV:-0}" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
     fi
 fi
 
+# The webhook sender's conformance tests run against a real nginx on
+# 127.0.0.1 (started by the tests themselves): install it when missing, too.
+if [ "${PGFERRY_DEV:-0}" = 1 ] && ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "nginx not found (needed by the webhook sender's conformance tests); installing it with apt-get" >&2
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx >/dev/null; } \
+            || echo "could not install nginx: the nginx conformance tests will be skipped" >&2
+    else
+        echo "nginx not found: the nginx conformance tests will be skipped" >&2
+    fi
+fi
+
 extras=""
 [ "${PGFERRY_DEV:-0}" = 1 ] && extras="[dev]"
 stamp="$VENV/.installed$extras"
