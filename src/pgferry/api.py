@@ -203,14 +203,21 @@ class Ferry:
         retry_max_ms: int = 600000,
         connect_timeout_ms: int = 5000,
         start_at: str = "now",
-    ) -> None:
-        """Create or update a webhook subscription (see ``ferry.subscribe`` in SQL)."""
+    ) -> list[str]:
+        """Create or update a webhook subscription (see ``ferry.subscribe`` in SQL).
+
+        Returns the streams among ``streams`` that nothing has written yet (no
+        captured table writes them and no event of them was ever seen): often a
+        typo. The subscription is saved all the same and delivers once events
+        of them arrive.
+        """
         args = (
             name, list(streams), url, batch_size, max_in_flight, ordered, secret,
             _json(dict(headers or {}), "headers"), timeout_ms, max_attempts, max_age, retry_base_ms, retry_max_ms,
             connect_timeout_ms, start_at,
         )  # fmt: skip
         await self._admin("execute", "subscribe", *args)
+        return list(await self._admin("fetchval", "unknown_streams", list(streams)))
 
     async def unsubscribe(self, name: str) -> bool:
         return bool(await self._admin("fetchval", "unsubscribe", name))

@@ -176,6 +176,7 @@ def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> No
         from pgferry.cli import _run, require_url
         from pgferry.errors import PgferryError
         from pgferry.ops import apply as applying
+        from pgferry.ops.inspect import unwritten_warning
 
         url = require_url(database_url)
         try:
@@ -191,6 +192,9 @@ def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> No
                 return changes
 
         changes = _run(go())
+        for change in changes:
+            for stream in change.unwritten:
+                click.echo(f"warning: {change.name}: {unwritten_warning(stream)}", err=True)
         if as_json:
             _print_json({"dry_run": dry_run, "changes": [c.as_dict() for c in changes]})
             return

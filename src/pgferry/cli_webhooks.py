@@ -123,13 +123,14 @@ def register(main: click.Group, database_url_option: Callable[[Any], Any]) -> No
         if options.get("secret") == "-":
             options["secret"] = sys.stdin.readline().strip()
         _warn_unresolvable(url)
-        with_ferry(
+        unwritten = with_ferry(
             database_url,
             lambda f: f.subscribe(
                 name, streams, url, headers=header_map, start_at="beginning" if from_beginning else "now", **options
             ),
         )
         click.echo(f"subscription {name} -> {url} saved")
+        _warn_unwritten(unwritten)
 
     @subscription.command("list")
     @database_url_option
@@ -316,6 +317,14 @@ _STATUS_STYLES: dict[str, Callable[[Any], str]] = {
     "dead": _count_style,
     "parked": lambda v: "yellow" if v else "",
 }
+
+
+def _warn_unwritten(streams: list[str]) -> None:
+    """One warning line per stream nothing has written yet (ferry.subscribe's NOTICE)."""
+    from pgferry.ops.inspect import unwritten_warning
+
+    for stream in streams:
+        click.echo(f"warning: {unwritten_warning(stream)}", err=True)
 
 
 def _warn_unresolvable(url: str) -> None:

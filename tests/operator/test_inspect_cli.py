@@ -67,7 +67,7 @@ async def test_status_trace_and_dlq_show_explain_a_failing_endpoint(
     assert "never succeeded" in by_name["billing"]["health"]
     assert by_name["billing"]["dead"] == 1 and by_name["billing"]["parked"] == 0
     assert by_name["audit"]["health"] == "ok" and by_name["audit"]["lag_events"] == 0
-    assert by_name["unrelated"]["health"] == "idle"
+    assert by_name["unrelated"]["health"] == "idle: no events ever written to this stream"
     relays = orjson.loads((await cli(pgferry_cmd, db_url, "relays", "--json")).stdout)
     assert len(relays) == 1 and relays[0]["live"] is True
     assert sorted(relays[0]["owned"]) == ["audit", "billing", "unrelated"]

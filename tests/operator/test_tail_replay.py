@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import asyncpg
+import click
 import orjson
 
 import pgferry
@@ -193,3 +195,66 @@ async def test_replay_walks_tick_ranges_once_and_stops_at_the_cursor_it_started_
     # Again: what is already queued is skipped; the cursor now covers the later event too.
     again = [step async for step in inspect.replay(conn, "hook", from_event=ids[1], chunk=1000)]
     assert sum(s.skipped for s in again) == 4 and sum(s.queued for s in again) == 1
+
+
+def _command_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    paths: set[tuple[str, ...]] = set()
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            paths |= _command_paths(command, (*prefix, name))
+        else:
+            paths.add((*prefix, name))
+    return paths
+
+
+#: commands that never read the ferry schema of the database they are given
+_NO_SCHEMA_NEEDED = {
+    ("install",),  # creates it
+    ("subscription", "secret"),  # no database at all
+    ("bench", "capture"),  # the benchmarks install into a scratch database of their own
+    ("bench", "webhooks"),
+    ("bench", "soak"),
+}
+
+
+async def test_tail_and_every_other_command_say_in_one_line_that_the_schema_is_missing(
+    pgferry_cmd: list[str], empty_db_url: str, tmp_path: Path
+) -> None:
+    from pgferry.cli import main
+
+    plan = tmp_path / "pgferry.toml"
+    plan.write_text('[subscriptions.x]\nstreams = ["s"]\nurl = "http://127.0.0.1:9/"\n')
+    args = {
+        ("apply",): [str(plan)],
+        ("consumers",): [],
+        ("dlq", "discard"): ["x"],
+        ("dlq", "list"): [],
+        ("dlq", "replay"): ["x"],
+        ("dlq", "show"): ["1"],
+        ("relays",): [],
+        ("replay",): ["x", "--since", "1h", "--yes"],
+        ("run",): ["--exit-after", "20"],
+        ("status",): [],
+        ("subscription", "add"): ["x", "--url", "http://127.0.0.1:9/", "--stream", "s"],
+        ("subscription", "list"): [],
+        ("subscription", "pause"): ["x"],
+        ("subscription", "remove"): ["x"],
+        ("subscription", "resume"): ["x"],
+        ("tail",): ["s", "--timeout", "20"],
+        ("trace",): ["1"],
+    }
+    assert _command_paths(main) == set(args) | _NO_SCHEMA_NEEDED, "a new command: say what it needs here"
+    database = empty_db_url.rsplit("/", 1)[1]
+    expected = (
+        f"Error: the pgferry schema is not installed in database '{database}'; "
+        "run `pgferry install --database-url URL` first"
+    )
+    limit = asyncio.Semaphore(4)  # two cores, shared
+
+    async def run(path: tuple[str, ...]) -> tuple[tuple[str, ...], int, str]:
+        async with limit:
+            done = await cli(pgferry_cmd, empty_db_url, *path, *args[path])
+        return path, done.returncode, done.stderr
+
+    for path, code, err in await asyncio.gather(*(run(p) for p in sorted(args))):
+        assert (code, err.strip()) == (1, expected), f"pgferry {' '.join(path)}: exit {code}\n{err}"

@@ -112,6 +112,9 @@ FORBIDDEN_TO_WRITERS = [
     "select ferry.register_consumer('spy', null, 'beginning')",
     "select ferry.tick()",
     "select ferry.capture_table('orders')",
+    "select * from ferry.streams",
+    "select ferry._unknown_streams(array['billing'])",
+    "select ferry._catalog_streams()",
     "update ferry.subscriptions set url = 'http://127.0.0.1:9/steal'",
     "delete from net._http_response",
     # forging the commit-order columns of the log
@@ -138,6 +141,27 @@ async def test_writer_cannot_read_secrets_history_or_other_consumers_data(
         except asyncpg.InsufficientPrivilegeError:
             pass
     assert allowed == []
+
+
+async def test_relay_role_subscribes_and_hears_which_streams_nothing_has_written(
+    net_db: str, admin: asyncpg.Connection, writer: asyncpg.Connection
+) -> None:
+    """subscribe and housekeeping, replaced by migration 0008, still work for ferry_relay alone."""
+    relay = await asyncpg.connect(as_role(net_db, await login_role(admin, "ferry_relay")))
+    heard: list[asyncpg.PostgresLogMessage] = []
+    relay.add_log_listener(lambda _, message: heard.append(message))
+    try:
+        await relay.execute(
+            "select ferry.subscribe('mine', array['public.orders', 'net.http', 'public.ordrs'], 'http://127.0.0.1:9/x')"
+        )
+        await writer.execute("select ferry.publish('billing', '{}')")
+        await relay.fetchval("select ferry.housekeeping()")
+        assert await relay.fetchval("select array_agg(stream) from ferry.streams") == ["billing"]
+    finally:
+        await relay.close()
+    assert [(m.sqlstate, m.message) for m in heard] == [
+        ("01PF1", 'pgferry: no events have been written to stream "public.ordrs" yet')
+    ]
 
 
 async def test_publish_ignores_a_hostile_search_path(net_db: str, admin: asyncpg.Connection) -> None:

@@ -71,6 +71,8 @@ class Change:
     fields: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # field -> (old, new), secrets masked
     desired: Desired | None = None
     reason: str = ""
+    #: streams of the file's subscription that nothing has written yet (a typo?); applied all the same
+    unwritten: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -78,6 +80,7 @@ class Change:
             "name": self.name,
             "changes": {k: {"from": old, "to": new} for k, (old, new) in self.fields.items()},
             "reason": self.reason,
+            "unwritten_streams": self.unwritten,
         }
 
 
@@ -212,6 +215,11 @@ async def plan(conn: asyncpg.Connection, desired: list[Desired], *, prune: bool 
             changes.append(Change("remove", name, reason="not in the file (--prune)"))
         else:
             changes.append(Change("unchanged", name, reason="not managed by apply; left alone (see --prune)"))
+    wanted = sorted({stream for want in desired for stream in want.streams})
+    unknown = set(await conn.fetchval(sql.query("unknown_streams"), wanted)) if wanted else set()
+    for change in changes:
+        if change.desired is not None:
+            change.unwritten = [stream for stream in change.desired.streams if stream in unknown]
     return changes
 
 

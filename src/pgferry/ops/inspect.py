@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+import orjson
 
 from pgferry import sql
 from pgferry.errors import PgferryError
@@ -72,8 +73,30 @@ def _ago(delta: Any) -> str:
     return f"{seconds // 3600}h"
 
 
+def unwritten(streams: list[str], unknown: list[str]) -> str:
+    """What status says of a subscription whose streams ``unknown`` nothing has written yet."""
+    if len(unknown) == 1:
+        return "no events ever written to " + ("this stream" if len(streams) == 1 else f"stream {unknown[0]}")
+    return f"no events ever written to streams {', '.join(unknown)}"
+
+
+def unwritten_warning(stream: str) -> str:
+    """ferry.subscribe's NOTICE about a stream nothing has written yet, in one line."""
+    return (
+        f"no events have been written to stream {orjson.dumps(stream).decode()} yet; check the spelling "
+        "(streams are written by captured tables, named schema.table, and by ferry.publish); "
+        "the subscription delivers once events arrive"
+    )
+
+
 async def subscription_status(conn: asyncpg.Connection) -> list[dict[str, Any]]:
-    """ferry.subscription_status() plus rates, error rate and endpoint health per subscription."""
+    """ferry.subscription_status() plus rates, error rate and endpoint health per subscription.
+
+    A subscription that never had anything to deliver (no attempt, parked event
+    or dead letter) also gets ``unknown_streams``, its streams nothing has
+    written yet, and says so in its health; only those are looked up, so
+    status stays as cheap as before for every subscription that delivers.
+    """
     rows = _rows(await conn.fetch(sql.query("subscription_status")))
     health_rows = {r["name"]: dict(r) for r in await conn.fetch(sql.query("endpoint_health"))}
     now = datetime.now(UTC)
@@ -86,6 +109,15 @@ async def subscription_status(conn: asyncpg.Connection) -> list[dict[str, Any]]:
         row["rate"] = f"{(row['delivered_1m'] or 0) / 60:.1f}/s"
         row["rate_per_s"] = (row["delivered_1m"] or 0) / 60
         row["health"] = health(row, now)
+        row["unknown_streams"] = []
+    never = [r["name"] for r in rows if r["last_attempt_at"] is None and not r["parked"] and not r["dead"]]
+    if never:
+        found = await conn.fetch(sql.query("subscriptions_unknown_streams"), never)
+        unknown = {r["name"]: list(r["unknown"]) for r in found if r["unknown"]}
+        for row in rows:
+            if row["name"] in unknown and row["state"] != "disabled":
+                row["unknown_streams"] = unknown[row["name"]]
+                row["health"] = f"{row['health']}: {unwritten(row['streams'], row['unknown_streams'])}"
     return rows
 
 

@@ -22,6 +22,7 @@ from pgferry import db, sql
 from pgferry.aio import wait_for_event
 from pgferry.log.events import Event
 from pgferry.log.reader import TICK_CHANNEL
+from pgferry.schema import check_installed
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +41,11 @@ async def tail(
 
     Says once (as a warning) when no tick came for a while: events only show
     once a relay's ticker records them, so a tail without a relay is silent.
+    Raises SchemaMissing (saying how to install) on a database without the schema.
     """
     conn = await db.connect(url, server_settings={"application_name": "pgferry tail"})
     try:
+        await check_installed(conn)
         wake = asyncio.Event()
         await conn.add_listener(TICK_CHANNEL, lambda *_: wake.set())
         position = await conn.fetchval(sql.query("latest_tick"))

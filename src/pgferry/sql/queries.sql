@@ -185,6 +185,15 @@ select ferry.subscribe($1, $2, $3, batch_size => $4, max_in_flight => $5, ordere
                        headers => $8::text::jsonb, timeout_ms => $9, max_attempts => $10, max_age => $11::text::interval,
                        retry_base_ms => $12, retry_max_ms => $13, connect_timeout_ms => $14, start_at => $15)
 
+-- name: unknown_streams
+-- Which of the streams $1 nothing has written yet (see migration 0008), in the order given.
+select ferry._unknown_streams($1::text[])
+
+-- name: subscriptions_unknown_streams
+-- Per subscription named in $1: its streams nothing has written yet (for status).
+select s.name, ferry._unknown_streams(s.streams) as unknown
+from ferry.subscriptions s where s.name = any ($1::text[])
+
 -- name: unsubscribe
 select ferry.unsubscribe($1)
 
