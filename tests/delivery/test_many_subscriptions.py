@@ -48,5 +48,7 @@ async def test_a_thousand_subscriptions_on_one_endpoint_get_every_event_exactly_
         await receiver.stop()
     sent = Counter((r.path, r.headers["webhook-id"]) for r in receiver.received)
     twice = {k: n for k, n in sent.items() if n > 1}
-    assert len(sent) == SUBSCRIPTIONS * EVENTS and not twice, f"{len(twice)} sent more than once, e.g. {list(twice)[:3]}"
+    assert len(sent) == SUBSCRIPTIONS * EVENTS and not twice, (
+        f"{len(twice)} sent more than once, e.g. {list(twice)[:3]}"
+    )
     print(f"{len(sent)} deliveries, none twice; {let_go} events still parked when all had arrived")

@@ -369,7 +369,13 @@ class SubscriptionWorker:
                 async with self.ctx.pool.acquire() as conn:
                     await conn.execute(sql.query("retries_release"), self.sub.name)
             probe_wait = self.ctx.health.probe_wait(self.endpoint) if self.endpoint is not None else None
-            if probe_wait:  # the endpoint is down and not due for a probe: its events wait
+            if probe_wait is not None:  # the endpoint is down: its events wait, but not beyond max_age
+                async with self.ctx.pool.acquire() as conn:
+                    expired = await conn.fetchval(sql.query("retries_expire"), self.sub.name)
+                if expired:
+                    log.warning("subscription %s: %d held event(s) moved to dead letters (max_age passed)",
+                                self.sub.name, expired)  # fmt: skip
+            if probe_wait:  # ... and until a probe is due, nothing is sent
                 await wait_for_event(self.retry_wake, probe_wait)
                 continue
             limit = 1 if probe_wait is not None else self.ctx.retry_fetch  # down: one event, as the probe

@@ -154,6 +154,27 @@ where r.subscription = $1 and r.next_attempt_at <= now()
 order by r.event_id
 limit $3
 
+-- name: retries_expire
+-- While the subscription's endpoint is down its events are held without spending
+-- attempts; those whose max_age has passed since they first failed (or were first
+-- held) become dead letters here, with the reason. Returns how many.
+with expired as (
+    delete from ferry.retries r
+    using ferry.subscriptions s
+    where r.subscription = $1 and s.name = r.subscription and r.first_failed_at < now() - s.max_age
+      and (r.last_error is null or r.last_error not like 'in flight:%')
+    returning r.*, s.max_age
+), buried as (
+    insert into ferry.dead_letters (subscription, event_id, stream, key, payload, headers, event_created_at, attempts,
+                                    first_failed_at, last_status, last_error, last_response)
+    select subscription, event_id, stream, key, payload, headers, event_created_at, attempts, first_failed_at,
+           last_status, concat_ws('; ', last_error, 'gave up: max_age ' || max_age::text || ' passed'), last_response
+    from expired
+    on conflict (subscription, event_id) do nothing
+    returning 1
+)
+select count(*) from buried
+
 -- name: retries_release
 -- The subscription's endpoint answers again: everything parked is due now (but
 -- events whose requests are still in flight, which are recorded when they come).

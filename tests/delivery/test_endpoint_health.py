@@ -1,0 +1,154 @@
+"""An endpoint that is down is probed, not hammered; when it answers again its backlog goes at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import asyncpg
+import pytest
+
+import pgferry
+from pgferry.delivery.health import Admission, EndpointHealth
+from pgferry.delivery.http import HttpResult
+from pgferry.receiver import Action, Received, Receiver, Respond
+from tests.delivery.conftest import RunningRelay
+from tests.helpers import eventually
+
+EP = ("http", "hooks.example", 80)
+
+
+def result(status: int | None = None, error_class: str | None = None, retry_after: float | None = None) -> HttpResult:
+    return HttpResult(status, error_class, error_class and f"{error_class}!", None, 1.0, retry_after)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_five_endpoint_failures_in_a_row_mark_it_down_and_one_probe_a_second_goes_out() -> None:
+    clock = Clock()
+    health = EndpointHealth(clock=clock)
+    recovered: list[str] = []
+    health.watch(EP, lambda: recovered.append("yes"))
+    for failure in (result(error_class="connect"), result(503, "http_status"), result(error_class="timeout")) * 2:
+        assert health.admit(EP) is Admission.SEND
+        health.report(EP, failure, Admission.SEND)
+        if health.is_down(EP):
+            break
+    assert health.is_down(EP) and "(last error: http_status!)" in health.down_note(EP)
+    assert health.admit(EP) is Admission.HOLD and health.probe_wait(EP) == pytest.approx(1.0)
+    clock.now += 1.0
+    assert health.admit(EP) is Admission.PROBE
+    assert health.admit(EP) is Admission.HOLD  # one probe at a time
+    health.report(EP, result(error_class="connect"), Admission.PROBE)
+    assert health.admit(EP) is Admission.HOLD and health.probe_wait(EP) == pytest.approx(1.0)
+    clock.now += 1.0
+    assert health.admit(EP) is Admission.PROBE
+    health.report(EP, result(429, "http_status", retry_after=7), Admission.PROBE)  # Retry-After spaces probes
+    assert health.probe_wait(EP) == pytest.approx(7.0)
+    clock.now += 7.0
+    assert health.admit(EP) is Admission.PROBE
+    health.report(EP, result(200), Admission.PROBE)
+    assert not health.is_down(EP) and health.admit(EP) is Admission.SEND and recovered == ["yes"]
+
+
+def test_answers_about_one_event_do_not_mark_an_endpoint_down() -> None:
+    health = EndpointHealth()
+    for answer in [result(500, "http_status"), result(400, "http_status"), result(error_class="redirect")] * 5:
+        health.report(EP, answer, Admission.SEND)
+    assert not health.is_down(EP)
+    for _ in range(4):
+        health.report(EP, result(error_class="reset"), Admission.SEND)
+    health.report(EP, result(200), Admission.SEND)  # a success in between starts the count again
+    for _ in range(4):
+        health.report(EP, result(error_class="reset"), Admission.SEND)
+    assert not health.is_down(EP)
+
+
+def test_a_withdrawn_probe_gives_its_turn_back() -> None:
+    clock = Clock()
+    health = EndpointHealth(down_after=1, clock=clock)
+    health.report(EP, result(error_class="connect"), Admission.SEND)
+    clock.now += 1
+    assert health.admit(EP) is Admission.PROBE
+    health.report(EP, result(error_class="withdrawn"), Admission.PROBE)
+    assert health.admit(EP) is Admission.PROBE and health.is_down(EP)
+
+
+class Outage:
+    """Answers 503 while down, 200 after; counts requests in each phase."""
+
+    def __init__(self) -> None:
+        self.down = True
+        self.while_down = 0
+        self.back_at: float | None = None
+        self.first_ok_at: float | None = None
+        #: (path, event id) of every request answered 200, in order
+        self.ok: list[tuple[str, int]] = []
+
+    def __call__(self, request: Received) -> Action:
+        if self.down:
+            self.while_down += 1
+            return Respond(503, b"maintenance")
+        if self.first_ok_at is None:
+            self.first_ok_at = time.monotonic()
+        self.ok.append((request.path, int(request.headers["webhook-id"].removeprefix("evt_"))))
+        return Respond()
+
+
+async def test_a_backlog_built_during_an_outage_is_delivered_within_seconds_of_the_first_successful_probe(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    outage = Outage()
+    receiver = Receiver(outage)
+    url = await receiver.start()
+    try:
+        await ferry.subscribe("plain", ["s"], f"{url}/plain", max_in_flight=32)
+        await ferry.subscribe("ordered", ["s"], f"{url}/ordered", ordered=True, max_in_flight=32)
+        started = time.monotonic()
+        for _ in range(4):  # 2,000 events over about 3 s of outage
+            await conn.execute(
+                "select ferry.publish('s', jsonb_build_object('n', g), key => 'k' || (g % 10))"
+                " from generate_series(1, 500) g"
+            )
+            await eventually(lambda: _parked_at_least(conn, 1), what="the relay parking events")
+        await _sleep_until(started + 3.0)
+        down_for = time.monotonic() - started
+        requests_while_down = outage.while_down
+        outage.down = False
+        outage.back_at = time.monotonic()
+
+        async def all_arrived() -> bool:
+            return len(set(outage.ok)) >= 4000
+
+        await eventually(all_arrived, timeout=30, what="4,000 deliveries after the outage")
+        drained_at = time.monotonic()
+        assert outage.first_ok_at is not None
+        drained = drained_at - outage.first_ok_at
+    finally:
+        await receiver.stop()
+    print(f"{requests_while_down} requests in {down_for:.1f} s down; backlog of 4,000 drained "
+          f"{drained:.1f} s after the first successful probe")  # fmt: skip
+    # two subscriptions x (32 in flight when it went down + a probe a second); not 4,000 x backoff
+    assert requests_while_down < 2 * (32 + 5 + 2 * down_for), requests_while_down
+    assert drained < 10
+    assert len(outage.ok) == 4000, "each event answered 200 once"
+    keys = {r.headers["webhook-id"]: r.headers["pgferry-key"] for r in receiver.received}
+    by_key: dict[str, list[int]] = {}
+    for path, event_id in outage.ok:
+        if path.endswith("/ordered"):
+            by_key.setdefault(keys[f"evt_{event_id}"], []).append(event_id)
+    assert len(by_key) == 10 and all(ids == sorted(ids) for ids in by_key.values()), "key order kept"
+
+
+async def _parked_at_least(conn: asyncpg.Connection, n: int) -> bool:
+    return bool(await conn.fetchval("select count(*) from ferry.retries") >= n)
+
+
+async def _sleep_until(when: float) -> None:
+    await asyncio.sleep(max(0.0, when - time.monotonic()))
