@@ -172,6 +172,8 @@ class Uvicorn:
 
     def __init__(self) -> None:
         self.seen: list[str] = []
+        #: (headers, body) of every request, header names lowercased
+        self.requests: list[tuple[dict[str, str], bytes]] = []
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port = int(self.sock.getsockname()[1])
@@ -194,9 +196,12 @@ class Uvicorn:
         if scope["type"] != "http":
             return
         more = True
+        body = b""
         while more:  # read the whole body first, as a real endpoint would
             message = await receive()
+            body += message.get("body", b"")
             more = bool(message.get("more_body", False))
+        self.requests.append(({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}, body))
         host, port = scope["client"]
         self.seen.append(f"{host}:{port}")
         status, body, streamed = answer_for(scope["path"])

@@ -1,0 +1,58 @@
+"""Turning events into a request (pure: no database, no network)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import orjson
+import pytest
+
+from pgferry.delivery.model import OutEvent, Subscription
+from pgferry.delivery.request import build, key_header
+from pgferry.delivery.signing import Signer
+
+NOW = datetime(2026, 11, 30, tzinfo=UTC)
+SUB = Subscription(
+    name="hook", streams=("s",), url="http://127.0.0.1:9/hook", headers={}, secrets=(), batch_size=1,
+    max_in_flight=8, ordered=False, timeout_ms=1000, connect_timeout_ms=1000, max_attempts=3,
+    max_age=timedelta(days=1), retry_base_ms=10, retry_max_ms=100, state="active", updated_at=NOW,
+)  # fmt: skip
+
+
+def event(n: int, key: str | None = "k") -> OutEvent:
+    return OutEvent(n, "s", key, f'{{"n": {n}}}', None, NOW)
+
+
+def test_a_batch_subscription_sends_a_data_array_even_for_one_event() -> None:
+    batched = replace(SUB, batch_size=10)
+    for events in ([event(1)], [event(1), event(2)]):
+        body = orjson.loads(build(batched, events, Signer(()), max_body_bytes=1 << 20).body)
+        assert [item["payload"] for item in body["data"]] == [{"n": e.id} for e in events]
+        assert [item["id"] for item in body["data"]] == [e.id for e in events]
+    one = build(batched, [event(1)], Signer(()), max_body_bytes=1 << 20)
+    assert "pgferry-key" not in one.headers and "pgferry-stream" not in one.headers  # per event: in the body
+    single = build(SUB, [event(1)], Signer(()), max_body_bytes=1 << 20)
+    assert orjson.loads(single.body) == {"n": 1} and single.headers["pgferry-key"] == "k"
+
+
+@pytest.mark.parametrize(
+    ("key", "header", "encoded"),
+    [
+        ("customer-7", "customer-7", False),
+        ("two words", "two words", False),
+        ("100%", "100%", False),
+        ("a\x01b", "a%01b", True),
+        ("line\r\nbreak", "line%0D%0Abreak", True),
+        ("café", "caf%C3%A9", True),
+        (" edge", "%20edge", True),
+        ("100% \x7f", "100%25%20%7F", True),
+        ("", "", True),
+    ],
+)
+def test_a_key_header_is_printable_ascii_and_flags_its_encoding(key: str, header: str, encoded: bool) -> None:
+    assert key_header(key) == (header, encoded)
+    request = build(SUB, [event(1, key)], Signer(()), max_body_bytes=1 << 20)
+    assert request.headers["pgferry-key"] == header
+    assert request.headers.get("pgferry-key-encoding") == ("percent" if encoded else None)
+    assert all(0x20 <= ord(c) < 0x7F for c in header)
