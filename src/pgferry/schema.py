@@ -36,7 +36,8 @@ async def install(conn: asyncpg.Connection, addons: Sequence[str] = ()) -> list[
         await conn.execute(sql.query("create_migrations_table"))
         applied_now += await _apply(conn, None)
         await conn.execute(sql.query("create_addon_migrations_table"))
-        for addon in addons:
+        installed = {row["addon"] for row in await conn.fetch(sql.query("installed_addons"))}
+        for addon in sorted(installed.union(addons) & set(sql.ADDONS)):  # installed add-ons are upgraded too
             applied_now += await _install_addon(conn, addon)
     return applied_now
 
@@ -104,4 +105,11 @@ async def check_installed(conn: asyncpg.Connection) -> int:
             f"the pgferry schema in database {database!r} is at version {version}, "
             f"this pgferry needs {sql.latest_version()}; run `pgferry install --database-url URL` to upgrade"
         )
+    for row in await conn.fetch(sql.query("installed_addons")):
+        latest = sql.migrations(row["addon"])[-1].version if row["addon"] in sql.ADDONS else row["version"]
+        if row["version"] < latest:
+            raise SchemaMissing(
+                f"pgferry's {row['addon']} add-on in database {database!r} is at version {row['version']}, "
+                f"this pgferry needs {latest}; run `pgferry install --database-url URL` to upgrade"
+            )
     return int(version)

@@ -337,7 +337,15 @@ class SubscriptionWorker:
             )  # fmt: skip
 
     async def _deliver_batch(self, events: Sequence[OutEvent], blocked: set[str]) -> _Bookkeeping:
+        if self.sub.kind == "pg_net" and events:
+            events = await self._still_queued(events)
         return await self._deliver_and_account(events, blocked, from_batch=True)
+
+    async def _still_queued(self, events: Sequence[OutEvent]) -> list[OutEvent]:
+        """The pg_net requests not cancelled (deleted from net.http_request_queue) meanwhile."""
+        async with self.ctx.pool.acquire() as conn:
+            queued = {r["id"] for r in await conn.fetch(sql.query("net_requests_queued"), [e.id for e in events])}
+        return [e for e in events if e.id in queued]
 
     async def _deliver_and_account(
         self, events: Sequence[OutEvent], blocked: set[str], *, from_batch: bool
@@ -625,6 +633,7 @@ class SubscriptionWorker:
                 await conn.execute(sql.query("bury"), sub.name, *zip(*books.bury, strict=True))
             if books.responses:
                 await conn.execute(sql.query("record_net_responses"), *zip(*books.responses, strict=True))
+                await conn.execute(sql.query("net_requests_done"), [row[0] for row in books.responses])
             if advance is None:
                 done = books.delivered + [row[0] for row in books.bury]
                 if done:

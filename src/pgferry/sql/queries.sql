@@ -20,6 +20,8 @@ create table if not exists ferry.addon_migrations (
     applied_at timestamptz not null default now(),
     primary key (addon, version)
 );
+-- Every pgferry connection checks the add-ons are up to date (schema.check_installed).
+grant select on ferry.addon_migrations to ferry_writer, ferry_relay;
 
 -- name: applied_addon_migrations
 select version from ferry.addon_migrations where addon = $1
@@ -243,6 +245,17 @@ select ferry.dlq_replay($1, $2)
 
 -- name: dlq_discard
 select ferry.dlq_discard($1, $2)
+
+-- name: net_requests_queued
+-- Which of these pg_net requests are still queued (the others were cancelled).
+select id from net.http_request_queue where id = any ($1::bigint[])
+
+-- name: net_requests_done
+-- Finished pg_net requests leave the queue with their response row.
+delete from net.http_request_queue where id = any ($1::bigint[])
+
+-- name: installed_addons
+select addon, max(version) as version from ferry.addon_migrations group by addon
 
 -- name: record_net_responses
 insert into net._http_response (id, status_code, content_type, headers, content, timed_out, error_msg)
