@@ -11,6 +11,7 @@ import pytest
 import pgferry
 from pgferry.delivery.health import Admission, EndpointHealth
 from pgferry.delivery.http import HttpResult
+from pgferry.ops.inspect import subscription_status
 from pgferry.receiver import Action, Received, Receiver, Respond
 from tests.delivery.conftest import RunningRelay
 from tests.helpers import eventually
@@ -118,6 +119,11 @@ async def test_a_backlog_built_during_an_outage_is_delivered_within_seconds_of_t
             )
             await eventually(lambda: _parked_at_least(conn, 1), what="the relay parking events")
         await _sleep_until(started + 3.0)
+
+        async def reported_down() -> bool:  # what `pgferry status` shows, from the relay's heartbeat
+            return all(r["health"].startswith("down for") for r in await subscription_status(conn))
+
+        await eventually(reported_down, what="status showing the endpoint down")
         down_for = time.monotonic() - started
         requests_while_down = outage.while_down
         outage.down = False

@@ -100,8 +100,11 @@ class EndpointHealth:
             state.on_recovery.discard(on_recovery)
 
     def is_down(self, endpoint: Endpoint) -> bool:
+        return self.down_since(endpoint) is not None
+
+    def down_since(self, endpoint: Endpoint) -> datetime | None:
         state = self._states.get(endpoint)
-        return state is not None and state.down_since is not None
+        return state.down_since if state is not None else None
 
     def down_note(self, endpoint: Endpoint) -> str:
         """Why events of ``endpoint`` are held (for their parked rows and `pgferry trace`)."""

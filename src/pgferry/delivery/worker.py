@@ -212,6 +212,10 @@ class SubscriptionWorker:
         if endpoint is not None:
             self.ctx.health.watch(endpoint, self._endpoint_recovered)
 
+    def endpoint_down_since(self) -> datetime | None:
+        """Since when the subscription's endpoint is down (its events held), or None."""
+        return self.ctx.health.down_since(self.endpoint) if self.endpoint is not None else None
+
     def _endpoint_recovered(self) -> None:
         self.release_parked = True
         self.retry_wake.set()

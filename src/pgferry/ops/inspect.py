@@ -49,7 +49,9 @@ def health(sub: dict[str, Any], now: datetime | None = None) -> str:
 
     ``ok``: the newest attempt succeeded; ``failing``: it failed (with the
     error and for how long there has been no success); ``idle``: no attempt
-    in the retained history; ``disabled``/``paused`` from the subscription.
+    in the retained history; ``down``: the delivering relay holds the
+    endpoint as down (its events held while a probe a second goes out);
+    ``disabled``/``paused`` from the subscription.
     """
     now = now or datetime.now(UTC)
     if sub.get("state") == "disabled":
@@ -57,6 +59,10 @@ def health(sub: dict[str, Any], now: datetime | None = None) -> str:
     last = sub.get("last_attempt_at")
     if last is None:
         return "paused" if sub.get("state") == "paused" else "idle"
+    down_since = sub.get("endpoint_down_since")
+    if down_since is not None:  # the relay holds its events and probes it
+        why = f" ({sub['last_error']})" if sub.get("last_error") else ""
+        return f"down for {_ago(now - down_since)}{why}: events held, probing every second"
     if sub.get("last_error_class") is None:
         return "ok"
     since = sub.get("last_success_at")
@@ -99,11 +105,13 @@ async def subscription_status(conn: asyncpg.Connection) -> list[dict[str, Any]]:
     """
     rows = _rows(await conn.fetch(sql.query("subscription_status")))
     health_rows = {r["name"]: dict(r) for r in await conn.fetch(sql.query("endpoint_health"))}
+    down = {r["name"]: r["down_since"] for r in await conn.fetch(sql.query("endpoints_down"))}
     now = datetime.now(UTC)
     for row in rows:
         extra = health_rows.get(row["name"], {})
         for key in ("last_attempt_at", "last_status", "last_error_class", "last_error", "last_success_at"):
             row[key] = extra.get(key)
+        row["endpoint_down_since"] = down.get(row["name"])
         attempts = row["attempts_5m"] or 0
         row["error_rate"] = f"{100 * (row['failed_5m'] or 0) / attempts:.1f}%" if attempts else "-"
         row["rate"] = f"{(row['delivered_1m'] or 0) / 60:.1f}/s"

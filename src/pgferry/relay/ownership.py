@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 import orjson
@@ -175,7 +176,7 @@ class Ownership:
         """Events in requests in flight, per subscription this relay delivers."""
         return {name: owned.worker.in_flight for name, owned in self.owned.items()}
 
-    def _stats(self) -> dict[str, dict[str, int]]:
+    def _stats(self) -> dict[str, dict[str, Any]]:
         workers = {n: o.worker for n, o in self.owned.items()}
         return {
             "in_flight": {n: w.in_flight for n, w in workers.items()},
@@ -183,6 +184,7 @@ class Ownership:
             "failed_5m": {n: w.failed.last(300) for n, w in workers.items()},
             "attempts_5m": {n: w.failed.last(300) + w.delivered.last(300) for n, w in workers.items()},
             "delivered_total": {n: w.delivered.total for n, w in workers.items()},
+            "endpoint_down": {n: since.isoformat() for n, w in workers.items() if (since := w.endpoint_down_since())},
         }
 
     async def _release(self, conn: asyncpg.Connection, name: str, *, graceful: bool) -> None:

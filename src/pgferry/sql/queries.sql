@@ -281,6 +281,12 @@ left join lateral (
     where a.subscription = s.name and a.error_class is null order by a.created_at desc limit 1) ok on true
 order by s.name
 
+-- name: endpoints_down
+-- Subscriptions whose endpoint a live relay holds as down (events held, probing), and since when.
+select d.key as name, d.value::timestamptz as down_since
+from ferry.relays r, jsonb_each_text(r.stats -> 'endpoint_down') d
+where r.heartbeat_at > now() - interval '15 seconds'
+
 -- name: relays_status
 select r.id, r.hostname, r.pid, r.started_at, r.heartbeat_at,
        extract(epoch from now() - r.heartbeat_at)::float8 as heartbeat_age_s,
