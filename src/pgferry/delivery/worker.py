@@ -89,6 +89,10 @@ class Held:
 _IN_FLIGHT_NOTE = "in flight: no answer yet when its batch was recorded; the answer is recorded when it comes"
 #: An in-flight event is due again this long after its request's timeout, should the answer never be recorded.
 IN_FLIGHT_MARGIN = timedelta(seconds=5)
+#: Seconds between checks of held events against their max_age while the endpoint is down.
+EXPIRE_EVERY = 10.0
+#: What a probe turn given back unused reports (nothing was sent).
+WITHDRAWN = HttpResult(None, "withdrawn", "not sent", None, 0.0)
 #: The most a stopping worker waits to make its abandoned requests due at once.
 ABANDON_TIMEOUT_S = 2.0
 
@@ -168,6 +172,8 @@ class _Sending:
     in_flight: dict[int, Sequence[OutEvent]] = field(default_factory=dict)
     let_go: bool = False
     recorded: asyncio.Event = field(default_factory=asyncio.Event)
+    #: the endpoint admission the round already holds (its probe), else None: asked per request
+    admission: Admission | None = None
 
 
 @dataclass
@@ -352,11 +358,12 @@ class SubscriptionWorker:
         return [e for e in events if e.id in queued]
 
     async def _deliver_and_account(
-        self, events: Sequence[OutEvent], blocked: set[str], *, from_batch: bool
+        self, events: Sequence[OutEvent], blocked: set[str], *, from_batch: bool, probe: bool = False
     ) -> _Bookkeeping:
+        """``probe``: the round is the endpoint's probe (one event; the worker reserved the turn)."""
         if not events:  # a batch with nothing for this subscription: only its range to acknowledge
             return self._account([], from_batch=from_batch)
-        outcomes, recorded = await self._deliver(events, blocked)
+        outcomes, recorded = await self._deliver(events, blocked, probe)
         books = self._account(outcomes, from_batch=from_batch)
         books.recorded = recorded
         return books
@@ -374,41 +381,55 @@ class SubscriptionWorker:
                 waker.cancel()
 
     async def _retry_loop(self) -> None:
+        expired_at = 0.0  # when held events were last checked against max_age
         while not self.stopping.is_set():
             self.retry_wake.clear()
             if self.release_parked:
                 self.release_parked = False
                 async with self.ctx.pool.acquire() as conn:
                     await conn.execute(sql.query("retries_release"), self.sub.name)
-            probe_wait = self.ctx.health.probe_wait(self.endpoint) if self.endpoint is not None else None
-            if probe_wait is not None:  # the endpoint is down: its events wait, but not beyond max_age
-                async with self.ctx.pool.acquire() as conn:
-                    expired = await conn.fetchval(sql.query("retries_expire"), self.sub.name)
-                if expired:
-                    log.warning("subscription %s: %d held event(s) moved to dead letters (max_age passed)",
-                                self.sub.name, expired)  # fmt: skip
-            if probe_wait:  # ... and until a probe is due, nothing is sent
-                await wait_for_event(self.retry_wake, probe_wait)
-                continue
-            limit = 1 if probe_wait is not None else self.ctx.retry_fetch  # down: one event, as the probe
+            probe = False
+            if self.endpoint is not None and self.ctx.health.is_down(self.endpoint):
+                # Its events wait (held), but not beyond max_age; one request a second probes it.
+                if time.monotonic() - expired_at >= EXPIRE_EVERY:
+                    expired_at = time.monotonic()
+                    await self._expire_held()
+                if self.ctx.health.admit(self.endpoint) is not Admission.PROBE:
+                    await wait_for_event(self.retry_wake, self.ctx.health.probe_wait(self.endpoint) or 0.0)
+                    continue
+                probe = True
             async with self.ctx.pool.acquire() as conn:
-                rows = await conn.fetch(sql.query("due_retries"), self.sub.name, self.sub.ordered, limit)
+                rows = await conn.fetch(
+                    sql.query("due_retries"), self.sub.name, self.sub.ordered, 1 if probe else self.ctx.retry_fetch
+                )
                 next_at = (
                     None if rows else await conn.fetchval(sql.query("next_retry_at"), self.sub.name, self.sub.ordered)
                 )
             # Requests let go of are still in flight: their answers are recorded when they come.
             events = [OutEvent.from_row(r) for r in rows if r["id"] not in self.let_go]
             if not events:
+                if probe and self.endpoint is not None:  # nothing of ours to probe with: another worker may
+                    self.ctx.health.report(self.endpoint, WITHDRAWN, Admission.PROBE)
                 delay = self.ctx.poll_interval
                 if next_at is not None:
                     delay = min(delay, max(0.0, (next_at - datetime.now(UTC)).total_seconds()))
                 await wait_for_event(self.retry_wake, delay)
                 continue
-            await self._record(await self._deliver_and_account(events, set(), from_batch=False), advance=None)
+            books = await self._deliver_and_account(events, set(), from_batch=False, probe=probe)
+            await self._record(books, advance=None)
+
+    async def _expire_held(self) -> None:
+        async with self.ctx.pool.acquire() as conn:
+            expired = await conn.fetchval(sql.query("retries_expire"), self.sub.name)
+        if expired:
+            log.warning("subscription %s: %d held event(s) moved to dead letters (max_age passed)",
+                        self.sub.name, expired)  # fmt: skip
 
     # -- sending -----------------------------------------------------------
 
-    async def _send(self, chunk: Sequence[OutEvent], on_wire: Callable[[], bool] | None = None) -> HttpResult | Held:
+    async def _send(
+        self, chunk: Sequence[OutEvent], on_wire: Callable[[], bool] | None = None, admission: Admission | None = None
+    ) -> HttpResult | Held:
         sub = self.sub
         req = None
         if sub.kind != "pg_net":
@@ -416,8 +437,9 @@ class SubscriptionWorker:
                 req = request.build(sub, chunk, self.signer, max_body_bytes=self.ctx.max_body_bytes)
             except request.BadRequest as exc:
                 return HttpResult(None, exc.error_class, str(exc), None, 0.0)
-        admission = Admission.SEND
-        if self.endpoint is not None:
+        if self.endpoint is None:
+            admission = Admission.SEND
+        elif admission is None:
             admission = self.ctx.health.admit(self.endpoint)
             if admission is Admission.HOLD:
                 return Held(self.ctx.health.down_note(self.endpoint))
@@ -451,11 +473,11 @@ class SubscriptionWorker:
         )
 
     async def _deliver(
-        self, events: Sequence[OutEvent], blocked: set[str]
+        self, events: Sequence[OutEvent], blocked: set[str], probe: bool = False
     ) -> tuple[list[Outcome], asyncio.Event | None]:
         """Sends ``events``; returns their outcomes, and (when the round let go of slow
         requests) the event to set once those outcomes are committed."""
-        sending = _Sending()
+        sending = _Sending(admission=Admission.PROBE if probe else None)
         work = asyncio.ensure_future(self._send_all(events, blocked, sending))
         # pg_net requests carry their own timeouts and are not let go of.
         patient = self.sub.kind == "pg_net" or self.sub.timeout_ms / 1000 <= self.ctx.detach_after
@@ -542,7 +564,7 @@ class SubscriptionWorker:
             return True
 
         try:
-            result = await self._send(chunk, on_wire)
+            result = await self._send(chunk, on_wire, sending.admission)
         finally:
             wired = sending.in_flight.pop(key, None) is not None
         if sending.let_go:
