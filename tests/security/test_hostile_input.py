@@ -117,7 +117,10 @@ async def test_the_sender_never_puts_a_line_break_in_a_header(
     got = receiver.received
     assert [orjson.loads(r.body)["n"] for r in got] == [3]
     assert all("injected" not in r.headers for r in got)
-    assert (got[0].headers["pgferry-key"], got[0].headers["pgferry-key-encoding"]) == ("k%0D%0AInjected:%20yes", "percent")
+    assert (got[0].headers["pgferry-key"], got[0].headers["pgferry-key-encoding"]) == (
+        "k%0D%0AInjected:%20yes",
+        "percent",
+    )
     assert got[0].headers["webhook-id"] == f"evt_{keyed}"
     await conn.execute("""update ferry.subscriptions set headers = '{}'""")
     await asyncio.sleep(0.5)
