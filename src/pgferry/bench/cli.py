@@ -194,8 +194,70 @@ def soak(
     _run_bench(database_url, go)
 
 
+def _clients(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[str, ...]:
+    from pgferry.bench.http import CLIENTS
+
+    chosen = tuple(part.strip() for part in value.split(",") if part.strip())
+    unknown = sorted(set(chosen) - set(CLIENTS))
+    if unknown or not chosen:
+        raise click.BadParameter(
+            f"unknown client(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(CLIENTS)}"
+        )
+    return chosen
+
+
+@click.command()
+@click.option("--requests", default=20_000, show_default=True, type=click.IntRange(1), help="Measured POSTs per run.")
+@click.option("--in-flight", default=64, show_default=True, type=click.IntRange(1), help="Requests in flight.")
+@click.option("--rounds", default=3, show_default=True, type=click.IntRange(1), help="Interleaved runs per client.")
+@click.option("--warm-up", default=1_000, show_default=True, type=click.IntRange(0),
+              help="Unmeasured requests before each run (connections opened).")  # fmt: skip
+@click.option(
+    "--clients",
+    default="pgferry,previous,pgferry-capture,aiohttp,httpx,pyreqwest",
+    show_default=True,
+    callback=_clients,
+    metavar="NAME[,NAME]",
+    help="Clients to measure (httpx and pyreqwest only when installed; previous only with --compare-module).",
+)
+@click.option(
+    "--compare-module",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    metavar="PATH",
+    help="An earlier src/pgferry/delivery/fasthttp.py to measure as `previous` "
+    "(e.g. `git show REV:src/pgferry/delivery/fasthttp.py > /tmp/fasthttp_old.py`).",
+)
+@click.option("--cpu", type=click.IntRange(0), help="Core to pin each client to (default: the highest one).")
+@click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), help="Also write raw results here.")
+def http(
+    requests: int,
+    in_flight: int,
+    rounds: int,
+    warm_up: int,
+    clients: tuple[str, ...],
+    compare_module: Path | None,
+    cpu: int | None,
+    json_out: Path | None,
+) -> None:
+    """CPU per webhook POST of pgferry's HTTP sender beside an earlier one and other clients (no database).
+
+    Exits with status 1 when a client did not get 200 for every request, or when pgferry's sender does
+    fewer than 90% of --compare-module's requests per CPU second.
+    """
+    from pgferry.bench.http import HttpBenchSettings, run_http_bench
+
+    try:
+        settings = HttpBenchSettings(requests=requests, in_flight=in_flight, rounds=rounds, warm_up=warm_up,
+                                     clients=clients, compare_module=compare_module, cpu=cpu)  # fmt: skip
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    if not run_http_bench(settings, json_out):
+        raise SystemExit(1)
+
+
 def register(group: click.Group) -> None:
     """Add the bench subcommands to ``group`` (the `pgferry bench` group)."""
     group.add_command(capture)
     group.add_command(webhooks)
     group.add_command(soak)
+    group.add_command(http)

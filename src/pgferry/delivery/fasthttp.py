@@ -374,7 +374,7 @@ class FastSender:
         def done(status: int | None, error_class: str | None, error: str | None, response: str | None = None,
                  retry_after: float | None = None, captured: Captured | None = None) -> HttpResult:  # fmt: skip
             return HttpResult(status, error_class, error, response, (time.perf_counter() - clock.started) * 1000,
-                              retry_after, captured, timings=clock.timings())  # fmt: skip
+                              retry_after, captured, timings=clock.timings() if error_class else None)  # fmt: skip
 
         try:
             endpoint, path = _target(request.url)

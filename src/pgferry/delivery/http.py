@@ -48,6 +48,8 @@ class HttpResult:
     #: tries that reached the wire before this one (a kept-alive connection the server had
     #: closed): each is an attempt the operator must be able to see
     earlier: tuple[HttpResult, ...] = ()
+    #: the phases of a request that did not end in 2xx (pg_net's timeout message); None for 2xx,
+    #: where nothing reads them and building them cost ~1.2 us a request
     timings: Timings | None = None
 
     @property

@@ -127,10 +127,9 @@ class ResponseReader:
     # -- states --------------------------------------------------------------
 
     def _run(self) -> Response | None:
-        steps = (self._head, self._buffered_length, self._chunk_size, self._chunk_data, self._chunk_end,
-                 self._trailers, self._buffered_until_close)  # fmt: skip  # indexed by state
+        steps = _STEPS  # built once: making seven bound methods per call cost ~0.2 us a response
         while self._state != _DONE:
-            if not steps[self._state]():
+            if not steps[self._state](self):
                 return None
         if self._buf:
             self.extra = True
@@ -346,6 +345,13 @@ class ResponseReader:
         room = self._keep_body - len(response.body)
         if room > 0:
             response.body += data[:room]
+
+
+#: ``ResponseReader``'s step for each state below _DONE, indexed by state.
+_STEPS = (ResponseReader._head, ResponseReader._buffered_length, ResponseReader._chunk_size,
+          ResponseReader._chunk_data, ResponseReader._chunk_end, ResponseReader._trailers,
+          ResponseReader._buffered_until_close)  # fmt: skip
+assert len(_STEPS) == _DONE
 
 
 def _status_line(line: bytes) -> tuple[int, int, str]:
