@@ -228,17 +228,16 @@ async def test_pg_net_params_and_bodies_cannot_inject(
         root + "/p",
         hostile,
     )
-    control = await net_conn.fetchval("select net.http_get($1)", root + "/a\x01b")
-    with pytest.raises(asyncpg.PostgresError, match="contains whitespace"):
-        await net_conn.fetchval("select net.http_get($1)", root + "/a\r\nInjected: 1")
+    for bad in (root + "/a\x01b", root + "/a\r\nInjected: 1"):  # refused at the call, as libcurl refuses them
+        with pytest.raises(asyncpg.PostgresError, match="Malformed input to a URL function"):
+            await net_conn.fetchval("select net.http_get($1)", bad)
 
     async def answered() -> bool:
-        return bool(await net_conn.fetchval("select count(*) from net._http_response") == 2)
+        return bool(await net_conn.fetchval("select count(*) from net._http_response") == 1)
 
-    await eventually(answered, what="both requests finished")
+    await eventually(answered, what="the request finished")
     rows = {r["id"]: r for r in await net_conn.fetch("select * from net._http_response")}
     assert rows[ok]["status_code"] == 200
-    assert "control characters" in rows[control]["error_msg"] and rows[control]["status_code"] is None
     (got,) = receiver.received
     assert orjson.loads(got.body) == {"text": hostile}
     assert "injected" not in got.headers and "\r" not in got.path and "%0D%0AInjected" in got.path

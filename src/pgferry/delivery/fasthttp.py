@@ -33,7 +33,6 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urljoin, urlsplit
 
@@ -50,7 +49,7 @@ from pgferry.delivery.http import (
 )
 from pgferry.delivery.http1 import ProtocolError, Response, ResponseReader, Truncated
 
-_USER_AGENT = b"pgferry"
+_USER_AGENT = "\r\nUser-Agent: pgferry"
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
 #: Methods whose request carries no body unless one is given.
 _BODYLESS = frozenset(("GET", "HEAD", "DELETE", "OPTIONS"))
@@ -171,8 +170,6 @@ class _Pool:
         self.ssl = tls if scheme == "https" else None
         self.idle: list[_Connection] = []
         self.slots = asyncio.Semaphore(size)
-        default_port = 443 if scheme == "https" else 80
-        self.host_header = (host if port == default_port else f"{host}:{port}").encode("idna")
 
     def take_idle(self) -> _Connection | None:
         while self.idle:
@@ -215,13 +212,18 @@ class _Pool:
 class _Clock:
     """When each phase of one exchange ended (curl's phases, for pg_net's timeout message)."""
 
-    __slots__ = ("connect_at", "connecting_at", "dns_at", "started")
+    __slots__ = ("connect_at", "connecting_at", "dns_at", "earlier", "started")
 
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
+    def __init__(self, started: float) -> None:
+        self.started = started
         self.connecting_at: float | None = None  # None: a kept-alive connection was reused
         self.dns_at: float | None = None
         self.connect_at: float | None = None
+        #: tries that reached the wire before the last one (a kept-alive connection the server closed)
+        self.earlier: list[HttpResult] | None = None
+
+    def tries(self) -> tuple[HttpResult, ...]:
+        return tuple(self.earlier) if self.earlier else ()
 
     def connecting(self) -> None:
         self.connecting_at, self.dns_at, self.connect_at = time.perf_counter(), None, None
@@ -247,21 +249,29 @@ class _Clock:
         )
 
 
-@lru_cache(maxsize=1024)
-def _valid_name(name: str) -> bool:
-    """Whether ``name`` is an HTTP header name (a token); the same few names come with every request."""
-    return _TOKEN.match(name) is not None
+#: Header names checked before, lowercased (the same few come with every request) ...
+_NAMES: dict[str, str] = {}
+#: ... and those of them that are neither framing headers nor User-Agent.
+_PLAIN_NAMES: set[str] = set()
+_BAD_VALUE = re.compile(r"[\r\n\0]")
+#: Request headers that only the client writes: they frame the request.
+_OWN = frozenset(("host", "content-length", "transfer-encoding"))
 
 
 @lru_cache(maxsize=4096)
-def _target(url: str) -> tuple[tuple[str, str, int], bytes]:
+def _target(method: str, url: str) -> tuple[tuple[str, str, int], str]:
+    """The endpoint and the request line up to the Host header's value, for ``method url``."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https"):
         raise ValueError(f"unsupported URL scheme {parts.scheme!r}")
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     if any(c in url for c in "\r\n\t\0 "):  # urlsplit silently drops some of these
         raise ValueError("URL contains whitespace or control characters")
-    return endpoint_of(url), path.encode("ascii", "strict")
+    path.encode("ascii", "strict")
+    endpoint = endpoint_of(url)
+    default_port = 443 if endpoint[0] == "https" else 80
+    host = endpoint[1] if endpoint[2] == default_port else f"{endpoint[1]}:{endpoint[2]}"
+    return endpoint, f"{method} {path} HTTP/1.1\r\nHost: {host.encode('idna').decode('ascii')}"
 
 
 def tls_context(ca_file: str | None = None) -> ssl.SSLContext:
@@ -278,14 +288,6 @@ def _tls_reason(exc: ssl.SSLError) -> str:
     if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
         return f"certificate verify failed: {exc.verify_message}"
     return str(exc.reason or exc)
-
-
-@dataclass(frozen=True, slots=True)
-class _Request:
-    method: str
-    url: str
-    body: bytes | None
-    headers: Mapping[str, str]
 
 
 class FastSender:
@@ -320,8 +322,10 @@ class FastSender:
     ) -> HttpResult:
         """A webhook POST. ``on_wire`` is asked right before the first byte is written; if it
         answers False nothing is sent and the result's error class is ``withdrawn``."""
-        return await self.request("POST", url, body, headers, timeout=timeout, connect_timeout=connect_timeout,
-                                  on_wire=on_wire)  # fmt: skip
+        started = time.perf_counter()
+        result, _, _ = await self._one("POST", url, body, headers, timeout, connect_timeout, False, on_wire, None,
+                                       started)  # fmt: skip
+        return result
 
     async def request(
         self,
@@ -340,13 +344,13 @@ class FastSender:
         the body (``HttpResult.captured``). ``redirects``: how many to follow (0: a 3xx is
         the answer). The timeout covers the whole request, redirects included."""
         started = time.perf_counter()
-        request = _Request(method, url, body, headers)
-        earlier: list[HttpResult] = []
+        earlier: tuple[HttpResult, ...] = ()
         deadline: float | None = None
         for hop in range(redirects + 1):
-            result, response, deadline = await self._one(request, timeout, connect_timeout, capture, on_wire,
-                                                         deadline, earlier)  # fmt: skip
+            result, response, deadline = await self._one(method, url, body, headers, timeout, connect_timeout,
+                                                         capture, on_wire, deadline, started)  # fmt: skip
             on_wire = None  # a redirect's request is part of one that reached the wire
+            earlier += result.earlier
             if response is None or not response.location or response.status not in _FOLLOWED:
                 break
             if hop == redirects:
@@ -354,62 +358,67 @@ class FastSender:
                     result = HttpResult(None, "redirect", f"more than {redirects} redirects, last to "
                                         f"{response.location}", None, 0.0, timings=result.timings)  # fmt: skip
                 break
-            request = _redirected(request, response)
-        latency = (time.perf_counter() - started) * 1000
-        return _with(result, latency_ms=latency, earlier=tuple(earlier))
+            method, url, body, headers = _redirected(method, url, body, headers, response)
+        if hop or earlier != result.earlier:
+            latency = (time.perf_counter() - started) * 1000
+            result = HttpResult(result.status, result.error_class, result.error, result.response, latency,
+                                result.retry_after, result.captured, earlier, result.timings)  # fmt: skip
+        return result
 
     async def _one(
         self,
-        request: _Request,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str],
         timeout: float,
         connect_timeout: float,
         capture: bool,
         on_wire: Callable[[], bool] | None,
         deadline: float | None,
-        earlier: list[HttpResult],
+        started: float,
     ) -> tuple[HttpResult, Response | None, float | None]:
-        """One request-response exchange: (result, the response if there was one, deadline)."""
-        clock = _Clock()
-
-        def done(status: int | None, error_class: str | None, error: str | None, response: str | None = None,
-                 retry_after: float | None = None, captured: Captured | None = None) -> HttpResult:  # fmt: skip
-            return HttpResult(status, error_class, error, response, (time.perf_counter() - clock.started) * 1000,
-                              retry_after, captured, timings=clock.timings() if error_class else None)  # fmt: skip
-
+        """One request-response exchange: its result, the answer if there was one (for
+        redirects) and the deadline it ran under. ``started``: when the request began."""
         try:
-            endpoint, path = _target(request.url)
+            endpoint, line = _target(method, url)
+            data = _serialize(line, method, body, headers)
         except (ValueError, UnicodeError) as exc:
-            return done(None, "bad_request", f"cannot send to {request.url!r}: {exc}"), None, deadline
-        pool = self._pool(endpoint)
-        try:
-            data = _serialize(request, path, pool.host_header)
+            error = f"cannot send to {url!r}: {exc}"
+            return HttpResult(None, "bad_request", error, None, (time.perf_counter() - started) * 1000), None, deadline
         except _BadHeader as exc:
-            return done(None, "bad_request", str(exc)), None, deadline
+            latency = (time.perf_counter() - started) * 1000
+            return HttpResult(None, "bad_request", str(exc), None, latency), None, deadline
+        pool = self._pools.get(endpoint) or self._pool(endpoint)
         async with pool.slots:
-            clock.started = time.perf_counter()
+            clock = _Clock(time.perf_counter())
             if deadline is None:  # the wait for a slot does not count
                 deadline = asyncio.get_running_loop().time() + timeout
-            reader = ResponseReader(keep_body=MAX_CAPTURED_BYTES if capture else RESPONSE_SNIPPET_BYTES,
-                                    keep_headers=capture)  # fmt: skip
+            reader = ResponseReader(MAX_CAPTURED_BYTES if capture else RESPONSE_SNIPPET_BYTES, capture)
             try:
-                response = await self._exchange(pool, data, connect_timeout, deadline, clock, on_wire, reader, earlier)
+                response = await self._exchange(pool, data, connect_timeout, deadline, clock, on_wire, reader)
             except (_Withdrawn, TimeoutError, _ConnectTimeout, RefusedAddress, _Lost, ProtocolError, OSError) as exc:
-                return done(None, *_failure(exc, endpoint, timeout, connect_timeout)), None, deadline
-
+                error_class, error = _failure(exc, endpoint, timeout, connect_timeout)
+                latency = (time.perf_counter() - started) * 1000
+                return HttpResult(None, error_class, error, None, latency, None, None, clock.tries(),
+                                  clock.timings()), None, deadline  # fmt: skip
+        latency = (time.perf_counter() - started) * 1000
         status = response.status
         captured = None
         if capture:
             text = decode_text(bytes(response.body), response.content_type)
-            captured = Captured(dict(response.headers), response.content_type, text if response.body else None)
+            captured = Captured(dict(response.headers), response.content_type, text or None)
         if 200 <= status < 300:
-            return done(status, None, None, captured=captured), response, deadline
+            return HttpResult(status, None, None, None, latency, None, captured, clock.tries()), response, deadline
         snippet = decode_text(bytes(response.body[:RESPONSE_SNIPPET_BYTES]), response.content_type)
         if 300 <= status < 400 and response.location:
-            error = f"HTTP {status} redirect to {response.location} (not followed)"
-            return done(status, "redirect", error, snippet, captured=captured), response, deadline
-        error = f"HTTP {status} {response.reason}".strip()
-        retry_after = parse_retry_after(response.retry_after)
-        return done(status, "http_status", error, snippet, retry_after, captured), response, deadline
+            error_class, error = "redirect", f"HTTP {status} redirect to {response.location} (not followed)"
+            retry_after = None
+        else:
+            error_class, error = "http_status", f"HTTP {status} {response.reason}".strip()
+            retry_after = parse_retry_after(response.retry_after)
+        return HttpResult(status, error_class, error, snippet, latency, retry_after, captured, clock.tries(),
+                          clock.timings()), response, deadline  # fmt: skip
 
     async def _exchange(
         self,
@@ -420,7 +429,6 @@ class FastSender:
         clock: _Clock,
         on_wire: Callable[[], bool] | None,
         reader: ResponseReader,
-        earlier: list[HttpResult],
     ) -> Response:
         conn = pool.take_idle()
         fresh = conn is None
@@ -439,8 +447,8 @@ class FastSender:
             # byte of answer: most likely it never read the request. Send it once more on
             # a new connection, and report the first try (it reached the wire).
             latency = (time.perf_counter() - clock.started) * 1000
-            earlier.append(HttpResult(None, "empty_reply", "server closed the kept-alive connection without "
-                                      "answering; sent again on a new connection", None, latency))  # fmt: skip
+            error = "server closed the kept-alive connection without answering; sent again on a new connection"
+            clock.earlier = [HttpResult(None, "empty_reply", error, None, latency)]
             conn = await _connect(pool, connect_timeout, deadline, clock)
             reader = reader.again()
             try:
@@ -491,47 +499,54 @@ def _failure(  # noqa: PLR0911 - one return per way a request can end
     return "connect", f"cannot connect to {host}: {exc.strerror or exc}"
 
 
-def _serialize(request: _Request, path: bytes, host_header: bytes) -> bytes:
-    """The request's bytes. Last line of defence against header injection: whatever the SQL
-    checks let through, no CR/LF/NUL and no invalid header name reaches the wire."""
-    head = [request.method.encode("ascii"), b" ", path, b" HTTP/1.1\r\nHost: ", host_header]
-    names = set()
-    for name, value in request.headers.items():
-        if not _valid_name(name):
-            raise _BadHeader(f"header name {name[:100]!r} is not a valid HTTP header name")
-        if "\r" in value or "\n" in value or "\0" in value:
+def _serialize(line: str, method: str, body: bytes | None, headers: Mapping[str, str]) -> bytes:
+    """The request's bytes after its request line and Host header (``line``). The last line of
+    defence against header injection: whatever the SQL checks let through, no CR/LF/NUL and no
+    invalid header name reaches the wire."""
+    length = f"\r\nContent-Length: {len(body) if body else 0}" if body is not None or method not in _BODYLESS else ""
+    if headers and _PLAIN_NAMES.issuperset(headers) and "".join(headers.values()).isprintable():
+        # the usual request: names checked before, none of them ours or User-Agent, printable
+        # values (no CR, LF or NUL): C-level checks and joins
+        text = line + "\r\n" + "\r\n".join(map(": ".join, headers.items())) + _USER_AGENT + length + "\r\n\r\n"
+    else:
+        text = _checked_head(line, headers) + length + "\r\n\r\n"
+    head = text.encode("utf-8")
+    return head + body if body else head
+
+
+def _checked_head(line: str, headers: Mapping[str, str]) -> str:
+    """``_serialize``'s head, header by header: checks each name (remembering the plain ones)
+    and value, leaves out the framing headers that are ours to write."""
+    parts = [line]
+    user_agent = False
+    for name, value in headers.items():
+        lowered = _NAMES.get(name)
+        if lowered is None:
+            if not _TOKEN.match(name):
+                raise _BadHeader(f"header name {name[:100]!r} is not a valid HTTP header name")
+            lowered = name.lower()
+            if len(_NAMES) < 4096:
+                _NAMES[name] = lowered
+                if lowered not in _OWN and lowered != "user-agent":
+                    _PLAIN_NAMES.add(name)
+        if _BAD_VALUE.search(value):
             raise _BadHeader(f"header {name!r} contains a line break or NUL; not sent")
-        lowered = name.lower()
-        if lowered in ("host", "content-length", "transfer-encoding"):
+        if lowered in _OWN:
             continue  # framing is ours to state
-        names.add(lowered)
-        try:
-            head += [b"\r\n", name.encode("ascii"), b": ", value.encode("utf-8")]
-        except UnicodeError as exc:
-            raise _BadHeader(f"header {name!r} cannot be sent: {exc}") from None
-    if "user-agent" not in names:
-        head += [b"\r\nUser-Agent: ", _USER_AGENT]
-    body = request.body
-    if body is not None or request.method not in _BODYLESS:
-        head += [b"\r\nContent-Length: ", str(len(body or b"")).encode()]
-    head.append(b"\r\n\r\n")
-    if body:
-        head.append(body)
-    return b"".join(head)
+        user_agent = user_agent or lowered == "user-agent"
+        parts.append(f"{name}: {value}")
+    return "\r\n".join(parts) + ("" if user_agent else _USER_AGENT)
 
 
-def _redirected(request: _Request, response: Response) -> _Request:
+def _redirected(
+    method: str, url: str, body: bytes | None, headers: Mapping[str, str], response: Response
+) -> tuple[str, str, bytes | None, Mapping[str, str]]:
+    """The request a redirect asks for: a 301/302/303 turns a POST into a GET without body."""
     assert response.location is not None
-    url = urljoin(request.url, response.location)
-    if response.status in _SEE_OTHER and request.method not in ("GET", "HEAD"):
-        headers = {k: v for k, v in request.headers.items() if k.lower() != "content-type"}
-        return _Request("GET", url, None, headers)
-    return _Request(request.method, url, request.body, request.headers)
-
-
-def _with(result: HttpResult, *, latency_ms: float, earlier: tuple[HttpResult, ...]) -> HttpResult:
-    return HttpResult(result.status, result.error_class, result.error, result.response, latency_ms,
-                      result.retry_after, result.captured, earlier, result.timings)  # fmt: skip
+    target = urljoin(url, response.location)
+    if response.status in _SEE_OTHER and method not in ("GET", "HEAD"):
+        return "GET", target, None, {k: v for k, v in headers.items() if k.lower() != "content-type"}
+    return method, target, body, headers
 
 
 async def _connect(pool: _Pool, connect_timeout: float, deadline: float, clock: _Clock) -> _Connection:

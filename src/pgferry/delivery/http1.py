@@ -38,7 +38,16 @@ MAX_HEAD_BYTES = 128 * 1024
 #: The longest chunk-size line (size plus extensions) accepted.
 MAX_CHUNK_LINE = 4096
 
+#: Heads up to this size are remembered, parsed (status, framing, a few headers), in up to
+#: MAX_CACHED_HEADS entries: an endpoint answers with the same bytes again and again (a Date
+#: header changes once a second), and parsing a head in Python costs ~1.5 us, a lookup ~0.1.
+MAX_CACHED_HEAD = 1024
+MAX_CACHED_HEADS = 512
+_HEADS: dict[bytes, tuple[int, str, int, bool, str | None, str | None, str | None, int, int]] = {}
+
 _FRAMING = frozenset((b"content-length", b"transfer-encoding"))
+#: The headers the reader looks at (lowercased).
+_KNOWN = frozenset((*_FRAMING, b"connection", b"retry-after", b"location", b"content-type"))
 
 
 class ProtocolError(Exception):
@@ -87,7 +96,7 @@ class ResponseReader:
     __slots__ = ("_buf", "_chunk_left", "_got", "_keep_body", "_keep_headers", "_left", "_scan", "_state", "extra",
                  "response")  # fmt: skip
 
-    def __init__(self, *, keep_body: int = 2048, keep_headers: bool = False) -> None:
+    def __init__(self, keep_body: int = 2048, keep_headers: bool = False) -> None:
         self._keep_body = keep_body
         self._keep_headers = keep_headers
         self._buf = bytearray()
@@ -101,19 +110,48 @@ class ResponseReader:
 
     def again(self) -> ResponseReader:
         """A new reader with the same settings (the same request, sent once more)."""
-        return ResponseReader(keep_body=self._keep_body, keep_headers=self._keep_headers)
+        return ResponseReader(self._keep_body, self._keep_headers)
 
     def feed(self, data: bytes) -> Response | None:
         if not data:
             return None
         self._got = True
-        if self._state == _DONE:
+        state = self._state
+        if state == _LENGTH and not self._buf:  # the rest of a body of known length
+            return self._length(data)
+        if state == _DONE:
             self.extra = True
             return None
-        if self._state == _LENGTH and not self._buf:  # the common case: a body of known length
-            return self._length(data)
+        if state == _HEAD and not self._buf:
+            rest = self._whole_head(data)
+            if rest is not None:
+                if self._state == _LENGTH and rest:
+                    return self._length(rest)
+                if self._state == _DONE and not rest:
+                    return self.response
+                data = rest
         self._buf += data
         return self._run()
+
+    def _whole_head(self, data: bytes) -> bytes | None:
+        """The common case, read without buffering: a whole head in one read, CRLF line ends, no
+        blank lines before it. Returns the bytes after the head, or None (not that case)."""
+        end = data.find(b"\r\n\r\n")
+        if not 0 < end <= MAX_HEAD_BYTES or data[:5] != b"HTTP/":
+            return None
+        head = data[:end]
+        if head.count(b"\n") != head.count(b"\r\n"):  # a bare LF could have ended it earlier
+            return None
+        known = None if self._keep_headers else _HEADS.get(head)
+        if known is None:
+            self._parse_head(head.split(b"\r\n"))
+            if end <= MAX_CACHED_HEAD and not self._keep_headers and self._state != _HEAD:
+                self._remember(head)
+        else:
+            response = self.response
+            (response.status, response.reason, response.minor, response.keep_alive, response.retry_after,
+             response.location, response.content_type, self._state, self._left) = known  # fmt: skip
+        return data[end + 4 :]
 
     def feed_eof(self) -> Response:
         """The connection closed: the response if that ends it, else Truncated."""
@@ -162,13 +200,20 @@ class ResponseReader:
             return False
         head = bytes(buf[:end])
         del buf[: end + blank]
-        self._parse_head(head)
+        self._parse_head([line[:-1] if line[-1:] == b"\r" else line for line in head.split(b"\n")])
         return True
 
-    def _parse_head(self, head: bytes) -> None:
-        lines = head.split(b"\n")
-        status_line = lines[0].rstrip(b"\r")
-        minor, status, reason = _status_line(status_line)
+    def _remember(self, head: bytes) -> None:
+        """Keep what ``head`` said (the same few heads come back from an endpoint again and again)."""
+        if len(_HEADS) >= MAX_CACHED_HEADS:
+            _HEADS.clear()
+        r = self.response
+        _HEADS[head] = (r.status, r.reason, r.minor, r.keep_alive, r.retry_after, r.location, r.content_type,
+                        self._state, self._left)  # fmt: skip
+
+    def _parse_head(self, lines: list[bytes]) -> None:
+        """The status line and header lines of one head, line ends removed."""
+        minor, status, reason = _status_line(lines[0])
         if status == 101:
             raise ProtocolError("unexpected 101 Switching Protocols (no upgrade was asked for)")
         if status < 200:  # an interim answer (100 Continue, 103 Early Hints, ...): the real one follows
@@ -177,48 +222,71 @@ class ResponseReader:
         response.status, response.reason, response.minor = status, reason, minor
         lengths: list[bytes] = []
         codings: list[bytes] = []
-        connection: list[bytes] = []
-        headers: list[tuple[bytes, bytes]] = []
-        for raw in lines[1:]:
-            line = raw.rstrip(b"\r")
-            if line[:1] in (b" ", b"\t"):  # obs-fold: continues the previous header's value
-                if not headers:
-                    raise ProtocolError("invalid HTTP response: continuation line before any header")
-                name, value = headers[-1]
-                if name.strip().lower() in _FRAMING:
-                    raise ProtocolError("invalid HTTP response: folded framing header")
-                headers[-1] = (name, value + b" " + line.strip())
+        connection = b""
+        kept: list[tuple[bytes, bytes]] | None = [] if self._keep_headers else None
+        folded = False
+        for line in lines[1:]:
+            if not line:
                 continue
+            if line[0] in (32, 9):  # obs-fold: continues the previous header's value
+                folded = True
+                break
             name, colon, value = line.partition(b":")
-            if not colon or not name.strip():
+            if not colon:
                 continue  # not a header line; curl ignores these too
-            headers.append((name, value.strip()))
-        for name, value in headers:
             key = name.lower()
-            stripped = key.strip()
-            if stripped != key:
-                if stripped in _FRAMING:
-                    raise ProtocolError(f"invalid HTTP response: whitespace in header name {name!r}")
-                key = stripped
+            if key not in _KNOWN:
+                stripped = key.strip()
+                if stripped in _KNOWN:
+                    if stripped in _FRAMING:
+                        raise ProtocolError(f"invalid HTTP response: whitespace in header name {name!r}")
+                    key = stripped
+                elif kept is not None:
+                    if stripped:
+                        kept.append((name, value.strip()))
+                    continue
+                else:
+                    continue
+            value = value.strip()
+            if kept is not None:
+                kept.append((name, value))
             if key == b"content-length":
                 lengths.append(value)
             elif key == b"transfer-encoding":
                 codings.extend(c.strip().lower() for c in value.split(b",") if c.strip())
             elif key == b"connection":
-                connection.extend(t.strip().lower() for t in value.split(b","))
+                connection += b"," + value.lower()
             elif key == b"retry-after":
                 response.retry_after = value.decode("latin-1")
             elif key == b"location":
                 response.location = value.decode("latin-1")
-            elif key == b"content-type":
+            else:  # content-type
                 response.content_type = value.decode("latin-1")
-        if self._keep_headers:
-            response.headers = [(n.strip().decode("latin-1"), v.decode("latin-1")) for n, v in headers]
-        if minor == 1:
-            response.keep_alive = b"close" not in connection
+        if folded:  # rare: folded lines are unfolded first, and everything read again
+            self._parse_folded(lines)
+            return
+        if kept is not None:
+            response.headers = [(n.strip().decode("latin-1"), v.decode("latin-1")) for n, v in kept]
+        if connection:
+            tokens = {t.strip() for t in connection.split(b",")}
+            response.keep_alive = b"close" not in tokens and (minor == 1 or b"keep-alive" in tokens)
         else:
-            response.keep_alive = b"keep-alive" in connection and b"close" not in connection
+            response.keep_alive = minor == 1
         self._frame(status, lengths, codings)
+
+    def _parse_folded(self, lines: list[bytes]) -> None:
+        """``_parse_head`` for a head with obs-fold lines: each joins the previous line."""
+        unfolded = [lines[0]]
+        for line in lines[1:]:
+            if line[:1] in (b" ", b"\t"):
+                if len(unfolded) == 1:
+                    raise ProtocolError("invalid HTTP response: continuation line before any header")
+                if unfolded[-1].partition(b":")[0].strip().lower() in _FRAMING:
+                    raise ProtocolError("invalid HTTP response: folded framing header")
+                unfolded[-1] = unfolded[-1].rstrip() + b" " + line.strip()
+            else:
+                unfolded.append(line)
+        self._parse_head(unfolded)
 
     def _frame(self, status: int, lengths: list[bytes], codings: list[bytes]) -> None:
         if status in (204, 304):
@@ -233,6 +301,10 @@ class ResponseReader:
                 self._state = _CHUNK_SIZE
             else:
                 self._until_close()
+            return
+        if len(lengths) == 1 and lengths[0].isdigit() and len(lengths[0]) <= 18:  # the common case
+            self._left = int(lengths[0])
+            self._state = _LENGTH if self._left else _DONE
             return
         if lengths:
             values = {v.strip() for joined in lengths for v in joined.split(b",")}
@@ -356,10 +428,13 @@ assert len(_STEPS) == _DONE
 
 def _status_line(line: bytes) -> tuple[int, int, str]:
     """(minor version, status, reason) of ``HTTP/1.x NNN reason``."""
-    version, _, rest = line.partition(b" ")
-    if version not in (b"HTTP/1.1", b"HTTP/1.0"):
-        raise ProtocolError(f"invalid HTTP response: status line {line[:60]!r}")
-    code, _, reason = rest.lstrip(b" ").partition(b" ")
-    if len(code) != 3 or not code.isdigit() or code[0] == 0x30:
-        raise ProtocolError(f"invalid HTTP response: status line {line[:60]!r}")
-    return version[-1] - 0x30, int(code), reason.strip().decode("latin-1", "replace")
+    version = line[:8]
+    if version == b"HTTP/1.1" or version == b"HTTP/1.0":  # noqa: PLR1714 - two compares beat a tuple
+        code = line[9:12]
+        if line[8:9] == b" " and line[12:13] in (b" ", b"") and code.isdigit() and code[0] != 0x30:
+            return version[7] - 0x30, int(code), line[13:].strip().decode("latin-1", "replace")
+        # lenient: several spaces before the code
+        code, _, reason = line[8:].lstrip(b" ").partition(b" ")
+        if len(code) == 3 and code.isdigit() and code[0] != 0x30 and line[8:9] == b" ":
+            return version[7] - 0x30, int(code), reason.strip().decode("latin-1", "replace")
+    raise ProtocolError(f"invalid HTTP response: status line {line[:60]!r}")
