@@ -605,6 +605,27 @@ def test_huge_http_like_bytes_end_the_same_however_split_and_stay_bounded(data: 
     assert outcome(data.draw(cuts(wire), label="pieces"), 64) == whole
 
 
+def padded(start: bytes, size: int, eol: bytes) -> bytes:
+    """``start`` and a header line padded to ``size`` bytes in all, ending in ``eol``."""
+    return start + b"X-Pad: " + b"a" * (size - len(start) - len(b"X-Pad: ") - len(eol)) + eol
+
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n"
+#: a head or trailers of more than MAX_HEAD_BYTES (before the blank line)
+AT_THE_LIMIT = {
+    "head over the limit": (padded(HEAD, MAX_HEAD_BYTES + 1, b"\r\n") + b"\r\n", "refused"),
+    "trailers over the limit": (CHUNKED + b"0\r\n" + padded(b"", MAX_HEAD_BYTES + 1, b"\r\n") + b"\r\n", "refused"),
+}
+
+
+@pytest.mark.parametrize(("wire", "kind"), AT_THE_LIMIT.values(), ids=AT_THE_LIMIT.keys())
+def test_a_head_or_trailers_at_the_size_limit_end_the_same_however_split(wire: bytes, kind: str) -> None:
+    whole = outcome([wire], 64)
+    assert whole.kind == kind
+    for at in (len(wire) - 1, len(wire) - 2, len(wire) - 3, MAX_HEAD_BYTES, MAX_HEAD_BYTES + 1):
+        assert outcome([wire[:at], wire[at:]], 64) == whole, at
+
+
 # -- 4. attribution through the real client ----------------------------------------------
 
 SECOND = b"HTTP/1.1 %d Second\r\nContent-Length: 0\r\n\r\n" % SECOND_STATUS

@@ -315,8 +315,8 @@ class ResponseReader:
             self._state = _DONE
             return True
         end, blank = self._block_end()
-        if end < 0:
-            if len(buf) > MAX_HEAD_BYTES:
+        if end < 0 or end > MAX_HEAD_BYTES:
+            if end > MAX_HEAD_BYTES or len(buf) > MAX_HEAD_BYTES:
                 raise ProtocolError(f"invalid HTTP response: trailers longer than {MAX_HEAD_BYTES} bytes")
             return False
         del buf[: end + blank]  # trailer fields are read past, not kept
