@@ -611,9 +611,12 @@ def padded(start: bytes, size: int, eol: bytes) -> bytes:
 
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n"
-#: a head or trailers of more than MAX_HEAD_BYTES (before the blank line)
+#: a head or trailers of exactly MAX_HEAD_BYTES (before the blank line), and one byte more
 AT_THE_LIMIT = {
+    "head of the limit": (padded(HEAD, MAX_HEAD_BYTES, b"\r\n") + b"\r\n", "response"),
+    "head of the limit, bare LF": (padded(HEAD, MAX_HEAD_BYTES, b"\n") + b"\n", "response"),
     "head over the limit": (padded(HEAD, MAX_HEAD_BYTES + 1, b"\r\n") + b"\r\n", "refused"),
+    "trailers of the limit": (CHUNKED + b"0\r\n" + padded(b"", MAX_HEAD_BYTES, b"\r\n") + b"\r\n", "response"),
     "trailers over the limit": (CHUNKED + b"0\r\n" + padded(b"", MAX_HEAD_BYTES + 1, b"\r\n") + b"\r\n", "refused"),
 }
 

@@ -37,6 +37,9 @@ from dataclasses import dataclass, field
 MAX_HEAD_BYTES = 128 * 1024
 #: The longest chunk-size line (size plus extensions) accepted.
 MAX_CHUNK_LINE = 4096
+#: The most an unfinished header block may hold and still become one of MAX_HEAD_BYTES: its
+#: last line and the CR of the blank line after it, still waiting for the LF.
+_MAX_INCOMPLETE = MAX_HEAD_BYTES + 1
 
 _FRAMING = frozenset((b"content-length", b"transfer-encoding"))
 
@@ -158,7 +161,7 @@ class ResponseReader:
             self._scan = 0
         end, blank = self._block_end()
         if end < 0 or end > MAX_HEAD_BYTES:
-            if end > MAX_HEAD_BYTES or len(buf) > MAX_HEAD_BYTES:
+            if end > MAX_HEAD_BYTES or len(buf) > _MAX_INCOMPLETE:
                 raise ProtocolError(f"invalid HTTP response: headers longer than {MAX_HEAD_BYTES} bytes")
             return False
         head = bytes(buf[:end])
@@ -316,7 +319,7 @@ class ResponseReader:
             return True
         end, blank = self._block_end()
         if end < 0 or end > MAX_HEAD_BYTES:
-            if end > MAX_HEAD_BYTES or len(buf) > MAX_HEAD_BYTES:
+            if end > MAX_HEAD_BYTES or len(buf) > _MAX_INCOMPLETE:
                 raise ProtocolError(f"invalid HTTP response: trailers longer than {MAX_HEAD_BYTES} bytes")
             return False
         del buf[: end + blank]  # trailer fields are read past, not kept
