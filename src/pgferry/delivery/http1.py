@@ -181,6 +181,7 @@ class ResponseReader:
         response.status, response.reason, response.minor = status, reason, minor
         lengths: list[bytes] = []
         codings: list[bytes] = []
+        transfer_encoded = False
         connection: list[bytes] = []
         headers: list[tuple[bytes, bytes]] = []
         for raw in lines[1:]:
@@ -207,6 +208,7 @@ class ResponseReader:
             if key == b"content-length":
                 lengths.append(value)
             elif key == b"transfer-encoding":
+                transfer_encoded = True
                 codings.extend(c.strip().lower() for c in value.split(b",") if c.strip())
             elif key == b"connection":
                 connection.extend(t.strip().lower() for t in value.split(b","))
@@ -220,8 +222,8 @@ class ResponseReader:
             response.headers = [(n.strip().decode("latin-1"), v.decode("latin-1")) for n, v in headers]
         if minor == 1:
             response.keep_alive = b"close" not in connection
-        else:
-            response.keep_alive = b"keep-alive" in connection and b"close" not in connection
+        else:  # on HTTP/1.0, Transfer-Encoding means the framing may be faulty: close after (RFC 9112 6.1)
+            response.keep_alive = b"keep-alive" in connection and b"close" not in connection and not transfer_encoded
         self._frame(status, lengths, codings)
 
     def _frame(self, status: int, lengths: list[bytes], codings: list[bytes]) -> None:
