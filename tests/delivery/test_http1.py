@@ -760,17 +760,20 @@ async def _two_requests(server: _FirstThenSecond, url: str) -> HttpResult:
 
 
 @st.composite
-def played(draw: st.DrawFn) -> list[bytes]:
+def scenes(draw: st.DrawFn) -> _Scene:
     """A first answer in the writes it is played in: either a response the connection survives
-    in one write and more bytes (responses, garbage) in the next ones, or any bytes cut anywhere."""
+    in one write and more bytes (responses, garbage) in the next ones, or any bytes cut
+    anywhere, most often followed by a close (else garbage that never ends waits for the
+    timeout)."""
     if draw(st.booleans()):
         reusable = draw(messages(lenient=LENIENCIES).filter(lambda m: m.keep_alive))
         more = st.one_of(messages(lenient=LENIENCIES).map(lambda m: m.wire), anything).filter(bool)
-        return [reusable.wire, *draw(st.lists(more, min_size=1, max_size=2))]
+        return _Scene([reusable.wire, *draw(st.lists(more, min_size=1, max_size=2))], draw(st.booleans()))
     answer = draw(st.one_of(anything, st.lists(messages(lenient=LENIENCIES), min_size=2, max_size=3).map(
         lambda ms: b"".join(m.wire for m in ms))))  # fmt: skip
     points = sorted(draw(st.lists(st.integers(0, len(answer)), max_size=3)))
-    return [answer[a:b] for a, b in zip([0, *points], [*points, len(answer)], strict=True)]
+    writes = [answer[a:b] for a, b in zip([0, *points], [*points, len(answer)], strict=True)]
+    return _Scene(writes, close_first=draw(st.integers(0, 3)) > 0)
 
 
 def test_through_the_real_client_the_second_request_gets_its_own_answer_whatever_answered_the_first() -> None:
@@ -781,12 +784,12 @@ def test_through_the_real_client_the_second_request_gets_its_own_answer_whatever
     try:
 
         @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-        @given(played(), st.booleans())
-        def second_request(writes: list[bytes], close_first: bool) -> None:
-            server.scene = _Scene(writes, close_first)
+        @given(scenes())
+        def second_request(scene: _Scene) -> None:
+            server.scene = scene
             second = loop.run_until_complete(_two_requests(server, url))
             assert (second.status, second.error_class) == (SECOND_STATUS, None), second
-            assert server.scene.requests >= 2
+            assert scene.requests >= 2
 
         second_request()
     finally:
