@@ -37,6 +37,9 @@ from dataclasses import dataclass, field
 MAX_HEAD_BYTES = 128 * 1024
 #: The longest chunk-size line (size plus extensions) accepted.
 MAX_CHUNK_LINE = 4096
+#: The most an unfinished header block may hold and still become one of MAX_HEAD_BYTES: its
+#: last line and the CR of the blank line after it, still waiting for the LF.
+_MAX_INCOMPLETE = MAX_HEAD_BYTES + 1
 
 #: Heads up to this size are remembered, parsed (status, framing, a few headers), in up to
 #: MAX_CACHED_HEADS entries: an endpoint answers with the same bytes again and again (a Date
@@ -137,7 +140,7 @@ class ResponseReader:
         """The common case, read without buffering: a whole head in one read, CRLF line ends, no
         blank lines before it. Returns the bytes after the head, or None (not that case)."""
         end = data.find(b"\r\n\r\n")
-        if not 0 < end <= MAX_HEAD_BYTES or data[:5] != b"HTTP/":
+        if not 0 < end <= MAX_HEAD_BYTES - 2 or data[:5] != b"HTTP/":  # the block counts its last CRLF
             return None
         head = data[:end]
         if head.count(b"\n") != head.count(b"\r\n"):  # a bare LF could have ended it earlier
@@ -195,7 +198,7 @@ class ResponseReader:
             self._scan = 0
         end, blank = self._block_end()
         if end < 0 or end > MAX_HEAD_BYTES:
-            if end > MAX_HEAD_BYTES or len(buf) > MAX_HEAD_BYTES:
+            if end > MAX_HEAD_BYTES or len(buf) > _MAX_INCOMPLETE:
                 raise ProtocolError(f"invalid HTTP response: headers longer than {MAX_HEAD_BYTES} bytes")
             return False
         head = bytes(buf[:end])
@@ -223,6 +226,7 @@ class ResponseReader:
         lengths: list[bytes] = []
         codings: list[bytes] = []
         connection = b""
+        transfer_encoded = False
         kept: list[tuple[bytes, bytes]] | None = [] if self._keep_headers else None
         folded = False
         for line in lines[1:]:
@@ -253,6 +257,7 @@ class ResponseReader:
             if key == b"content-length":
                 lengths.append(value)
             elif key == b"transfer-encoding":
+                transfer_encoded = True
                 codings.extend(c.strip().lower() for c in value.split(b",") if c.strip())
             elif key == b"connection":
                 connection += b"," + value.lower()
@@ -272,6 +277,8 @@ class ResponseReader:
             response.keep_alive = b"close" not in tokens and (minor == 1 or b"keep-alive" in tokens)
         else:
             response.keep_alive = minor == 1
+        if minor == 0 and transfer_encoded:  # HTTP/1.0 with Transfer-Encoding: its framing may be faulty (RFC 9112 6.1)
+            response.keep_alive = False
         self._frame(status, lengths, codings)
 
     def _parse_folded(self, lines: list[bytes]) -> None:
@@ -386,8 +393,8 @@ class ResponseReader:
             self._state = _DONE
             return True
         end, blank = self._block_end()
-        if end < 0:
-            if len(buf) > MAX_HEAD_BYTES:
+        if end < 0 or end > MAX_HEAD_BYTES:
+            if end > MAX_HEAD_BYTES or len(buf) > _MAX_INCOMPLETE:
                 raise ProtocolError(f"invalid HTTP response: trailers longer than {MAX_HEAD_BYTES} bytes")
             return False
         del buf[: end + blank]  # trailer fields are read past, not kept
