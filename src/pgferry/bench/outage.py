@@ -466,29 +466,32 @@ async def _score(
         result.first_ok_s = float(stats["first_ok_at"]) - outage.up_at
         if result.lost == 0 and stats["last_new_at"] is not None:
             result.drain_s = max(0.0, float(stats["last_new_at"]) - float(stats["first_ok_at"]))
-    now = datetime.now(UTC)
-    result.attempts_down = [(r["outcome"], r["n"]) for r in await conn.fetch(_q("attempts_by_class"), down_at, up_wall)]
-    result.attempts_up = [(r["outcome"], r["n"]) for r in await conn.fetch(_q("attempts_by_class"), up_wall, now)]
-    row = await conn.fetchrow(_q("attempts_per_event"), sorted(expected))
+    now, outage_ids = datetime.now(UTC), sorted(expected)
+    for into, since, until in ((result.attempts_down, down_at, up_wall), (result.attempts_up, up_wall, now)):
+        into.extend((r["outcome"], r["n"]) for r in await conn.fetch(_q("attempts_by_class"), since, until, outage_ids))
+    row = await conn.fetchrow(_q("attempts_per_event"), outage_ids)
     result.most_attempts, result.retried_events = row["most"], row["retried"]
 
 
-def _condensed(samples: list[Sample], committed: int) -> list[Sample]:
-    """Every second from just before the recovery until just after the drain; every 5th otherwise."""
+def _condensed(samples: list[Sample], committed: int, down: int) -> list[Sample]:
+    """Every second from just before the recovery until just after the drain, and every second
+    with more requests than the goal while down; otherwise every 5th (longer outages: every ~12th of it)."""
     if not samples:
         return []
     up = next((s.second for s in samples if s.phase == "up"), samples[-1].second)
     drained = next((s.second for s in samples if s.phase == "up" and s.delivered + s.dead >= committed),
                    samples[-1].second)  # fmt: skip
+    step = max(5, 5 * round(down / 60))
     return [
         s for s in samples
-        if s.second <= 3 or up - 3 <= s.second <= drained + 2 or s.second % 5 == 0 or s is samples[-1]
+        if s.second <= 3 or up - 3 <= s.second <= drained + 2 or s.second % step == 0 or s is samples[-1]
+        or (s.phase == "down" and s.requests > DOWN_RATE_GOAL)
     ]  # fmt: skip
 
 
 def print_result(result: Result) -> None:
     s = result.settings
-    shown = result.samples if s.every_second else _condensed(result.samples, result.committed)
+    shown = result.samples if s.every_second else _condensed(result.samples, result.committed, s.down)
     click.echo(
         f"outage: receiver down ({s.mode}) for {s.down} s while {s.events:,} events were published at a steady "
         f"rate; subscription with default settings; relay `pgferry run`, receiver in its own process"
@@ -499,7 +502,9 @@ def print_result(result: Result) -> None:
     ]
     click.echo(table(["s", "phase", "requests", "requests total", "delivered", "parked", "dead"], rows))
     if not s.every_second:
-        click.echo("(every second around the recovery and the drain, every 5th otherwise; --every-second for all)")
+        click.echo("(condensed: every second around the recovery and the drain and with more than "
+                   f"{DOWN_RATE_GOAL:g} requests while down, a sample every few seconds otherwise; "
+                   "--every-second for all)")  # fmt: skip
     per_second = [x.requests for x in result.samples if x.phase == "down"]
     busiest = max(per_second, default=0)
     click.echo(f"requests while down count {COUNTED[s.mode]}.")

@@ -18,10 +18,11 @@ select (select count(*) from ferry.retries where subscription = 'outage') as par
 select event_id from ferry.dead_letters where subscription = 'outage'
 
 -- name: attempts_by_class
--- Attempts the relay recorded between $1 and $2 (it stamps them when it records them), by error class.
+-- Attempts the relay recorded between $1 and $2 (it stamps them when it records them) for the
+-- events $3 (not the warm-up's, whose last attempts may be recorded after the outage began), by outcome.
 select coalesce(error_class, 'ok ' || status::text) as outcome, count(*) as n
 from ferry.attempts
-where subscription = 'outage' and created_at >= $1 and created_at < $2
+where subscription = 'outage' and created_at >= $1 and created_at < $2 and event_id = any($3::bigint[])
 group by 1 order by 2 desc
 
 -- name: attempts_per_event
