@@ -255,9 +255,39 @@ def http(
         raise SystemExit(1)
 
 
+@click.command()
+@database_url_option
+@click.option("--events", default=20_000, show_default=True, type=click.IntRange(1),
+              help="Events written at a steady rate while the receiver is down.")  # fmt: skip
+@click.option("--down", default=60, show_default=True, type=click.IntRange(1), help="Seconds the receiver is down.")
+@click.option("--mode", default="refuse", show_default=True, type=click.Choice(["refuse", "503", "hang"]),
+              help="How it is down: its process stopped (connections reset by a counting stand-in), "
+              "answering 503, or never answering.")  # fmt: skip
+@click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(1),
+              help="Seconds to wait after the recovery for every event to be delivered.")  # fmt: skip
+@click.option("--every-second", is_flag=True, help="Print every second of the timeline, not a condensed one.")
+def outage(database_url: str | None, events: int, down: int, mode: str, timeout: float, every_second: bool) -> None:
+    """A receiver down for DOWN seconds while EVENTS are written, then back: requests it got while down,
+    time to the first successful probe, time to drain the backlog (exit 1 if a target is missed or an
+    event lost or dead)."""
+    from pgferry.bench.context import BenchSettings, scratch_database
+    from pgferry.bench.outage import OutageSettings, print_result, run_outage
+
+    settings = OutageSettings(events=events, down=down, mode=mode, timeout=timeout, every_second=every_second)
+
+    async def go(admin_url: str) -> bool:
+        async with scratch_database(BenchSettings(), admin_url) as ctx:
+            result = await run_outage(ctx.url, settings)
+        print_result(result)
+        return result.ok
+
+    _run_bench(database_url, go)
+
+
 def register(group: click.Group) -> None:
     """Add the bench subcommands to ``group`` (the `pgferry bench` group)."""
     group.add_command(capture)
     group.add_command(webhooks)
     group.add_command(soak)
     group.add_command(http)
+    group.add_command(outage)

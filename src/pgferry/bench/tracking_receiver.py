@@ -10,6 +10,13 @@ first line on stdout is the receiver's URL.
 Answering only notes the request; bodies are parsed when the score is asked
 for, so that while the inserts run the receiver costs what one answering 200
 at once would, and leaves the CPU to the system under test.
+
+For `pgferry bench outage` it can also be down on command: ``GET
+/__mode/503`` answers every webhook with 503, ``/__mode/hang`` never answers,
+``/__mode/up`` answers again; the score counts webhook requests per mode and
+notes when the first 2xx after coming back went out. ``--port`` and
+``--wait-for-go`` let a second process take over a stopped one's port the
+moment a line arrives on stdin.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import sys
 import time
 from datetime import datetime
 from typing import Any
@@ -24,9 +32,14 @@ from typing import Any
 import orjson
 import uvloop
 
-from pgferry.receiver import Action, Drop, Received, Receiver, Respond
+from pgferry.receiver import Action, Drop, Hang, Received, Receiver, Respond
 
 STATS_PATH = "/__stats"
+#: ``/__mode/503``, ``/__mode/hang``, ``/__mode/up``: how webhooks are answered from now on.
+MODE_PATH = "/__mode/"
+MODES = ("up", "503", "hang")
+#: Every event id answered 2xx so far, as a JSON array.
+IDS_PATH = "/__ids"
 #: Start scoring afresh (after a warm-up); events seen before still count as duplicates if they come again.
 RESET_PATH = "/__reset"
 
@@ -44,6 +57,18 @@ class Score:
         self.failed = 0
         self.pending: list[Received] = []
         self.seen_before_reset = 0
+        self.mode = "up"
+        self.requests_by_mode: dict[str, int] = dict.fromkeys(MODES, 0)
+        #: when the mode last became "up", and the first 2xx answered since (time.time())
+        self.up_at: float | None = None
+        self.first_ok_at: float | None = None
+        #: when the newest event id was first answered 2xx
+        self.last_new_at: float | None = None
+
+    def set_mode(self, mode: str) -> None:
+        if mode == "up" and self.mode != "up":
+            self.up_at, self.first_ok_at = time.time(), None
+        self.mode = mode
 
     def reset(self) -> None:
         self.settle()
@@ -78,6 +103,7 @@ class Score:
                 self.duplicates += 1
                 continue
             self.seen.add(event_id)
+            self.last_new_at = request.at
             stamp = (payload.get("record") or {}).get("harvested_at")
             if stamp:
                 self.latencies_ms.append((request.at - datetime.fromisoformat(stamp).timestamp()) * 1000)
@@ -96,18 +122,45 @@ class Score:
                 "first_at": self.first_at,
                 "last_at": self.last_at,
                 "latencies_ms": self.latencies_ms,
+                "mode": self.mode,
+                "requests_by_mode": self.requests_by_mode,
+                "up_at": self.up_at,
+                "first_ok_at": self.first_ok_at,
+                "last_new_at": self.last_new_at,
             }
         )
 
 
+def control(score: Score, request: Received) -> Action | None:
+    """The answer to a request on one of the control paths (None: a webhook)."""
+    if request.path == STATS_PATH:
+        return Respond(200, score.as_json())
+    if request.path == RESET_PATH:
+        score.reset()
+        return Respond()
+    if request.path == IDS_PATH:
+        score.settle()
+        return Respond(200, orjson.dumps(sorted(score.seen)))
+    if request.path.startswith(MODE_PATH):
+        mode = request.path.removeprefix(MODE_PATH)
+        if mode not in MODES:
+            return Respond(400, f"mode must be one of {', '.join(MODES)}".encode())
+        score.set_mode(mode)
+        return Respond()
+    return None
+
+
 def behaviour(score: Score, fail_rate: float, drop_rate: float, rng: random.Random):  # type: ignore[no-untyped-def]
     def answer(request: Received) -> Action:
-        if request.path == STATS_PATH:
-            return Respond(200, score.as_json())
-        if request.path == RESET_PATH:
-            score.reset()
-            return Respond()
+        answered = control(score, request)
+        if answered is not None:
+            return answered
         score.requests += 1
+        score.requests_by_mode[score.mode] += 1
+        if score.mode == "503":
+            return Respond(503, b"down for maintenance")
+        if score.mode == "hang":
+            return Hang()
         roll = rng.random()
         if roll < fail_rate:
             score.failed += 1
@@ -116,15 +169,21 @@ def behaviour(score: Score, fail_rate: float, drop_rate: float, rng: random.Rand
             score.failed += 1
             return Drop()
         score.pending.append(request)
+        if score.first_ok_at is None:
+            score.first_ok_at = request.at
         return Respond()
 
     return answer
 
 
-async def serve(fail_rate: float, drop_rate: float, seed: int) -> None:
+async def serve(fail_rate: float, drop_rate: float, seed: int, port: int = 0, wait_for_go: bool = False) -> None:
     score = Score()
     receiver = Receiver(behaviour(score, fail_rate, drop_rate, random.Random(seed)), keep=False)
-    url = await receiver.start()
+    if wait_for_go:  # started ahead of time: bind the port only when told to
+        await asyncio.to_thread(sys.stdin.readline)
+    url = await receiver.start(port=port)
+    if wait_for_go:
+        score.up_at = time.time()  # back: the moment it listens again
     print(url, flush=True)
     await asyncio.Event().wait()  # until the benchmark terminates this process
 
@@ -134,10 +193,12 @@ def main() -> None:
     parser.add_argument("--fail-rate", type=float, default=0.0)
     parser.add_argument("--drop-rate", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--port", type=int, default=0, help="port to listen on (default: any free one)")
+    parser.add_argument("--wait-for-go", action="store_true", help="listen only once a line arrives on stdin")
     args = parser.parse_args()
     start = time.time()
     try:
-        uvloop.run(serve(args.fail_rate, args.drop_rate, args.seed))
+        uvloop.run(serve(args.fail_rate, args.drop_rate, args.seed, args.port, args.wait_for_go))
     except KeyboardInterrupt:
         print(f"receiver ran {time.time() - start:.0f} s")
 
