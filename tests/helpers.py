@@ -3,15 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 
 import pgferry
+from pgferry.delivery.model import Subscription
+
+#: A fixed instant for tests of pure delivery logic.
+NOW = datetime(2026, 11, 30, tzinfo=UTC)
+
+
+def subscription(**settings: Any) -> Subscription:
+    """A webhook subscription as the engine sees it, with ``settings`` changed (pure tests)."""
+    base = Subscription(
+        name="hook", streams=("s",), url="http://127.0.0.1:9/hook", headers={}, secrets=(), batch_size=1,
+        max_in_flight=8, ordered=False, timeout_ms=1000, connect_timeout_ms=1000, max_attempts=3,
+        max_age=timedelta(days=1), retry_base_ms=10, retry_max_ms=100, state="active", updated_at=NOW,
+    )  # fmt: skip
+    return dataclasses.replace(base, **settings)
 
 
 async def tick(conn: asyncpg.Connection) -> int | None:

@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
 
 import orjson
 import pytest
 
-from pgferry.delivery.model import OutEvent, Subscription
+from pgferry.delivery.model import OutEvent
 from pgferry.delivery.request import build, key_header
 from pgferry.delivery.signing import Signer
+from tests.helpers import NOW, subscription
 
-NOW = datetime(2026, 11, 30, tzinfo=UTC)
-SUB = Subscription(
-    name="hook", streams=("s",), url="http://127.0.0.1:9/hook", headers={}, secrets=(), batch_size=1,
-    max_in_flight=8, ordered=False, timeout_ms=1000, connect_timeout_ms=1000, max_attempts=3,
-    max_age=timedelta(days=1), retry_base_ms=10, retry_max_ms=100, state="active", updated_at=NOW,
-)  # fmt: skip
+SUB = subscription()
 
 
 def event(n: int, key: str | None = "k") -> OutEvent:

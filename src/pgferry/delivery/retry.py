@@ -27,11 +27,16 @@ def backoff(sub: Subscription, attempts: int, rng: random.Random | None = None) 
     return timedelta(milliseconds=(rng or random).uniform(0, ceiling))
 
 
-def judge(sub: Subscription, result: HttpResult, attempts: int, first_failed_at: datetime, now: datetime) -> Verdict:
-    """``attempts`` counts the attempt that just failed."""
+def judge(
+    sub: Subscription, result: HttpResult, attempts: int, first_failed_at: datetime, now: datetime,
+    *, counts: bool = True,
+) -> Verdict:  # fmt: skip
+    """``attempts`` counts the attempt that just failed. ``counts`` False: the failure was the
+    endpoint's, while it is down (a probe), so it does not use up max_attempts; max_age still
+    applies. Otherwise a long outage would dead-letter the events its probes happened to carry."""
     if result.error_class in PERMANENT:
         return Verdict(dead=True, next_attempt_at=None)
-    if attempts >= sub.max_attempts or now - first_failed_at >= sub.max_age:
+    if (counts and attempts >= sub.max_attempts) or now - first_failed_at >= sub.max_age:
         return Verdict(dead=True, next_attempt_at=None)
     delay = backoff(sub, attempts)
     if result.retry_after is not None:

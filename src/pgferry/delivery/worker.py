@@ -49,7 +49,7 @@ from pgferry.aio import wait_for_event
 from pgferry.delivery import pg_net, request
 from pgferry.delivery.counters import RollingCounter
 from pgferry.delivery.fasthttp import FastSender
-from pgferry.delivery.health import Admission, Endpoint, EndpointHealth
+from pgferry.delivery.health import Admission, Endpoint, EndpointHealth, endpoint_failure
 from pgferry.delivery.http import HttpResult, endpoint_of
 from pgferry.delivery.model import OutEvent, Subscription
 from pgferry.delivery.retry import judge
@@ -217,6 +217,10 @@ class SubscriptionWorker:
         self.endpoint = endpoint
         if endpoint is not None:
             self.ctx.health.watch(endpoint, self._endpoint_recovered)
+
+    def _endpoint_to_blame(self, result: HttpResult) -> bool:
+        """Whether ``result`` is an endpoint-level failure of an endpoint now held as down."""
+        return self.endpoint is not None and endpoint_failure(result) and self.ctx.health.is_down(self.endpoint)
 
     def endpoint_down_since(self) -> datetime | None:
         """Since when the subscription's endpoint is down (its events held), or None."""
@@ -437,24 +441,38 @@ class SubscriptionWorker:
                 req = request.build(sub, chunk, self.signer, max_body_bytes=self.ctx.max_body_bytes)
             except request.BadRequest as exc:
                 return HttpResult(None, exc.error_class, str(exc), None, 0.0)
-        if self.endpoint is None:
+        endpoint = self.endpoint
+        if endpoint is None:
             admission = Admission.SEND
         elif admission is None:
-            admission = self.ctx.health.admit(self.endpoint)
+            admission = self.ctx.health.admit(endpoint)
             if admission is Admission.HOLD:
-                return Held(self.ctx.health.down_note(self.endpoint))
+                return Held(self.ctx.health.down_note(endpoint))
+        gate = on_wire
+        held = False
+        if endpoint is not None and admission is Admission.SEND:
+
+            def gate() -> bool:  # the endpoint may have gone down while this waited for a slot
+                nonlocal held
+                if self.ctx.health.is_down(endpoint):
+                    held = True
+                    return False
+                return on_wire() if on_wire is not None else True
+
         # The subscription's limit covers the batch and the retry loop together.
         async with self.limit, self.ctx.global_limit:
             self.in_flight += len(chunk)
             try:
-                result = await self._transmit(chunk, req, on_wire)
+                result = await self._transmit(chunk, req, gate)
             except Exception as exc:  # a bug of ours must cost a retry, not the worker
                 log.exception("subscription %s: unexpected error sending events %s", sub.name, [e.id for e in chunk])
                 result = HttpResult(None, "internal", f"pgferry internal error: {exc!r}", None, 0.0)
             finally:
                 self.in_flight -= len(chunk)
-        if self.endpoint is not None:
-            self.ctx.health.report(self.endpoint, result, admission)
+        if endpoint is not None:
+            if held:
+                return Held(self.ctx.health.down_note(endpoint))
+            self.ctx.health.report(endpoint, result, admission)
         return result
 
     async def _transmit(
@@ -633,7 +651,7 @@ class SubscriptionWorker:
             if result.status == 410 and sub.kind == "webhook":
                 books.gone = f"endpoint answered 410 Gone at {now:%Y-%m-%d %H:%M:%S}Z; resume the subscription to retry"
             first_failed = event.first_failed_at or now
-            verdict = judge(sub, result, attempt, first_failed, now)
+            verdict = judge(sub, result, attempt, first_failed, now, counts=not self._endpoint_to_blame(result))
             if verdict.dead:
                 books.bury.append(_buried(event, attempt, first_failed, result))
                 if sub.kind == "pg_net":
