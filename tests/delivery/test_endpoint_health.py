@@ -109,8 +109,8 @@ async def test_a_backlog_built_during_an_outage_is_delivered_within_seconds_of_t
     receiver = Receiver(outage)
     url = await receiver.start()
     try:
-        # Two attempts each: the probes of a down endpoint must not use them up (a long outage
-        # would otherwise dead-letter whatever the probes carried).
+        # Two attempts each: a probe of a down endpoint does not use up the attempts of the event it
+        # carries (a long outage would otherwise dead-letter whatever the probes carried).
         await ferry.subscribe("plain", ["s"], f"{url}/plain", max_in_flight=32, max_attempts=2)
         await ferry.subscribe("ordered", ["s"], f"{url}/ordered", ordered=True, max_in_flight=32, max_attempts=2)
         started = time.monotonic()

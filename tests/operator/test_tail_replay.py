@@ -214,6 +214,8 @@ _NO_SCHEMA_NEEDED = {
     ("bench", "capture"),  # the benchmarks install into a scratch database of their own
     ("bench", "webhooks"),
     ("bench", "soak"),
+    ("bench", "outage"),
+    ("bench", "http"),  # no database at all
 }
 
 

@@ -319,13 +319,21 @@ class FastSender:
         timeout: float,
         connect_timeout: float,
         on_wire: Callable[[], bool] | None = None,
+        fresh: bool = False,
     ) -> HttpResult:
         """A webhook POST. ``on_wire`` is asked right before the first byte is written; if it
-        answers False nothing is sent and the result's error class is ``withdrawn``."""
+        answers False nothing is sent and the result's error class is ``withdrawn``. ``fresh``:
+        on a new connection, not a kept-alive one (a probe of an endpoint that was down)."""
         started = time.perf_counter()
         result, _, _ = await self._one("POST", url, body, headers, timeout, connect_timeout, False, on_wire, None,
-                                       started)  # fmt: skip
+                                       started, fresh)  # fmt: skip
         return result
+
+    def drop_idle(self, endpoint: tuple[str, str, int]) -> None:
+        """Close the endpoint's idle kept-alive connections (it just went down: they are suspect)."""
+        pool = self._pools.get(endpoint)
+        if pool is not None:
+            pool.close()
 
     async def request(
         self,
@@ -377,6 +385,7 @@ class FastSender:
         on_wire: Callable[[], bool] | None,
         deadline: float | None,
         started: float,
+        fresh: bool = False,
     ) -> tuple[HttpResult, Response | None, float | None]:
         """One request-response exchange: its result, the answer if there was one (for
         redirects) and the deadline it ran under. ``started``: when the request began."""
@@ -396,7 +405,7 @@ class FastSender:
                 deadline = asyncio.get_running_loop().time() + timeout
             reader = ResponseReader(MAX_CAPTURED_BYTES if capture else RESPONSE_SNIPPET_BYTES, capture)
             try:
-                response = await self._exchange(pool, data, connect_timeout, deadline, clock, on_wire, reader)
+                response = await self._exchange(pool, data, connect_timeout, deadline, clock, on_wire, reader, fresh)
             except (_Withdrawn, TimeoutError, _ConnectTimeout, RefusedAddress, _Lost, ProtocolError, OSError) as exc:
                 error_class, error = _failure(exc, endpoint, timeout, connect_timeout)
                 latency = (time.perf_counter() - started) * 1000
@@ -429,8 +438,9 @@ class FastSender:
         clock: _Clock,
         on_wire: Callable[[], bool] | None,
         reader: ResponseReader,
+        fresh: bool = False,
     ) -> Response:
-        conn = pool.take_idle()
+        conn = None if fresh else pool.take_idle()
         fresh = conn is None
         if conn is None:
             conn = await _connect(pool, connect_timeout, deadline, clock)

@@ -8,9 +8,12 @@ endpoint (scheme, host, port), a count of endpoint-level failures in a row:
 refused or timed-out connections, resets, empty or garbled answers, and the
 statuses that speak for the whole endpoint (429, 502, 503, 504). After
 ``down_after`` of them the endpoint is down: its events are held (parked
-without spending an attempt) and one request at a time, at most one per
+without spending an attempt), its idle kept-alive connections are dropped
+(a partition or a restarted server can leave them dead without a word), and
+one request at a time, on a new connection, at most one per
 ``probe_interval`` (longer if the endpoint asked with Retry-After), goes out
-as a probe. The first answer that is not an endpoint-level failure (a 2xx,
+as a probe; a failed probe does not use up the attempts of the event it
+carries (``retry.judge``). The first answer that is not an endpoint-level failure (a 2xx,
 but also a 400 or a 500: the endpoint is up, the event is the problem) makes
 it healthy again and tells every worker delivering to it to release its
 parked events now (ordered subscriptions still send each key in order).
@@ -131,20 +134,21 @@ class EndpointHealth:
         state.probing = True
         return Admission.PROBE
 
-    def report(self, endpoint: Endpoint, result: HttpResult, admission: Admission) -> None:
-        """What the request admitted as ``admission`` ended with."""
+    def report(self, endpoint: Endpoint, result: HttpResult, admission: Admission) -> bool:
+        """What the request admitted as ``admission`` ended with; True when this made the
+        endpoint down (its kept-alive connections are then suspect: drop them)."""
         state = self._state(endpoint)
         if admission is Admission.PROBE:
             state.probing = False
         if result.error_class == "withdrawn":  # never sent: says nothing
             if admission is Admission.PROBE:
                 state.next_probe = self.clock()
-            return
+            return False
         if not endpoint_failure(result):
             state.failures = 0
             if state.down_since is not None:
                 self._recovered(endpoint, state)
-            return
+            return False
         state.failures += 1
         state.last_error = result.error or result.error_class
         if state.down_since is None:
@@ -155,10 +159,12 @@ class EndpointHealth:
                     "endpoint %s://%s:%d is down after %d failures in a row (last: %s); holding its events "
                     "and probing it every %g s", *endpoint, state.failures, state.last_error, self.probe_interval,
                 )  # fmt: skip
-            return
+                return True
+            return False
         if admission is Admission.PROBE:
             delay = max(self.probe_interval, min(result.retry_after or 0.0, MAX_PROBE_DELAY))
             state.next_probe = self.clock() + delay
+        return False
 
     def _recovered(self, endpoint: Endpoint, state: _State) -> None:
         down_for = (datetime.now(UTC) - state.down_since).total_seconds() if state.down_since else 0.0

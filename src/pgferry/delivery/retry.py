@@ -29,14 +29,16 @@ def backoff(sub: Subscription, attempts: int, rng: random.Random | None = None) 
 
 def judge(
     sub: Subscription, result: HttpResult, attempts: int, first_failed_at: datetime, now: datetime,
-    *, counts: bool = True,
+    *, probe: bool = False,
 ) -> Verdict:  # fmt: skip
-    """``attempts`` counts the attempt that just failed. ``counts`` False: the failure was the
-    endpoint's, while it is down (a probe), so it does not use up max_attempts; max_age still
-    applies. Otherwise a long outage would dead-letter the events its probes happened to carry."""
+    """``attempts`` counts the attempt that just failed. ``probe``: the request was the relay
+    asking a down endpoint whether it is back; its failure says nothing about the event, so it
+    does not use up max_attempts (max_age still applies). Otherwise a long outage would
+    dead-letter whatever events the probes happened to carry (a key's first parked event, for
+    an ordered subscription)."""
     if result.error_class in PERMANENT:
         return Verdict(dead=True, next_attempt_at=None)
-    if (counts and attempts >= sub.max_attempts) or now - first_failed_at >= sub.max_age:
+    if (attempts >= sub.max_attempts and not probe) or now - first_failed_at >= sub.max_age:
         return Verdict(dead=True, next_attempt_at=None)
     delay = backoff(sub, attempts)
     if result.retry_after is not None:

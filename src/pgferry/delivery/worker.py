@@ -49,7 +49,7 @@ from pgferry.aio import wait_for_event
 from pgferry.delivery import pg_net, request
 from pgferry.delivery.counters import RollingCounter
 from pgferry.delivery.fasthttp import FastSender
-from pgferry.delivery.health import Admission, Endpoint, EndpointHealth, endpoint_failure
+from pgferry.delivery.health import Admission, Endpoint, EndpointHealth
 from pgferry.delivery.http import HttpResult, endpoint_of
 from pgferry.delivery.model import OutEvent, Subscription
 from pgferry.delivery.retry import judge
@@ -203,6 +203,8 @@ class SubscriptionWorker:
         #: wakes the retry loop: stopping, or the endpoint answering again
         self.retry_wake = asyncio.Event()
         self.release_parked = False
+        #: events in requests sent as probes of a down endpoint, until their outcome is judged
+        self.probes: set[int] = set()
         self.endpoint: Endpoint | None = None
         self._watch(sub)
 
@@ -217,10 +219,6 @@ class SubscriptionWorker:
         self.endpoint = endpoint
         if endpoint is not None:
             self.ctx.health.watch(endpoint, self._endpoint_recovered)
-
-    def _endpoint_to_blame(self, result: HttpResult) -> bool:
-        """Whether ``result`` is an endpoint-level failure of an endpoint now held as down."""
-        return self.endpoint is not None and endpoint_failure(result) and self.ctx.health.is_down(self.endpoint)
 
     def endpoint_down_since(self) -> datetime | None:
         """Since when the subscription's endpoint is down (its events held), or None."""
@@ -403,9 +401,11 @@ class SubscriptionWorker:
                     continue
                 probe = True
             async with self.ctx.pool.acquire() as conn:
-                rows = await conn.fetch(
-                    sql.query("due_retries"), self.sub.name, self.sub.ordered, 1 if probe else self.ctx.retry_fetch
-                )
+                if probe:  # the due event with the fewest attempts: probes spread over the held events
+                    rows = await conn.fetch(sql.query("retries_probe"), self.sub.name, self.sub.ordered)
+                else:
+                    rows = await conn.fetch(sql.query("due_retries"), self.sub.name, self.sub.ordered,
+                                            self.ctx.retry_fetch)  # fmt: skip
                 next_at = (
                     None if rows else await conn.fetchval(sql.query("next_retry_at"), self.sub.name, self.sub.ordered)
                 )
@@ -448,6 +448,8 @@ class SubscriptionWorker:
             admission = self.ctx.health.admit(endpoint)
             if admission is Admission.HOLD:
                 return Held(self.ctx.health.down_note(endpoint))
+        if admission is Admission.PROBE:
+            self.probes.update(e.id for e in chunk)
         gate = on_wire
         held = False
         if endpoint is not None and admission is Admission.SEND:
@@ -463,20 +465,28 @@ class SubscriptionWorker:
         async with self.limit, self.ctx.global_limit:
             self.in_flight += len(chunk)
             try:
-                result = await self._transmit(chunk, req, gate)
+                result = await self._transmit(chunk, req, gate, fresh=admission is Admission.PROBE)
             except Exception as exc:  # a bug of ours must cost a retry, not the worker
                 log.exception("subscription %s: unexpected error sending events %s", sub.name, [e.id for e in chunk])
                 result = HttpResult(None, "internal", f"pgferry internal error: {exc!r}", None, 0.0)
             finally:
                 self.in_flight -= len(chunk)
+        if result.error_class == "withdrawn" and admission is Admission.PROBE:
+            self.probes.difference_update(e.id for e in chunk)  # never sent: nothing to judge
         if endpoint is not None:
             if held:
                 return Held(self.ctx.health.down_note(endpoint))
-            self.ctx.health.report(endpoint, result, admission)
+            if self.ctx.health.report(endpoint, result, admission):
+                self.ctx.http.drop_idle(endpoint)
         return result
 
     async def _transmit(
-        self, chunk: Sequence[OutEvent], req: request.Request | None, on_wire: Callable[[], bool] | None
+        self,
+        chunk: Sequence[OutEvent],
+        req: request.Request | None,
+        on_wire: Callable[[], bool] | None,
+        *,
+        fresh: bool = False,
     ) -> HttpResult:
         sub = self.sub
         if req is None:
@@ -488,6 +498,7 @@ class SubscriptionWorker:
             timeout=sub.timeout_ms / 1000,
             connect_timeout=sub.connect_timeout_ms / 1000,
             on_wire=on_wire,
+            fresh=fresh,
         )
 
     async def _deliver(
@@ -651,7 +662,10 @@ class SubscriptionWorker:
             if result.status == 410 and sub.kind == "webhook":
                 books.gone = f"endpoint answered 410 Gone at {now:%Y-%m-%d %H:%M:%S}Z; resume the subscription to retry"
             first_failed = event.first_failed_at or now
-            verdict = judge(sub, result, attempt, first_failed, now, counts=not self._endpoint_to_blame(result))
+            probe = event.id in self.probes
+            if probe:
+                self.probes.discard(event.id)
+            verdict = judge(sub, result, attempt, first_failed, now, probe=probe)
             if verdict.dead:
                 books.bury.append(_buried(event, attempt, first_failed, result))
                 if sub.kind == "pg_net":

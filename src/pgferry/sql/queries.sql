@@ -177,6 +177,22 @@ with expired as (
 )
 select count(*) from buried
 
+-- name: retries_probe
+-- The parked event a probe of the subscription's down endpoint carries: a due one
+-- (each keeps its own backoff) with the fewest attempts, so that an outage's probes
+-- spread over the held events instead of using up a few events' attempts. With
+-- ordering on ($2), only the earliest parked event of a key.
+select r.event_id as id, r.stream, r.key, r.payload::text as payload, r.headers::text as headers,
+       r.event_created_at as created_at, r.attempts, r.first_failed_at
+from ferry.retries r
+where r.subscription = $1 and r.next_attempt_at <= now()
+  and (r.last_error is null or r.last_error not like 'in flight:%')
+  and (not $2 or r.key is null or not exists (
+        select 1 from ferry.retries r2
+        where r2.subscription = r.subscription and r2.key = r.key and r2.event_id < r.event_id))
+order by r.attempts, r.event_id
+limit 1
+
 -- name: retries_release
 -- The subscription's endpoint answers again: everything parked is due now (but
 -- events whose requests are still in flight, which are recorded when they come).
