@@ -35,10 +35,12 @@ async def install(conn: asyncpg.Connection, addons: Sequence[str] = ()) -> list[
         await conn.execute(sql.query("install_lock"), LOCK_CLASS, INSTALL_LOCK)
         await conn.execute(sql.query("create_migrations_table"))
         applied_now += await _apply(conn, None)
+        await _define_functions(conn, None)
         await conn.execute(sql.query("create_addon_migrations_table"))
         installed = {row["addon"] for row in await conn.fetch(sql.query("installed_addons"))}
         for addon in sorted(installed.union(addons) & set(sql.ADDONS)):  # installed add-ons are upgraded too
             applied_now += await _install_addon(conn, addon)
+            await _define_functions(conn, addon)
     return applied_now
 
 
@@ -58,6 +60,16 @@ async def _install_addon(conn: asyncpg.Connection, addon: str) -> list[str]:
     return await _apply(conn, addon)
 
 
+async def _define_functions(conn: asyncpg.Connection, addon: str | None) -> None:
+    """(Re)create every function of the core (or an add-on) from its file: every install does,
+    after the migrations, so what runs is always what the files say."""
+    for function in sql.functions(addon):
+        try:
+            await conn.execute(function.sql)
+        except asyncpg.PostgresError as exc:
+            raise PgferryError(f"cannot define {function.name} (sql/functions/{function.name}.sql): {exc}") from exc
+
+
 async def _apply(conn: asyncpg.Connection, addon: str | None) -> list[str]:
     """Apply the core's (addon None) or an add-on's migrations not applied yet."""
     if addon is None:
@@ -72,7 +84,8 @@ async def _apply(conn: asyncpg.Connection, addon: str | None) -> list[str]:
             continue
         name = f"{prefix}{migration.version:04d}_{migration.name}"
         log.info("applying migration %s", name)
-        await conn.execute(migration.sql)
+        if not migration.empty:
+            await conn.execute(migration.sql)
         if addon is None:
             await conn.execute(sql.query("record_migration"), migration.version, migration.name)
         else:

@@ -19,25 +19,6 @@
 -- estimate that keeps the txid index the cheapest path with or without
 -- statistics (tests/log/test_read_plan.py checks the plan on a partition
 -- that was never analyzed).
-create or replace function ferry.batch_events(start_tick bigint, end_tick bigint, streams text[] default null)
-returns table (id bigint, txid xid8, stream text, key text, payload jsonb, headers jsonb, created_at timestamptz)
-language sql stable as $$
-    with a as (select snapshot from ferry.ticks where id = start_tick),
-         b as (select snapshot from ferry.ticks where id = end_tick),
-         picked as (
-             select e.* from ferry.events e, a, b
-             where e.txid >= pg_snapshot_xmax(a.snapshot) and e.txid < pg_snapshot_xmax(b.snapshot)
-               and pg_visible_in_snapshot(e.txid, b.snapshot)
-               and (streams is null or e.stream = any (streams))
-             union all
-             select e.* from ferry.events e, a, b
-             where e.txid = any (array(select pg_snapshot_xip(a.snapshot)))
-               and e.txid >= pg_snapshot_xmin(a.snapshot) and e.txid < pg_snapshot_xmax(a.snapshot)
-               and pg_visible_in_snapshot(e.txid, b.snapshot)
-               and (streams is null or e.stream = any (streams)))
-    select p.id, p.txid, p.stream, p.key,
-           ferry._envelope(p.op, p.payload, p.old_payload, c.schema_name, c.table_name),
-           p.headers, p.created_at
-    from picked p left join ferry.captures c on c.id = p.capture
-    order by p.id
-$$;
+--
+-- The functions it defined live in functions/, one file each with its
+-- current definition, applied by every `pgferry install` after the migrations.

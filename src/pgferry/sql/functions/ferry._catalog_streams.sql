@@ -1,0 +1,44 @@
+-- ferry._catalog_streams() returns integer
+--
+-- Adds to ferry.streams the streams of the events committed since the
+-- snapshot in ferry.stream_scan, and moves that snapshot to now. Reads the
+-- log like ferry.batch_events: the txid range between the two snapshots'
+-- xmax plus the transactions the older one listed as in progress, never from
+-- its xmin, so one long transaction cannot make every call slow; the range is
+-- bounded on both sides so the txid index stays the plan without statistics
+-- (see 0007). Concurrent calls take turns (row lock on ferry.stream_scan).
+--
+-- Parameters: none.
+-- Returns:    the number of streams added.
+-- Calls:      nothing.
+-- Tables:     reads ferry.events; writes ferry.streams, ferry.stream_scan.
+-- Raises:     nothing of its own (42501 without privileges on those tables).
+-- Roles:      ferry_relay, through ferry.housekeeping.
+
+create or replace function ferry._catalog_streams() returns integer
+language plpgsql as $$
+declare
+    v_from pg_snapshot;
+    v_to   pg_snapshot;
+    n      integer;
+begin
+    select s.scanned_to into v_from from ferry.stream_scan s for update;
+    v_to := pg_current_snapshot();  -- after the lock: never older than v_from
+    insert into ferry.streams as k (stream, first_event_at)
+    select x.stream, min(x.created_at)
+    from (select e.stream, e.created_at from ferry.events e
+          where e.txid >= pg_snapshot_xmax(v_from) and e.txid < pg_snapshot_xmax(v_to)
+            and pg_visible_in_snapshot(e.txid, v_to)
+          union all
+          select e.stream, e.created_at from ferry.events e
+          where e.txid = any (array(select pg_snapshot_xip(v_from)))
+            and e.txid >= pg_snapshot_xmin(v_from) and e.txid < pg_snapshot_xmax(v_from)
+            and pg_visible_in_snapshot(e.txid, v_to)) x
+    group by x.stream
+    on conflict (stream) do nothing;
+    get diagnostics n = row_count;
+    update ferry.stream_scan set scanned_to = v_to, scanned_at = now();
+    return n;
+end $$;
+
+grant execute on function ferry._catalog_streams() to ferry_relay;

@@ -1,0 +1,48 @@
+-- ferry.publish_many(streams text[], payloads jsonb[], keys text[] default null, headers jsonb[] default null) returns setof bigint
+--
+-- One round trip for many events; arrays must have equal length (keys and
+-- headers may be null as a whole).
+--
+-- Calls:   ferry._current_partition
+-- Reads:   -
+-- Writes:  ferry.events
+-- Raises:  22004, 22023
+-- Runs as: its owner (SECURITY DEFINER, search_path pinned to pg_catalog, pg_temp)
+-- Callers: ferry_relay, ferry_writer (not PUBLIC)
+
+create or replace function ferry.publish_many(streams text[], payloads jsonb[], keys text[] default null, headers jsonb[] default null)
+returns setof bigint language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
+declare
+    n int := coalesce(cardinality(payloads), 0);
+    v_txid xid8;
+    v_part smallint;
+begin
+    if coalesce(cardinality(streams), 0) <> n
+       or (keys is not null and cardinality(keys) <> n)
+       or (headers is not null and cardinality(headers) <> n) then
+        raise exception 'pgferry: publish_many needs arrays of the same length (streams %, payloads %, keys %, headers %)',
+            cardinality(streams), n, cardinality(keys), cardinality(headers) using errcode = '22023';
+    end if;
+    if exists (select 1 from unnest(streams) s where s is null or btrim(s) = '' or length(s) > 200) then
+        raise exception 'pgferry: every stream must be a non-empty name of at most 200 characters' using errcode = '22023';
+    end if;
+    if exists (select 1 from unnest(payloads) p where p is null) then
+        raise exception 'pgferry: payload must not be NULL (use ''null''::jsonb for a JSON null)' using errcode = '22004';
+    end if;
+    if exists (select 1 from unnest(headers) h where h is not null and jsonb_typeof(h) <> 'object') then
+        raise exception 'pgferry: headers must be JSON objects of strings' using errcode = '22023';
+    end if;
+    v_txid := pg_current_xact_id();
+    v_part := ferry._current_partition();
+    return query
+    insert into ferry.events (part, txid, stream, key, payload, headers)
+    select v_part, v_txid, u.s, u.k, u.p, u.h
+    from unnest(streams, payloads, coalesce(keys, array_fill(null::text, array[n])),
+                coalesce(headers, array_fill(null::jsonb, array[n]))) with ordinality as u(s, p, k, h, ord)
+    order by u.ord
+    returning id;
+end $$;
+
+revoke execute on function ferry.publish_many(text[], jsonb[], text[], jsonb[]) from public;
+
+grant execute on function ferry.publish_many(text[], jsonb[], text[], jsonb[]) to ferry_writer, ferry_relay;

@@ -1,0 +1,30 @@
+-- ferry.uncapture_table(tbl regclass) returns void
+--
+-- Stops capturing a table: drops its capture triggers and generated
+-- functions (also those of captures made before migration 0003) and marks
+-- its ferry.captures rows as ended (they stay: events still point at them).
+--
+-- Calls:   ferry._capture_function
+-- Reads:   -
+-- Writes:  ferry.captures
+-- Raises:  -
+-- Runs as: the caller (SECURITY INVOKER)
+-- Callers: PUBLIC (the default)
+
+create or replace function ferry.uncapture_table(tbl regclass) returns void
+language plpgsql as $$
+declare
+    v_op text;
+begin
+    foreach v_op in array array['insert', 'update', 'delete'] loop
+        if exists (select 1 from pg_trigger where tgrelid = tbl and tgname = 'pgferry_capture_' || v_op) then
+            execute format('drop trigger pgferry_capture_%s on %s', v_op, tbl);
+        end if;
+        execute format('drop function if exists %s()', ferry._capture_function(tbl, v_op));
+    end loop;
+    -- The single function of captures made before 0003.
+    if to_regprocedure(ferry._capture_function(tbl) || '()') is not null then
+        execute format('drop function %s()', ferry._capture_function(tbl));
+    end if;
+    update ferry.captures set uncaptured_at = now() where relid = tbl and uncaptured_at is null;
+end $$;

@@ -1,0 +1,149 @@
+"""The SQL contract lives in files, and upgrading a released database keeps its data and ends
+in exactly the schema a fresh install has."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import asyncpg
+import orjson
+import pytest
+
+from pgferry import db, sql
+from pgferry.embedded import EmbeddedPostgres
+from pgferry.receiver import Receiver, Respond
+from pgferry.schema import install
+from tests.delivery.conftest import RunningRelay
+from tests.helpers import eventually
+from tests.sql.releases import GENERATED, RELEASES, Release, catalog, install_release
+
+_DEFINED = re.compile(r"^create\s+or\s+replace\s+function\s+(\w+)\.(\w+)\s*\(", re.IGNORECASE | re.MULTILINE)
+
+
+@pytest.fixture
+async def nobody_role(pg: EmbeddedPostgres) -> None:
+    """A role with no grants, standing for PUBLIC in privilege comparisons."""
+    conn = await asyncpg.connect(pg.url)
+    try:
+        await conn.execute(
+            "do $$ begin create role pgferry_nobody nologin; exception when duplicate_object then null; end $$"
+        )
+    finally:
+        await conn.close()
+
+
+def _defined_by_files() -> Counter[str]:
+    """schema.name -> how many overloads the function files define."""
+    found: Counter[str] = Counter()
+    for addon in (None, *sql.ADDONS):
+        for function in sql.functions(addon):
+            found.update(f"{schema}.{name}" for schema, name in _DEFINED.findall(function.sql))
+    return found
+
+
+async def _installed(conn: asyncpg.Connection) -> Counter[str]:
+    rows = await conn.fetch(
+        """select n.nspname || '.' || p.proname as name from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+           where n.nspname in ('ferry', 'net', 'supabase_functions') and p.proname !~ $1""",
+        GENERATED,
+    )
+    return Counter(r["name"] for r in rows)
+
+
+async def test_every_installed_function_is_defined_by_exactly_one_file_and_nothing_else_is_left(
+    empty_db_url: str,
+) -> None:
+    conn = await db.connect(empty_db_url)
+    try:
+        await install(conn, addons=["pg_net"])
+        assert await _installed(conn) == _defined_by_files()
+    finally:
+        await conn.close()
+
+
+def test_each_file_defines_the_function_it_is_named_after_and_calls_come_first() -> None:
+    for addon in (None, *sql.ADDONS):
+        order = [f.name for f in sql.functions(addon)]
+        for position, function in enumerate(sql.functions(addon)):
+            assert function.defines == {function.name}
+            assert all(order.index(c) < position for c in function.calls if c in order), function.name
+    assert not any(m.sql.lower().count("create or replace function") for m in sql.migrations()), (
+        "functions live in sql/functions/, not in migrations"
+    )
+
+
+async def _fresh_catalog(url: str) -> dict[str, object]:
+    conn = await db.connect(url)
+    try:
+        await install(conn, addons=["pg_net"])
+        return await catalog(conn)
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=str)
+@pytest.mark.usefixtures("nobody_role")
+async def test_a_released_database_upgrades_to_the_fresh_schema_and_keeps_delivering(
+    release: Release, empty_db_url: str, db_url: str
+) -> None:
+    """Data of every kind written by the released code (events before and after a subscription's
+    cursor, a parked retry, a dead letter, a captured table, a queued pg_net request) is
+    delivered after `pgferry install` with the current code, and the upgraded schema is, object
+    for object and privilege for privilege, the one a fresh install makes."""
+    receiver = Receiver(lambda _: Respond(200, b"ok"))
+    url = await receiver.start()
+    conn = await db.connect(empty_db_url)
+    try:
+        await install_release(conn, release)
+        # what the released code wrote, with its own functions
+        await conn.execute("create table orders (id int primary key, item text)")
+        await conn.execute("select ferry.capture_table('orders')")
+        await conn.execute("insert into orders values (1, 'before')")
+        early = await conn.fetchval("""select ferry.publish('s', '{"n": "early"}')""")
+        await conn.execute("select ferry.tick(true)")
+        await conn.execute(
+            "select ferry.subscribe('hook', array['s', 'public.orders'], $1, start_at => 'beginning')", url
+        )
+        later = await conn.fetchval("""select ferry.publish('s', '{"n": "later"}')""")
+        for table, extra in (("retries", ", next_attempt_at"), ("dead_letters", "")):
+            await conn.execute(
+                f"insert into ferry.{table} (subscription, event_id, stream, key, payload, event_created_at, attempts,"
+                f" first_failed_at{extra}) values ('hook', $1, 's', null, $2::text::jsonb, now(), 1, now()"
+                f"{', now()' if extra else ''})",
+                900_000 + len(table), orjson.dumps({"n": table}).decode(),
+            )  # fmt: skip
+        request = await conn.fetchval("select net.http_get($1)", url + "?pg_net=1")
+
+        assert await install(conn)  # the current code: pending migrations, every function file
+        assert await catalog(conn) == await _fresh_catalog(db_url)
+        assert await _installed(conn) == _defined_by_files()
+
+        await conn.execute("insert into orders values (2, 'after')")
+        relay = RunningRelay(empty_db_url)
+        try:
+            await conn.execute("select ferry.dlq_replay('hook')")
+
+            def bodies() -> list[object]:
+                return [orjson.loads(r.body) for r in receiver.received if r.path == "/hook"]
+
+            async def delivered() -> bool:
+                return len(bodies()) >= 6
+
+            await eventually(delivered, timeout=30, what="every kind of old data delivered")
+            got = bodies()
+            assert {"n": "early"} in got and {"n": "later"} in got  # the log, before and after the cursor
+            assert {"n": "retries"} in got and {"n": "dead_letters"} in got  # parked and dead-lettered
+            rows = sorted(g["record"]["item"] for g in got if isinstance(g, dict) and g.get("table") == "orders")
+            assert rows == ["after", "before"]  # captured by the released trigger, and after the upgrade
+
+            async def answered() -> bool:
+                return bool(await conn.fetchval("select count(*) from net._http_response where id = $1", request))
+
+            await eventually(answered, what="the queued pg_net request answered")
+            assert early and later
+        finally:
+            await relay.stop()
+    finally:
+        await conn.close()
+        await receiver.stop()
