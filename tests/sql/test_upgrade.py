@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from pathlib import Path
 
 import asyncpg
 import orjson
@@ -147,3 +148,39 @@ async def test_a_released_database_upgrades_to_the_fresh_schema_and_keeps_delive
     finally:
         await conn.close()
         await receiver.stop()
+
+
+def test_the_contract_index_lists_every_function_file() -> None:
+    index = (Path(sql.__file__).parent / "functions" / "README.md").read_text()
+    for addon in (None, *sql.ADDONS):
+        for function in sql.functions(addon):
+            assert f"`{function.name}" in index, f"{function.name} is missing from sql/functions/README.md"
+
+
+async def test_only_the_functions_meant_for_them_run_with_their_owner_s_rights_for_public_and_writers(
+    db_url: str,
+) -> None:
+    """SECURITY DEFINER functions are the ones a caller could use to reach past its own privileges:
+    each is on this list, and PUBLIC may execute only the yes/no helpers of the pg_net API."""
+    conn = await db.connect(db_url)
+    try:
+        await install(conn, addons=["pg_net"])
+        rows = await conn.fetch(
+            """select n.nspname || '.' || p.proname as name,
+                      has_function_privilege('public', p.oid, 'execute') as public,
+                      has_function_privilege('ferry_writer', p.oid, 'execute') as writer
+               from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+               where n.nspname in ('ferry', 'net', 'supabase_functions') and p.prosecdef order by 1"""
+        )
+    finally:
+        await conn.close()
+    assert {r["name"]: (r["public"], r["writer"]) for r in rows} == {
+        "ferry.publish": (False, True),
+        "ferry.publish_many": (False, True),
+        "net._cancel_requests": (False, False),
+        "net._queue_request": (False, True),
+        "net._request_in_this_transaction": (True, True),
+        "net._request_is_queued": (True, True),
+        "net.check_worker_is_up": (True, True),
+        "net.wait_until_running": (True, True),
+    }

@@ -1,5 +1,6 @@
 -- Named queries used by the Python side. Each starts with "-- name: NAME";
--- the SQL API itself lives in the migrations as functions.
+-- the SQL API itself is in functions/, one file per function (its README
+-- lists them by purpose).
 
 -- name: install_lock
 select pg_advisory_xact_lock($1::int, $2::int)

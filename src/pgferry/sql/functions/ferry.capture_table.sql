@@ -5,6 +5,12 @@
 -- the function as a constant (stream, capture id, key expression, target
 -- partition): the statement has no parameters, no per-row branching and no
 -- TG_OP test, which measured faster than any generic function.
+-- tbl: the table; stream: its stream (default schema.table); key_columns:
+-- the event key (default the primary key, refused without one); operations:
+-- which of insert, update, delete to capture. Returns the stream. Calling it
+-- again replaces the capture (new settings, current code).
+-- The generated functions (ferry._capture_<oid>_<operation>, data rather
+-- than contract: not in these files) write ferry.events_0..2.
 --
 -- Calls:   ferry._capture_function, ferry._check_stream, ferry._current_partition, ferry.uncapture_table
 -- Reads:   -

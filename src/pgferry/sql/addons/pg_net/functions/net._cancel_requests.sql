@@ -1,18 +1,18 @@
 -- net._cancel_requests() returns trigger
 --
--- net._cancel_requests(): trigger on net.http_request_queue (after DELETE,
---   after TRUNCATE). A request whose row is deleted while it is parked for a
---   retry is not sent again: its retry goes too. (A request not yet read by
---   the relay has no retry; the relay skips it when it finds no row.)
---   Tables: deletes from ferry.retries. SECURITY DEFINER: whoever may cancel
---   requests may do so without rights on pgferry's tables.
+-- The triggers below run it after DELETE and TRUNCATE on
+-- net.http_request_queue: a request whose row is deleted while it is parked
+-- for a retry is not sent again, its retry goes too. (A request not yet read
+-- by the relay has no retry; the relay skips it when it finds no row.)
+-- SECURITY DEFINER: whoever may cancel requests may do so without rights on
+-- pgferry's tables.
 --
 -- Calls:   -
 -- Reads:   -
 -- Writes:  ferry.retries
 -- Raises:  -
 -- Runs as: its owner (SECURITY DEFINER, search_path pinned to pg_catalog, pg_temp)
--- Callers:  (not PUBLIC)
+-- Callers: none: a trigger function (EXECUTE revoked from PUBLIC)
 
 create or replace function net._cancel_requests() returns trigger
 language plpgsql security definer set search_path = pg_catalog, pg_temp as $$

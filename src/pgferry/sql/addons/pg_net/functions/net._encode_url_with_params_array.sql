@@ -1,11 +1,11 @@
 -- net._encode_url_with_params_array(url text, params_array text[]) returns text
 --
--- net._encode_url_with_params_array(url, params_array)
---   pg_net's URL check and query building: a URL libcurl would refuse fails
---   here, at the call, with libcurl's words (curl_url_strerror), in pg_net's
---   format `invalid URL "<url>": <reason>`; then each param is appended.
---   Only http and https are accepted (pg_net's worker allows no other
---   protocol). Returns: the URL to request. Raises: 22023.
+-- pg_net's URL check and query building: a URL libcurl would refuse fails
+-- here, at the call, with libcurl's words (curl_url_strerror), in pg_net's
+-- format `invalid URL "<url>": <reason>`; then each param (already
+-- percent-encoded, `key=value`) is appended. Only http and https are
+-- accepted (pg_net's worker allows no other protocol). Returns the URL to
+-- request, with an empty path written "/" as libcurl normalises it.
 --
 -- Calls:   -
 -- Reads:   -

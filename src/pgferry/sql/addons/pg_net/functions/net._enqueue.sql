@@ -1,11 +1,11 @@
 -- net._enqueue(method text, url text, params jsonb, headers jsonb, body jsonb, timeout_milliseconds integer) returns bigint
 --
--- net._enqueue(method, url, params, headers, body, timeout_milliseconds)
---   Queues one request; it is sent after the calling transaction commits.
---   Returns: the request id (the event's id). Raises: 22023 (bad URL,
---   timeout out of range), 23502 (NULL url or timeout, pg_net's wording).
---   Calls: net._encode_url_with_params_array, ferry._check_headers_map,
---   ferry.publish, net._queue_request.
+-- Queues one request for net.http_get/post/delete: an event of stream
+-- 'net.http' (what the relay delivers) and its row in net.http_request_queue
+-- (what cancels it); it is sent after the calling transaction commits.
+-- Returns the request id (the event's id). Raises 22023 for a bad URL or a
+-- timeout out of 1..600000 ms, 23502 for a NULL url or timeout (pg_net's
+-- wording).
 --
 -- Calls:   ferry._check_headers_map, ferry.publish, net._encode_url_with_params_array, net._queue_request, net._urlencode_string
 -- Reads:   -

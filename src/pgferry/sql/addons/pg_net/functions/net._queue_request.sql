@@ -1,10 +1,9 @@
 -- net._queue_request(id bigint, method text, url text, headers jsonb, body text, timeout_milliseconds integer) returns void
 --
--- net._queue_request(id, method, url, headers, body, timeout_milliseconds)
---   Inserts the queue row of request `id` (the event net._enqueue published).
---   Returns: nothing. Tables: writes net.http_request_queue.
---   SECURITY DEFINER: a writer may queue requests, not read or change the
---   queue (other requests' URLs and headers). Callers: net._enqueue.
+-- Inserts the queue row of request `id` (the event net._enqueue published),
+-- which DELETE or TRUNCATE on net.http_request_queue can then cancel.
+-- SECURITY DEFINER: a writer may queue requests, not read or change the
+-- queue (other requests' URLs and headers).
 --
 -- Calls:   -
 -- Reads:   -

@@ -1,8 +1,8 @@
 -- net._request_is_queued(request_id bigint) returns boolean
 --
--- net._request_is_queued(request_id): whether the request is not finished.
---   SECURITY DEFINER (a writer may ask about its own request ids, not read
---   the queue). Tables: reads net.http_request_queue.
+-- Whether the request is queued or waiting for a retry (not finished).
+-- SECURITY DEFINER: a writer may ask about its own request ids without
+-- reading the queue; it answers yes or no only.
 --
 -- Calls:   -
 -- Reads:   net.http_request_queue
