@@ -243,7 +243,7 @@ class _Clock:
         connect_end = self.connect_at or (now if self.dns_at else dns_end)
         return Timings(
             total_ms=(now - self.started) * 1000,
-            dns_ms=(dns_end - self.connecting_at) * 1000,
+            dns_ms=(dns_end - self.started) * 1000,  # from the start, as curl counts: the phases add up
             connect_ms=(connect_end - dns_end) * 1000,
             exchange_ms=(now - connect_end) * 1000 if self.connect_at else 0.0,
         )
