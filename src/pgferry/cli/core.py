@@ -170,7 +170,7 @@ def run(
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     if dashboard_port is not None:
-        from pgferry.ops.web import check_dashboard_binding
+        from pgferry.relay.surface import check_dashboard_binding
 
         try:
             check_dashboard_binding(dashboard_host, dashboard_token)

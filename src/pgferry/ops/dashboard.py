@@ -37,7 +37,7 @@ from pgferry import sql
 from pgferry.db import CONNECTION_ERRORS
 from pgferry.errors import PgferryError
 from pgferry.ops import inspect
-from pgferry.ops.web import is_loopback
+from pgferry.relay.surface import is_loopback
 
 log = logging.getLogger(__name__)
 
