@@ -100,7 +100,7 @@ def operator_web() -> OperatorFactory:
     # without one the relay runs with ops/ (aiohttp, prometheus_client) never imported,
     # and ops/ reaches the relay only through relay/surface.py, never this module, so
     # there is no cycle (tests/test_layout.py holds both).
-    from pgferry.ops.web import OperatorWeb
+    from pgferry.ops.web import OperatorWeb  # noqa: PLC0415 - optional part, loaded only when served
 
     return OperatorWeb
 
