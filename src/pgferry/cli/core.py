@@ -19,8 +19,12 @@ from pgferry.cli.common import (
     setup_logging,
     with_ferry,
 )
-from pgferry.delivery.addresses import ALLOW_ENV_VAR, STRICT_ENV_VAR
+from pgferry.delivery.addresses import ALLOW_ENV_VAR, STRICT_ENV_VAR, AddressPolicy, parse_networks
+from pgferry.embedded import embedded_postgres
 from pgferry.errors import PgferryError
+from pgferry.log.ticker import TickerSettings
+from pgferry.relay.surface import check_dashboard_binding
+from pgferry.schema import install_at
 
 log = logging.getLogger("pgferry")
 
@@ -55,8 +59,6 @@ def install(database_url: str | None, pg_net: bool) -> None:
     (what `pgferry run` and the operator commands need). The first install in a
     cluster therefore needs CREATEROLE. See docs/security.md.
     """
-    from pgferry.schema import install_at
-
     applied = run_coroutine(install_at(require_url(database_url), addons=("pg_net",) if pg_net else ()))
     if applied:
         click.echo(f"installed: {', '.join(applied)}")
@@ -146,8 +148,7 @@ def run(
     db_session_timeout: float,
 ) -> None:
     """Run the relay. Without a database URL: a throwaway PostgreSQL and a demo."""
-    from pgferry.delivery.addresses import AddressPolicy, parse_networks
-    from pgferry.log.ticker import TickerSettings
+    # The relay (delivery, HTTP client, ownership) is loaded by the one command that runs it.
     from pgferry.relay.process import Relay, RelaySettings
 
     setup_logging(bool(ctx.find_root().params.get("verbose")), log_format)
@@ -170,8 +171,6 @@ def run(
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     if dashboard_port is not None:
-        from pgferry.relay.surface import check_dashboard_binding
-
         try:
             check_dashboard_binding(dashboard_host, dashboard_token)
         except PgferryError as exc:
@@ -202,9 +201,6 @@ def run(
     if database_url:
         run_coroutine(go(database_url, demo=False))
         return
-
-    from pgferry.embedded import embedded_postgres
-    from pgferry.schema import install_at
 
     click.echo("no --database-url given: starting a throwaway PostgreSQL for a demo ...")
     try:
