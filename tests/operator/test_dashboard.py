@@ -14,9 +14,9 @@ import pytest
 
 import pgferry
 from pgferry.errors import PgferryError
-from pgferry.ops.web import check_dashboard_binding
 from pgferry.receiver import Received, Respond
 from pgferry.relay.process import Relay
+from pgferry.relay.surface import check_dashboard_binding
 from tests.delivery.conftest import FAST, RunningRelay
 from tests.helpers import eventually
 from tests.operator.conftest import MakeReceiver, cli

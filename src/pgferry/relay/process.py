@@ -1,4 +1,9 @@
-"""Wiring of the relay process (`pgferry run`): checks, the ticker, delivery, shutdown."""
+"""Wiring of the relay process (`pgferry run`): checks, the ticker, delivery, shutdown.
+
+The metrics and dashboard servers are the operator side (``ops/web.py``): the
+relay starts them through ``relay/surface.py`` and hands them a view of
+itself, and loads them only when a port asks for them (``operator_web``).
+"""
 
 from __future__ import annotations
 
@@ -14,10 +19,16 @@ from pgferry.delivery.addresses import AddressPolicy
 from pgferry.delivery.fasthttp import FastSender, tls_context
 from pgferry.delivery.worker import DeliveryContext
 from pgferry.log.ticker import Ticker, TickerSettings
-from pgferry.ops.metrics import RelayMetrics
-from pgferry.ops.web import OperatorWeb, check_dashboard_binding
 from pgferry.relay.leader import TICKER_LOCK, lead
 from pgferry.relay.ownership import Ownership, OwnershipSettings
+from pgferry.relay.surface import (
+    OperatorFactory,
+    OperatorSurface,
+    RelayHooks,
+    RelayView,
+    WebSettings,
+    check_dashboard_binding,
+)
 from pgferry.schema import check_installed
 
 log = logging.getLogger(__name__)
@@ -71,21 +82,67 @@ class RelaySettings:
             except (OSError, ssl.SSLError) as exc:
                 raise ValueError(f"cannot use {self.ca_file} as a CA file (PEM certificates expected): {exc}") from None
 
+    @property
+    def web(self) -> WebSettings:
+        """The metrics and dashboard settings, as the operator side sees them."""
+        return WebSettings(
+            metrics_port=self.metrics_port,
+            metrics_host=self.metrics_host,
+            dashboard_port=self.dashboard_port,
+            dashboard_host=self.dashboard_host,
+            dashboard_token=self.dashboard_token,
+        )
+
+
+def operator_web() -> OperatorFactory:
+    """The default operator side: ops/web.py's metrics and dashboard servers."""
+    # The relay's one arrow to ops/, taken only when a metrics or dashboard port is set:
+    # without one the relay runs with ops/ (aiohttp, prometheus_client) never imported,
+    # and ops/ reaches the relay only through relay/surface.py, never this module, so
+    # there is no cycle (tests/test_layout.py holds both).
+    from pgferry.ops.web import OperatorWeb  # noqa: PLC0415 - optional part, loaded only when served
+
+    return OperatorWeb
+
 
 class Relay:
-    """One relay process. Several may run against one database; one of them ticks."""
+    """One relay process. Several may run against one database; one of them ticks.
 
-    def __init__(self, url: str, settings: RelaySettings | None = None) -> None:
+    ``operator`` makes the metrics and dashboard servers of a run; by default
+    ops/web.py's, when ``settings`` give a port for either.
+    """
+
+    def __init__(
+        self, url: str, settings: RelaySettings | None = None, *, operator: OperatorFactory | None = None
+    ) -> None:
         self.url = url
         self.settings = settings or RelaySettings()
         self.is_ticker = False
         self.ownership: Ownership | None = None
-        # Metrics hooks cost a little per event, so they are wired only when served.
-        self.metrics = RelayMetrics() if self.settings.metrics_port is not None else None
         #: where the metrics and dashboard servers listen, once started ("metrics"/"dashboard" -> URL)
         self.addresses: dict[str, str] = {}
-        if self.settings.dashboard_port is not None:
-            check_dashboard_binding(self.settings.dashboard_host, self.settings.dashboard_token)
+        web = self.settings.web
+        if web.dashboard_port is not None:
+            check_dashboard_binding(web.dashboard_host, web.dashboard_token)
+        self.operator = operator if operator is not None else operator_web() if web.wanted else None
+
+    def in_flight(self) -> dict[str, int]:
+        """Requests in flight per subscription this relay delivers."""
+        return self.ownership.in_flight() if self.ownership is not None else {}
+
+    def view(self) -> RelayView:
+        """What the operator side may see of this relay, and the one thing it may set."""
+
+        def is_ticker() -> bool:
+            return self.is_ticker
+
+        return RelayView(
+            url=self.url,
+            web=self.settings.web,
+            is_ticker=is_ticker,
+            in_flight=self.in_flight,
+            announce=self.addresses.__setitem__,
+        )
 
     async def check(self) -> int:
         """Fail fast, with the fix in the message, if the database is unusable."""
@@ -100,10 +157,11 @@ class Relay:
 
     async def run(self, stop: asyncio.Event) -> None:
         max_body_bytes = await self.check()
+        surface: OperatorSurface | None = self.operator(self.view()) if self.operator is not None else None
+        hooks = surface.hooks if surface is not None else RelayHooks()
 
         async def tick(conn: asyncpg.Connection, stop: asyncio.Event) -> None:
-            observe = self.metrics.observe_tick if self.metrics is not None else None
-            await Ticker(conn, self.settings.ticker, observe=observe).run(stop)
+            await Ticker(conn, self.settings.ticker, observe=hooks.observe_tick).run(stop)
 
         def changed(leading: bool) -> None:
             self.is_ticker = leading
@@ -144,23 +202,23 @@ class Relay:
                 http=http,
                 global_limit=asyncio.Semaphore(self.settings.max_in_flight),
                 max_body_bytes=max_body_bytes,
-                observe=self.metrics.observe_outcomes if self.metrics is not None else None,
+                observe=hooks.observe_outcomes,
             )
             self.ownership = Ownership(self.url, ctx, self.settings.ownership, self.settings.liveness)
-            if self.metrics is not None:
-                self.ownership.observe_round = self.metrics.observe_roundtrip("relay_round")
+            self.ownership.observe_round = hooks.observe_round
             jobs.append(self.ownership.run(stop))
-        web = OperatorWeb(self)
         try:
             try:
-                await web.start()
+                if surface is not None:
+                    await surface.start()
             except BaseException:
                 for job in jobs:  # never started: close them so none is left un-awaited
                     job.close()
                 raise
             await asyncio.gather(*jobs)
         finally:
-            await web.stop()
+            if surface is not None:
+                await surface.stop()
             if http is not None:
                 await http.close()
             if pool is not None:

@@ -1,4 +1,4 @@
-"""The `pgferry` command."""
+"""`pgferry install`, `pgferry run` and `pgferry consumers`."""
 
 from __future__ import annotations
 
@@ -6,54 +6,31 @@ import asyncio
 import gc
 import logging
 import signal
-from collections.abc import Coroutine
-from typing import Any
 
 import click
 
 from pgferry import db
-from pgferry.delivery.addresses import ALLOW_ENV_VAR, STRICT_ENV_VAR
+from pgferry.cli.common import (
+    database_url_option,
+    json_option,
+    print_json,
+    require_url,
+    run_coroutine,
+    setup_logging,
+    with_ferry,
+)
+from pgferry.delivery.addresses import ALLOW_ENV_VAR, STRICT_ENV_VAR, AddressPolicy, parse_networks
+from pgferry.embedded import embedded_postgres
 from pgferry.errors import PgferryError
+from pgferry.log.ticker import TickerSettings
+from pgferry.relay.surface import check_dashboard_binding
+from pgferry.schema import install_at
 
 log = logging.getLogger("pgferry")
 
-database_url_option = click.option(
-    "--database-url",
-    envvar=db.URL_ENV_VAR,
-    metavar="URL",
-    help=f"PostgreSQL URL (or set {db.URL_ENV_VAR}).",
-)
-
-
-def _setup_logging(verbose: bool, fmt: str = "human") -> None:
-    from pgferry.ops.logs import configure
-
-    configure(verbose=verbose, fmt=fmt)
-
-
-def _run(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run a coroutine on uvloop, turning pgferry's own errors into a clean exit."""
-    try:
-        import uvloop
-
-        runner: Any = uvloop.run
-    except ImportError:  # pragma: no cover - uvloop is a dependency, but stay usable without it
-        runner = asyncio.run
-    from pgferry.delivery.signing import redact_secrets
-
-    try:
-        return runner(coro)
-    except PgferryError as exc:
-        raise click.ClickException(redact_secrets(str(exc))) from exc
-
-
-def require_url(database_url: str | None) -> str:
-    if not database_url:
-        raise click.UsageError(f"give --database-url or set {db.URL_ENV_VAR}")
-    return database_url
-
 
 def _stop_on_signals(stop: asyncio.Event) -> None:
+    """SIGTERM/SIGINT set ``stop``; a second one exits at once."""
     loop = asyncio.get_running_loop()
 
     def request_stop(signame: str) -> None:
@@ -67,15 +44,7 @@ def _stop_on_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, request_stop, sig.name)
 
 
-@click.group()
-@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
-@click.version_option(package_name="pgferry")
-def main(verbose: bool) -> None:
-    """pgferry: events out of PostgreSQL, reliably and in real time."""
-    _setup_logging(verbose)
-
-
-@main.command()
+@click.command()
 @database_url_option
 @click.option(
     "--pg-net",
@@ -90,9 +59,7 @@ def install(database_url: str | None, pg_net: bool) -> None:
     (what `pgferry run` and the operator commands need). The first install in a
     cluster therefore needs CREATEROLE. See docs/security.md.
     """
-    from pgferry.schema import install_at
-
-    applied = _run(install_at(require_url(database_url), addons=("pg_net",) if pg_net else ()))
+    applied = run_coroutine(install_at(require_url(database_url), addons=("pg_net",) if pg_net else ()))
     if applied:
         click.echo(f"installed: {', '.join(applied)}")
     else:
@@ -103,7 +70,7 @@ def install(database_url: str | None, pg_net: bool) -> None:
     )
 
 
-@main.command()
+@click.command()
 @database_url_option
 @click.option("--tick-interval", default=0.01, show_default=True, help="Seconds between tick checks while busy.")
 @click.option("--idle-poll-interval", default=0.5, show_default=True, help="Longest wait between tick checks.")
@@ -181,11 +148,10 @@ def run(
     db_session_timeout: float,
 ) -> None:
     """Run the relay. Without a database URL: a throwaway PostgreSQL and a demo."""
-    from pgferry.delivery.addresses import AddressPolicy, parse_networks
-    from pgferry.log.ticker import TickerSettings
+    # The relay (delivery, HTTP client, ownership) is loaded by the one command that runs it.
     from pgferry.relay.process import Relay, RelaySettings
 
-    _setup_logging(bool(ctx.find_root().params.get("verbose")), log_format)
+    setup_logging(bool(ctx.find_root().params.get("verbose")), log_format)
     try:
         policy = AddressPolicy(strict=strict_addresses, allow=parse_networks(allow_addresses))
     except ValueError as exc:
@@ -205,8 +171,6 @@ def run(
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     if dashboard_port is not None:
-        from pgferry.ops.web import check_dashboard_binding
-
         try:
             check_dashboard_binding(dashboard_host, dashboard_token)
         except PgferryError as exc:
@@ -235,43 +199,27 @@ def run(
             await asyncio.gather(*tasks, return_exceptions=True)
 
     if database_url:
-        _run(go(database_url, demo=False))
+        run_coroutine(go(database_url, demo=False))
         return
-
-    from pgferry.embedded import embedded_postgres
-    from pgferry.schema import install_at
 
     click.echo("no --database-url given: starting a throwaway PostgreSQL for a demo ...")
     try:
         with embedded_postgres() as pg:
             click.echo(f"PostgreSQL is up at {pg.url} (removed on exit); try: psql {pg.url}")
-            _run(install_at(pg.url))
-            _run(go(pg.url, demo=True))
+            run_coroutine(install_at(pg.url))
+            run_coroutine(go(pg.url, demo=True))
     except PgferryError as exc:
         raise click.ClickException(str(exc)) from exc
 
 
-def _register_webhooks() -> None:
-    from pgferry.cli_operator import register as register_operator
-    from pgferry.cli_webhooks import register
-
-    register(main, database_url_option)
-    register_operator(main, database_url_option)
-
-
-_register_webhooks()
-
-
-@main.command()
+@click.command()
 @database_url_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 def consumers(database_url: str | None, as_json: bool) -> None:
     """List consumers and their positions."""
-    from pgferry.cli_webhooks import _print_json, with_ferry
-
     rows = with_ferry(database_url, lambda f: f.consumers())
     if as_json:
-        _print_json(rows)
+        print_json(rows)
         return
     if not rows:
         click.echo("no consumers")
@@ -282,17 +230,3 @@ def consumers(database_url: str | None, as_json: bool) -> None:
             f"{row['name']:<24} streams={streams:<30} tick={row['tick_id']:<8} "
             f"lag~{row['approx_lag_events']} events{pending}"
         )
-
-
-@main.group()
-def bench() -> None:
-    """Benchmarks (a throwaway durable PostgreSQL unless --database-url is given)."""
-
-
-def _register_bench() -> None:
-    from pgferry.bench.cli import register
-
-    register(bench)
-
-
-_register_bench()

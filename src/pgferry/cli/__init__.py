@@ -1,0 +1,48 @@
+"""The `pgferry` command: the root group, with every command group attached.
+
+One module per command group, all over one shared leaf of helpers:
+
+- ``common``: the database-url option, running a coroutine, a Ferry per command, tables and JSON;
+- ``core``: ``install``, ``run``, ``consumers``;
+- ``webhooks``: ``subscription ...``;
+- ``dlq``: ``dlq ...``;
+- ``operator``: ``status``, ``relays``, ``trace``, ``tail``, ``replay``, ``apply``;
+- ``bench``: ``bench ...`` (its subcommands are in pgferry.bench.cli).
+
+Modules import ``common`` and nothing else of this package; only this one imports them all.
+"""
+
+from __future__ import annotations
+
+import click
+
+from pgferry.cli import core, dlq, operator, webhooks
+from pgferry.cli.bench import bench
+from pgferry.cli.common import setup_logging
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+@click.version_option(package_name="pgferry")
+def main(verbose: bool) -> None:
+    """pgferry: events out of PostgreSQL, reliably and in real time."""
+    setup_logging(verbose)
+
+
+for command in (
+    core.install,
+    core.run,
+    core.consumers,
+    webhooks.subscription,
+    dlq.dlq,
+    operator.status,
+    operator.relays,
+    operator.trace,
+    operator.tail,
+    operator.replay,
+    operator.apply,
+    bench,
+):
+    main.add_command(command)
+
+__all__ = ["main"]

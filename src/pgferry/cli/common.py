@@ -1,0 +1,137 @@
+"""What every `pgferry` command shares: the database-url option, running a coroutine,
+a Ferry for one command, and printing (rich tables, JSON, escaped text).
+
+A leaf of the CLI package: it imports no sibling, and every command module imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from datetime import datetime
+from typing import Any, TypeVar
+
+import click
+import orjson
+from rich.console import Console
+from rich.markup import escape as rich_escape
+from rich.table import Table
+from rich.text import Text
+
+import pgferry
+from pgferry import db
+from pgferry.delivery.signing import redact_secrets
+from pgferry.errors import PgferryError
+from pgferry.ops.logs import configure
+
+T = TypeVar("T")
+
+console = Console()
+
+database_url_option = click.option(
+    "--database-url",
+    envvar=db.URL_ENV_VAR,
+    metavar="URL",
+    help=f"PostgreSQL URL (or set {db.URL_ENV_VAR}).",
+)
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+def setup_logging(verbose: bool, fmt: str = "human") -> None:
+    configure(verbose=verbose, fmt=fmt)
+
+
+def run_coroutine(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine on uvloop, turning pgferry's own errors into a clean exit."""
+    try:
+        import uvloop
+
+        runner: Any = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency, but stay usable without it
+        runner = asyncio.run
+    try:
+        return runner(coro)
+    except PgferryError as exc:
+        raise click.ClickException(redact_secrets(str(exc))) from exc
+
+
+def require_url(database_url: str | None) -> str:
+    if not database_url:
+        raise click.UsageError(f"give --database-url or set {db.URL_ENV_VAR}")
+    return database_url
+
+
+def with_ferry(database_url: str | None, action: Callable[[pgferry.Ferry], Awaitable[T]]) -> T:
+    """Run ``action`` with a Ferry on the given database, as one CLI command."""
+    url = require_url(database_url)
+
+    async def go() -> T:
+        async with pgferry.connect(url, pool_size=2) as ferry:
+            return await action(ferry)
+
+    return run_coroutine(go())  # type: ignore[no-any-return]
+
+
+async def on_conn(f: pgferry.Ferry, action: Callable[[Any], Awaitable[T]]) -> T:
+    """Run ``action`` on one connection of the Ferry's pool."""
+    async with f.pool.acquire() as conn:
+        return await action(conn)
+
+
+def print_json(rows: Any) -> None:
+    click.echo(orjson.dumps(rows, default=str, option=orjson.OPT_INDENT_2).decode())
+
+
+def escape(text: str) -> str:
+    """``text`` with rich markup escaped, for f-strings printed with markup on."""
+    return rich_escape(text)
+
+
+def table(
+    title: str,
+    rows: list[dict[str, Any]],
+    columns: list[tuple[str, str]],
+    styles: dict[str, Callable[[Any], str]] | None = None,
+) -> None:
+    """A rich table; cells coloured by ``styles`` (rich leaves colour out when stdout is not a terminal)."""
+    out = Table(title=title, title_justify="left")
+    for _, header in columns:
+        out.add_column(header, overflow="fold")
+    styles = styles or {}
+    for row in rows:
+        cells = []
+        for key, _ in columns:
+            value = row.get(key)
+            text = cell(value)
+            if key in styles and value is not None:
+                text.stylize(styles[key](value))
+            cells.append(text)
+        out.add_row(*cells)
+    console.print(out)
+
+
+def cell(value: Any) -> Text:
+    """Plain text, never rich markup: cells hold what receivers answered (reason phrases,
+    Location headers), and "[/bold]" there must neither crash the command nor style the
+    output; control characters are shown escaped so none reaches the terminal."""
+    if value is None:
+        text = "-"
+    elif isinstance(value, list | tuple):
+        text = ",".join(map(str, value))
+    elif isinstance(value, float):
+        text = f"{value:.1f}"
+    elif isinstance(value, datetime):
+        text = f"{value:%Y-%m-%d %H:%M:%S}"
+    else:
+        text = str(value)
+    return Text("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
+
+
+def attempts_table(rows: list[dict[str, Any]], title: str = "attempts") -> None:
+    """Delivery attempts, as `pgferry trace` and `pgferry dlq show` print them."""
+    for row in rows:
+        row["outcome"] = "ok" if row["error_class"] is None else row["error_class"]
+    columns = [("subscription", "subscription"), ("attempt", "#"), ("created_at", "at"), ("status", "status"),
+               ("outcome", "outcome"), ("latency_ms", "ms"), ("error", "error"), ("response", "response")]  # fmt: skip
+    table(title, rows, columns, styles={"outcome": lambda v: "green" if v == "ok" else "red"})

@@ -1,0 +1,319 @@
+"""`pgferry status`, `relays`, `trace`, `tail`, `replay` and `apply`: what operators run."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+import pgferry
+from pgferry.cli.common import (
+    attempts_table,
+    console,
+    database_url_option,
+    escape,
+    json_option,
+    on_conn,
+    print_json,
+    require_url,
+    run_coroutine,
+    table,
+    with_ferry,
+)
+from pgferry.errors import PgferryError
+from pgferry.ops import apply as applying
+from pgferry.ops import inspect
+from pgferry.ops.tail import tail as follow
+
+
+def parse_since(text: str) -> datetime:
+    """--since: an ISO 8601 time (UTC if no zone) or a duration back from now ('15m', '2 hours', '1d ago')."""
+    try:
+        return inspect.parse_since(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from None
+
+
+@click.command()
+@database_url_option
+@json_option
+def status(database_url: str | None, as_json: bool) -> None:
+    """Per subscription: lag, rate, in flight, parked, dead, error rate, endpoint health, owning relay;
+    then every relay and what it owns. --json: the subscriptions (relays: `pgferry relays --json`)."""
+
+    async def read(f: pgferry.Ferry) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        async with f.pool.acquire() as conn:
+            return await inspect.subscription_status(conn), await inspect.relays(conn)
+
+    rows, relay_rows = with_ferry(database_url, read)
+    if as_json:
+        print_json(rows)
+        return
+    columns = [("name", "subscription"), ("state", "state"), ("lag_events", "lag (events)"),
+               ("lag_seconds", "lag (s)"), ("rate", "delivered"), ("in_flight", "in flight"), ("parked", "parked"),
+               ("dead", "dead"), ("error_rate", "errors (5m)"), ("health", "endpoint"),
+               ("owner", "relay")]  # fmt: skip
+    table("delivery status", rows, columns, styles=_STATUS_STYLES)
+    _relays_table(relay_rows)
+
+
+@click.command()
+@database_url_option
+@json_option
+def relays(database_url: str | None, as_json: bool) -> None:
+    """Relay processes: host, pid, heartbeat, live or not, and the subscriptions each delivers."""
+    rows = with_ferry(database_url, lambda f: on_conn(f, inspect.relays))
+    if as_json:
+        print_json(rows)
+        return
+    _relays_table(rows)
+
+
+@click.command()
+@database_url_option
+@click.argument("event_id", type=int)
+@json_option
+def trace(database_url: str | None, event_id: int, as_json: bool) -> None:
+    """Follow event EVENT_ID: the event, the subscriptions it matched and where it is for each,
+    every delivery attempt with status, latency and error or response."""
+    result = with_ferry(database_url, lambda f: on_conn(f, lambda c: inspect.trace(c, event_id)))
+    if as_json:
+        print_json(result.as_dict())
+        return
+    event = result.event
+    if event is None:
+        console.print(f"event {event_id} is no longer retained; its attempt history:", markup=False)
+    else:
+        where = (
+            "in the log" if result.in_log else "dropped from the log by retention; copy kept with a retry/dead letter"
+        )
+        console.print(f"[bold]event {event['id']}[/] on stream [bold]{escape(event['stream'])}[/], "
+                      f"key {escape(str(event['key'] or '-'))}, created {event['created_at']:%Y-%m-%d %H:%M:%S%z} "
+                      f"({where})")  # fmt: skip
+        payload = orjson.dumps(event["payload"]).decode()
+        console.print("payload:", payload if len(payload) <= 2000 else payload[:2000] + " …", markup=False)
+        if event["headers"]:
+            console.print("headers:", orjson.dumps(event["headers"]).decode(), markup=False)
+        if result.subscriptions:
+            columns = [("name", "subscription"), ("state", "where the event is"),
+                       ("attempts_so_far", "attempts"), ("next_attempt_at", "next attempt"),
+                       ("dead_letter_id", "dead letter"), ("last_error", "last error")]  # fmt: skip
+            table("subscriptions", result.subscriptions, columns, styles={"state": _trace_style})
+        else:
+            console.print("no subscription matches its stream")
+    if result.attempts:
+        attempts_table(result.attempts)
+    else:
+        console.print("no delivery attempts recorded")
+
+
+@click.command()
+@database_url_option
+@click.argument("streams", nargs=-1)
+@json_option
+@click.option("--count", type=int, help="Exit after this many events.")
+@click.option("--timeout", type=float, help="Exit after this many seconds.")
+def tail(database_url: str | None, streams: tuple[str, ...], as_json: bool, count: int | None,
+         timeout: float | None) -> None:  # fmt: skip
+    """Print events of STREAMS (all streams if none) as they commit, until interrupted.
+
+    Uses no consumer: it holds back no retention and disturbs no reader.
+    --json prints one JSON object per line."""
+    url = require_url(database_url)
+
+    async def go() -> None:
+        seen = 0
+        events = follow(url, streams or None)
+        try:
+            async with asyncio.timeout(timeout):
+                async for event in events:
+                    _print_event(event, as_json)
+                    seen += 1
+                    if count is not None and seen >= count:
+                        return
+        except TimeoutError:
+            return
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+    with contextlib.suppress(KeyboardInterrupt):
+        run_coroutine(go())
+
+
+@click.command()
+@database_url_option
+@click.argument("subscription")
+@click.option("--since", help="Events created since this time: ISO 8601 (UTC if no zone) or '15m', '2h', '1d'.")
+@click.option("--from-event", type=int, help="Events from this event id on.")
+@click.option("--chunk", default=1000, show_default=True, help="About this many log events read per transaction.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation (only asked in a terminal).")
+@json_option
+def replay(database_url: str | None, subscription: str, since: str | None, from_event: int | None, chunk: int,
+           yes: bool, as_json: bool) -> None:  # fmt: skip
+    """Deliver again events SUBSCRIPTION already passed, from the retained log.
+
+    The events are queued in the subscription's retry queue (ferry.retries) and
+    sent by its retry loop alongside the live stream, with their original
+    webhook-id. Events already parked or dead-lettered are skipped."""
+    if (since is None) == (from_event is None):
+        raise click.UsageError("give exactly one of --since or --from-event")
+    since_at = parse_since(since) if since is not None else None
+    url = require_url(database_url)
+
+    async def go() -> dict[str, int]:
+        async with pgferry.connect(url, pool_size=1) as f, f.pool.acquire() as conn:
+            total = await inspect.replay_count(conn, subscription, since_at, from_event)
+            if total and not yes and not as_json and sys.stdin.isatty():
+                what = f"since {since_at:%Y-%m-%d %H:%M:%S%z}" if since_at else f"from event {from_event}"
+                prompt = f"queue {total} retained event(s) of {subscription} {what} for delivery again?"
+                if not await asyncio.to_thread(click.confirm, prompt, default=True):
+                    raise click.Abort()
+            queued = skipped = 0
+            with Progress(
+                TextColumn("replaying"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                console=console, disable=as_json or total == 0, transient=False,
+            ) as progress:  # fmt: skip
+                task = progress.add_task("replay", total=total)
+                async for step in inspect.replay(
+                    conn, subscription, since=since_at, from_event=from_event, chunk=chunk
+                ):
+                    queued += step.queued
+                    skipped += step.skipped
+                    progress.advance(task, step.queued + step.skipped)
+            return {"matched": total, "queued": queued, "skipped": skipped}
+
+    counts = run_coroutine(go())
+    if as_json:
+        print_json(counts)
+        return
+    click.echo(
+        f"{counts['queued']} event(s) queued for delivery again, {counts['skipped']} skipped "
+        "(already parked or dead letters: see `pgferry dlq replay`)"
+    )
+
+
+@click.command()
+@database_url_option
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path), default="pgferry.toml")
+@click.option("--dry-run", is_flag=True, help="Only print what would change.")
+@click.option("--prune", is_flag=True, help="Also remove subscriptions not in the file that apply did not create.")
+@json_option
+def apply(database_url: str | None, path: Path, dry_run: bool, prune: bool, as_json: bool) -> None:
+    """Make the webhook subscriptions match PATH (default pgferry.toml): create, update, remove.
+
+    Prints the changes first. Only subscriptions named in the file or created by an
+    earlier apply are changed or removed, unless --prune. Secrets come from the
+    environment variables the file names (secret_env, headers_env) and are never printed."""
+    url = require_url(database_url)
+    try:
+        desired = applying.load(path)
+    except PgferryError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+    async def go() -> list[applying.Change]:
+        async with pgferry.connect(url, pool_size=1) as f, f.pool.acquire() as conn:
+            changes = await applying.plan(conn, desired, prune=prune)
+            if not dry_run:
+                await applying.execute(conn, changes)
+            return changes
+
+    changes = run_coroutine(go())
+    for change in changes:
+        for stream in change.unwritten:
+            click.echo(f"warning: {change.name}: {inspect.unwritten_warning(stream)}", err=True)
+    if as_json:
+        print_json({"dry_run": dry_run, "changes": [c.as_dict() for c in changes]})
+        return
+    _print_plan(changes)
+    acted = [c for c in changes if c.action not in ("unchanged",)]
+    if dry_run:
+        click.echo(f"dry run: {len(acted)} change(s) not applied")
+    else:
+        click.echo(f"applied {len(acted)} change(s)" if acted else "nothing to change")
+
+
+def _relays_table(rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        row["liveness"] = "live" if row["live"] else f"silent {row['heartbeat_age_s']:.0f}s"
+    columns = [("id", "relay"), ("hostname", "host"), ("pid", "pid"), ("started_at", "started"),
+               ("liveness", "heartbeat"), ("owned", "delivers")]  # fmt: skip
+    table("relays", rows, columns, styles={"liveness": lambda v: "green" if v == "live" else "yellow"})
+
+
+def _state_style(value: str) -> str:
+    return {"active": "green", "paused": "yellow", "disabled": "red"}.get(value, "")
+
+
+def _health_style(value: str) -> str:
+    if value == "ok":
+        return "green"
+    if value.startswith("failing") or value == "disabled":
+        return "red"
+    return "yellow"
+
+
+def _count_style(value: Any) -> str:
+    return "red" if value else ""
+
+
+_STATUS_STYLES: dict[str, Callable[[Any], str]] = {
+    "state": _state_style,
+    "health": _health_style,
+    "dead": _count_style,
+    "parked": lambda v: "yellow" if v else "",
+}
+
+
+_MARKS = {"create": ("+", "green"), "update": ("~", "yellow"), "adopt": ("~", "cyan"), "remove": ("-", "red"),
+          "unchanged": ("=", "dim")}  # fmt: skip
+
+
+def _print_plan(changes: list[Any]) -> None:
+    for change in changes:
+        mark, style = _MARKS[change.action]
+        reason = f" ({change.reason})" if change.reason else ""
+        console.print(f"[{style}]{mark} {change.action} {escape(change.name)}[/]{escape(reason)}")
+        for key, (old, new) in change.fields.items():
+            if old is None:
+                console.print(f"    {key}: {new}", markup=False)
+            else:
+                console.print(f"    {key}: {old} -> {new}", markup=False)
+
+
+def _trace_style(value: str) -> str:
+    if value == "delivered":
+        return "green"
+    if value in ("dead",) or value.startswith("passed (last attempt failed"):
+        return "red"
+    return "yellow"
+
+
+def _print_event(event: pgferry.Event, as_json: bool) -> None:
+    if as_json:
+        line = {
+            "id": event.id,
+            "stream": event.stream,
+            "key": event.key,
+            "created_at": event.created_at.isoformat(),
+            "payload": event.payload,
+            "headers": event.headers,
+        }
+        click.echo(orjson.dumps(line).decode())
+        return
+    payload = orjson.dumps(event.payload).decode()
+    if len(payload) > 300:
+        payload = payload[:300] + " …"
+    console.print(
+        f"[dim]{event.created_at:%H:%M:%S}[/] [bold]#{event.id}[/] [cyan]{escape(event.stream)}[/] "
+        f"{escape(str(event.key or '-'))} {escape(payload)}",
+        highlight=False,
+        soft_wrap=True,
+    )

@@ -1,0 +1,122 @@
+"""`pgferry subscription ...`: webhook subscriptions (streams -> URL)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import sys
+from typing import Any
+
+import click
+
+from pgferry.cli.common import database_url_option, json_option, print_json, table, with_ferry
+from pgferry.delivery.http import endpoint_of
+from pgferry.delivery.signing import new_secret
+from pgferry.ops.inspect import unwritten_warning
+
+
+@click.group()
+def subscription() -> None:
+    """Manage webhook subscriptions (streams -> URL)."""
+
+
+@subscription.command("add")
+@database_url_option
+@click.argument("name")
+@click.option("--url", required=True, help="Endpoint URL (http or https).")
+@click.option("--stream", "streams", multiple=True, required=True, help="Stream to deliver (repeatable).")
+@click.option("--batch-size", default=1, show_default=True, help='Events per request; >1 sends {"data": [...]}.')
+@click.option("--max-in-flight", default=32, show_default=True, help="Requests in flight at once.")
+@click.option("--ordered", is_flag=True, help="Keep per-key order (later events of a key wait behind a failed one).")
+@click.option(
+    "--secret",
+    envvar="PGFERRY_WEBHOOK_SECRET",
+    help="Signing secret (whsec_...), or - to read it from stdin (keeps it out of `ps` and shell history); "
+    "or set PGFERRY_WEBHOOK_SECRET. See `pgferry subscription secret`.",
+)
+@click.option("--header", "headers", multiple=True, metavar="NAME=VALUE", help="Extra header (repeatable).")
+@click.option("--timeout-ms", default=10000, show_default=True)
+@click.option("--max-attempts", default=12, show_default=True)
+@click.option("--max-age", default="3 days", show_default=True, help="Give up (dead letter) after this long.")
+@click.option("--retry-base-ms", default=1000, show_default=True)
+@click.option("--retry-max-ms", default=600000, show_default=True)
+@click.option("--from-beginning", is_flag=True, help="Also deliver the retained history, not only new events.")
+def add(database_url: str | None, name: str, url: str, streams: tuple[str, ...], headers: tuple[str, ...],
+        from_beginning: bool, **options: Any) -> None:  # fmt: skip
+    """Create or update subscription NAME."""
+    header_map = {}
+    for item in headers:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--header")
+        header_map[key.strip()] = value.strip()
+    if options.get("secret") == "-":
+        options["secret"] = sys.stdin.readline().strip()
+    _warn_unresolvable(url)
+    unwritten = with_ferry(
+        database_url,
+        lambda f: f.subscribe(
+            name, streams, url, headers=header_map, start_at="beginning" if from_beginning else "now", **options
+        ),
+    )
+    click.echo(f"subscription {name} -> {url} saved")
+    _warn_unwritten(unwritten)
+
+
+@subscription.command("list")
+@database_url_option
+@json_option
+def list_(database_url: str | None, as_json: bool) -> None:
+    """List subscriptions and their settings (secrets and header values are never shown)."""
+    rows = with_ferry(database_url, lambda f: f.subscriptions())
+    for row in rows:
+        # Header values often are credentials (Authorization, API keys): names only.
+        row["headers"] = {name: "***" for name in row.get("headers") or {}}
+        row["url"] = re.sub(r"\?.*$", "?…", row["url"])  # query strings often carry tokens
+    if as_json:
+        print_json(rows)
+        return
+    columns = [("name", "name"), ("state", "state"), ("streams", "streams"), ("url", "url"),
+               ("batch_size", "batch"), ("max_in_flight", "in flight"), ("ordered", "ordered"),
+               ("secrets", "secrets"), ("max_attempts", "attempts"), ("state_reason", "reason")]  # fmt: skip
+    table("subscriptions", rows, columns)
+
+
+def _state_command(verb: str, method: str, done: str) -> click.Command:
+    """`pgferry subscription pause|resume|remove NAME`: one Ferry method each."""
+
+    def command(database_url: str | None, name: str) -> None:
+        with_ferry(database_url, lambda f: getattr(f, method)(name))
+        click.echo(f"subscription {name} {done}")
+
+    command.__doc__ = f"{verb.capitalize()} subscription NAME."
+    return subscription.command(verb)(database_url_option(click.argument("name")(command)))
+
+
+pause = _state_command("pause", "pause", "paused")
+resume = _state_command("resume", "resume", "resumed")
+remove = _state_command("remove", "unsubscribe", "removed")
+
+
+@subscription.command("secret")
+def secret() -> None:
+    """Print a new random signing secret (whsec_...)."""
+    click.echo(new_secret())
+
+
+def _warn_unwritten(streams: list[str]) -> None:
+    """One warning line per stream nothing has written yet (ferry.subscribe's NOTICE)."""
+    for stream in streams:
+        click.echo(f"warning: {unwritten_warning(stream)}", err=True)
+
+
+def _warn_unresolvable(url: str) -> None:
+    _, host, port = endpoint_of(url)
+    if not host:
+        return
+    try:
+        socket.getaddrinfo(host, port)
+    except (OSError, UnicodeError) as exc:
+        click.echo(
+            f"warning: cannot resolve {host!r} from here ({exc}); deliveries will fail until it resolves", err=True
+        )
