@@ -50,6 +50,12 @@ from pgferry.delivery.http import (
 from pgferry.delivery.http1 import ProtocolError, Response, ResponseReader, Truncated
 
 _USER_AGENT = "\r\nUser-Agent: pgferry"
+#: Seconds an idle kept-alive connection is reused when the server did not say how long it keeps
+#: one open (aiohttp's default too).
+IDLE_LIMIT = 15.0
+#: How long before the server's announced idle timeout a connection is no longer reused (at most
+#: half of it: Keep-Alive: timeout=1 still allows reuse within half a second).
+IDLE_MARGIN = 1.0
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
 #: Methods whose request carries no body unless one is given.
 _BODYLESS = frozenset(("GET", "HEAD", "DELETE", "OPTIONS"))
@@ -83,6 +89,10 @@ class _Connection(asyncio.Protocol):
         self.waiter: asyncio.Future[Response] | None = None
         self.closed = False
         self.reusable = True
+        #: loop time after which this idle connection is not reused (the server may be closing it)
+        self.idle_until = 0.0
+        #: what the last answer said of the server's idle timeout (Keep-Alive: timeout=N)
+        self.idle_timeout: int | None = None
 
     # asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -121,6 +131,7 @@ class _Connection(asyncio.Protocol):
 
     def _finish(self, reader: ResponseReader, response: Response) -> None:
         self.reader = None
+        self.idle_timeout = response.idle_timeout
         if reader.extra or not response.keep_alive:
             self.reusable = False
         if self.waiter is not None and not self.waiter.done():
@@ -172,10 +183,14 @@ class _Pool:
         self.slots = asyncio.Semaphore(size)
 
     def take_idle(self) -> _Connection | None:
+        """The most recently used idle connection that is still open and not about to be closed
+        by the server (a request written as it closes is lost and must be sent again)."""
+        now = asyncio.get_running_loop().time()
         while self.idle:
             conn = self.idle.pop()
-            if not conn.closed:
+            if not conn.closed and now < conn.idle_until:
                 return conn
+            conn.close()
         return None
 
     async def connect(self, timings: _Clock) -> _Connection:
@@ -199,6 +214,11 @@ class _Pool:
 
     def give_back(self, conn: _Connection) -> None:
         if conn.reusable and not conn.closed:
+            # Reused only well inside the server's idle timeout, when it said one (Node and
+            # uvicorn: 5 s, gunicorn: 2 s), else for IDLE_LIMIT seconds.
+            announced = conn.idle_timeout
+            limit = IDLE_LIMIT if announced is None else announced - min(IDLE_MARGIN, announced / 2)
+            conn.idle_until = asyncio.get_running_loop().time() + limit
             self.idle.append(conn)
         else:
             conn.close()

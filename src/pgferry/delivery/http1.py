@@ -31,6 +31,7 @@ is padded with whitespace is refused rather than guessed at.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 #: The most a response's status line and headers (and a chunked body's trailers) may take.
@@ -46,11 +47,12 @@ _MAX_INCOMPLETE = MAX_HEAD_BYTES + 1
 #: header changes once a second), and parsing a head in Python costs ~1.5 us, a lookup ~0.1.
 MAX_CACHED_HEAD = 1024
 MAX_CACHED_HEADS = 512
-_HEADS: dict[bytes, tuple[int, str, int, bool, str | None, str | None, str | None, int, int]] = {}
+_HEADS: dict[bytes, tuple[int, str, int, bool, str | None, str | None, str | None, int | None, int, int]] = {}
 
 _FRAMING = frozenset((b"content-length", b"transfer-encoding"))
 #: The headers the reader looks at (lowercased).
-_KNOWN = frozenset((*_FRAMING, b"connection", b"retry-after", b"location", b"content-type"))
+_KNOWN = frozenset((*_FRAMING, b"connection", b"keep-alive", b"retry-after", b"location", b"content-type"))
+_IDLE_TIMEOUT = re.compile(rb"(?:^|[\s,;])timeout\s*=\s*(\d{1,6})")
 
 
 class ProtocolError(Exception):
@@ -81,6 +83,8 @@ class Response:
     body_bytes: int = 0
     #: whether the connection may carry another request after this response
     keep_alive: bool = False
+    #: seconds the server keeps the connection open while idle (``Keep-Alive: timeout=N``), if it said
+    idle_timeout: int | None = None
 
 
 # reader states
@@ -151,9 +155,9 @@ class ResponseReader:
             if end <= MAX_CACHED_HEAD and not self._keep_headers and self._state != _HEAD:
                 self._remember(head)
         else:
-            response = self.response
-            (response.status, response.reason, response.minor, response.keep_alive, response.retry_after,
-             response.location, response.content_type, self._state, self._left) = known  # fmt: skip
+            r = self.response
+            (r.status, r.reason, r.minor, r.keep_alive, r.retry_after, r.location, r.content_type, r.idle_timeout,
+             self._state, self._left) = known  # fmt: skip
         return data[end + 4 :]
 
     def feed_eof(self) -> Response:
@@ -212,7 +216,7 @@ class ResponseReader:
             _HEADS.clear()
         r = self.response
         _HEADS[head] = (r.status, r.reason, r.minor, r.keep_alive, r.retry_after, r.location, r.content_type,
-                        self._state, self._left)  # fmt: skip
+                        r.idle_timeout, self._state, self._left)  # fmt: skip
 
     def _parse_head(self, lines: list[bytes]) -> None:
         """The status line and header lines of one head, line ends removed."""
@@ -265,6 +269,9 @@ class ResponseReader:
                 response.retry_after = value.decode("latin-1")
             elif key == b"location":
                 response.location = value.decode("latin-1")
+            elif key == b"keep-alive":
+                found = _IDLE_TIMEOUT.search(value)
+                response.idle_timeout = int(found.group(1)) if found else None
             else:  # content-type
                 response.content_type = value.decode("latin-1")
         if folded:  # rare: folded lines are unfolded first, and everything read again

@@ -8,7 +8,7 @@ import pytest
 
 from pgferry.delivery.fasthttp import FastSender
 from tests.delivery.conformance.scripted import MakeScripted, Script, ScriptedServer
-from tests.delivery.conformance.servers import Aiohttp, Http10, Nginx, Uvicorn
+from tests.delivery.conformance.servers import Aiohttp, Http10, Nginx, Node, Uvicorn
 
 
 @pytest.fixture(scope="session")
@@ -20,6 +20,16 @@ def nginx() -> Iterator[Nginx]:
         server.start()
     except RuntimeError as exc:
         pytest.skip(str(exc))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def node() -> Iterator[Node]:
+    if Node.binary is None:
+        pytest.skip("node is not installed (it comes with this machine's image)")
+    server = Node()
+    server.start()
     yield server
     server.stop()
 

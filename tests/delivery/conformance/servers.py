@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any, Protocol
 
+import orjson
 import uvicorn
 from aiohttp import web
 
@@ -319,3 +320,63 @@ class Http10(http.server.ThreadingHTTPServer):
         self.shutdown()
         self.server_close()
         self.thread.join(5)
+
+
+_NODE_SERVER = r"""
+const http = require("http");
+const seen = [];
+const answers = {"/ok": [200, "ok"], "/fail": [500, "boom"]};
+const server = http.createServer((req, res) => {
+  req.resume();
+  req.on("end", () => {
+    if (req.url === "/__seen") { res.end(JSON.stringify(seen)); return; }
+    seen.push(`${req.socket.remoteAddress}:${req.socket.remotePort}`);
+    const chunked = req.url.endsWith("-chunked");
+    const [status, body] = answers[chunked ? req.url.slice(0, -8) : req.url] || [404, "no such path"];
+    res.statusCode = status;
+    res.setHeader("Content-Type", "text/plain");
+    if (!chunked) { res.end(body); return; }
+    res.write(body.slice(0, body.length >> 1));
+    setTimeout(() => res.end(body.slice(body.length >> 1)), 5);
+  });
+});
+server.keepAliveTimeout = Number(process.argv[1]);  // what Node announces as Keep-Alive: timeout=N
+server.listen(0, "127.0.0.1", () => console.log(server.address().port));
+"""
+
+
+class Node:
+    """Node.js's http module (the machine's `node`), keep-alive as Node does it: it closes an idle
+    connection after ``keepAliveTimeout`` and says so in a ``Keep-Alive: timeout=N`` header."""
+
+    binary = shutil.which("node")
+
+    def __init__(self, keep_alive_ms: int = 1000) -> None:
+        self.keep_alive_ms = keep_alive_ms
+        self.port = 0
+        self.process: subprocess.Popen[str] | None = None
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def start(self) -> None:
+        assert self.binary is not None
+        self.process = subprocess.Popen(
+            [self.binary, "-e", _NODE_SERVER, str(self.keep_alive_ms)], stdout=subprocess.PIPE, text=True
+        )
+        assert self.process.stdout is not None
+        self.port = int(self.process.stdout.readline())
+
+    def connections(self) -> list[str]:
+        with socket.create_connection(("127.0.0.1", self.port)) as sock:
+            sock.sendall(b"GET /__seen HTTP/1.0\r\n\r\n")
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        return list(orjson.loads(answer.split(b"\r\n\r\n", 1)[1]))
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(10)
+            self.process = None

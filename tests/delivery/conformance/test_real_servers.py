@@ -3,13 +3,15 @@ and Python's http.server speaking HTTP/1.0 (bodies ended by closing the connecti
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from pgferry.delivery.fasthttp import FastSender
-from tests.delivery.conformance.servers import RealServer, post
+from tests.delivery.conformance.servers import Node, RealServer, post
 from tests.helpers import eventually
 
-KEEP_ALIVE_SERVERS = ["nginx", "uvicorn_h11", "aiohttp_web"]
+KEEP_ALIVE_SERVERS = ["nginx", "uvicorn_h11", "aiohttp_web", "node"]
 
 
 @pytest.fixture
@@ -44,7 +46,7 @@ ANSWERS = [
     ("nginx", "/nocontent", 204, None, None),
     *[
         (name, path, status, error_class, response)
-        for name in ("uvicorn_h11", "aiohttp_web")
+        for name in ("uvicorn_h11", "aiohttp_web", "node")
         for path, status, error_class, response in [
             ("/ok", 200, None, None),
             ("/fail", 500, "http_status", "boom"),
@@ -72,3 +74,19 @@ async def test_a_real_server_s_answer_gets_the_status_and_body_it_sent_and_the_n
         assert result.response == response, result
     following = await post(sender, server.url("/ok"))
     assert (following.ok, following.status) == (True, 200), following
+
+
+async def test_a_connection_is_not_reused_past_the_idle_timeout_the_server_announced(
+    sender: FastSender, node: Node
+) -> None:
+    """Node closes an idle kept-alive connection after its keepAliveTimeout (here 1 s) and says
+    so (Keep-Alive: timeout=1). A request written just as it closes would be lost and sent
+    again; the client does not reuse such a connection past the announced timeout, less a margin."""
+    first = await post(sender, node.url("/ok"))
+    await asyncio.sleep(0.2)
+    again = await post(sender, node.url("/ok"))  # well inside the timeout: the same connection
+    await asyncio.sleep(1.1)  # past it: a new connection, no lost request, no second try
+    late = await post(sender, node.url("/ok"))
+    assert [r.ok and not r.earlier for r in (first, again, late)] == [True, True, True], (first, again, late)
+    used = node.connections()[-3:]
+    assert used[0] == used[1] != used[2], used
