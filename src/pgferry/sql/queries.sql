@@ -401,3 +401,32 @@ limit $2
 
 -- name: subscription_exists
 select exists (select 1 from ferry.subscriptions where name = $1)
+
+-- name: api_token_create
+-- A new API token (its hash, never the token), by `pgferry token create`; returns its id.
+select ferry.token_create(name => $1, token_hash => $2, read_patterns => $3, write_patterns => $4)
+
+-- name: api_token_revoke
+-- Revoke the live token of that name (`pgferry token revoke`).
+select ferry.token_revoke(name => $1)
+
+-- name: api_token_list
+-- API tokens for `pgferry token list`, live ones only unless $1; never the hash.
+select name, read_patterns, write_patterns, created_at, created_by, last_used_at, revoked_at
+from ferry.api_tokens
+where $1::boolean or revoked_at is null
+order by name, created_at
+
+-- name: api_token_load
+-- The live API tokens, for the relay's TokenStore (one query per refresh). Marks the tokens it saw used
+-- since the last refresh ($1, ids) as used now, at most once a minute each; touch_due says, per token,
+-- whether its next use should be noted.
+with touched as (
+    update ferry.api_tokens t set last_used_at = now()
+    where t.id = any($1::bigint[]) and t.revoked_at is null
+      and (t.last_used_at is null or t.last_used_at < now() - interval '1 minute')
+)
+select id, name, token_hash, read_patterns, write_patterns,
+       (id <> all($1::bigint[]) and (last_used_at is null or last_used_at < now() - interval '1 minute')) as touch_due
+from ferry.api_tokens
+where revoked_at is null
