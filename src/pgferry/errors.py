@@ -21,3 +21,11 @@ class InvalidEvent(PgferryError, ValueError):
 
 class EmbeddedPostgresError(PgferryError):
     """The throwaway local PostgreSQL could not be started."""
+
+
+class InvalidTokenPattern(PgferryError, ValueError):
+    """An API token's stream pattern is empty, too long or holds a control character."""
+
+
+class TokenStoreUnavailable(PgferryError):
+    """The API tokens could not be loaded from the database: no request can be authorized (answer 503)."""
