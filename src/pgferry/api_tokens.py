@@ -369,11 +369,11 @@ async def _admin(conn: asyncpg.Connection, method: str, query: str, *args: Any) 
         return await getattr(conn, method)(sql.query(query), *args)
     except asyncpg.InsufficientPrivilegeError as exc:
         raise PgferryError(
-            f"{exc}: creating and revoking API tokens takes the role that installed pgferry "
+            f"{exc.message}: creating and revoking API tokens takes the role that installed pgferry "
             "(ferry_relay may only read them), or one it granted INSERT and UPDATE on ferry.api_tokens"
         ) from None
     except asyncpg.PostgresError as exc:
         if exc.sqlstate in ("22023", "23505", "42704"):
             hint = getattr(exc, "hint", None)
-            raise PgferryError(f"{exc}. {hint}" if hint else str(exc)) from None
+            raise PgferryError(f"{exc.message}. {hint}" if hint else exc.message) from None
         raise
