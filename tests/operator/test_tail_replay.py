@@ -243,6 +243,9 @@ async def test_tail_and_every_other_command_say_in_one_line_that_the_schema_is_m
         ("subscription", "remove"): ["x"],
         ("subscription", "resume"): ["x"],
         ("tail",): ["s", "--timeout", "20"],
+        ("token", "create"): ["x", "--read", "*"],
+        ("token", "list"): [],
+        ("token", "revoke"): ["x"],
         ("trace",): ["1"],
     }
     assert _command_paths(main) == set(args) | _NO_SCHEMA_NEEDED, "a new command: say what it needs here"

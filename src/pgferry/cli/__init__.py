@@ -7,6 +7,7 @@ One module per command group, all over one shared leaf of helpers:
 - ``webhooks``: ``subscription ...``;
 - ``dlq``: ``dlq ...``;
 - ``operator``: ``status``, ``relays``, ``trace``, ``tail``, ``replay``, ``apply``;
+- ``tokens``: ``token ...`` (the streams HTTP API's bearer tokens);
 - ``bench``: ``bench ...`` (its subcommands are in pgferry.bench.cli).
 
 Modules import ``common`` and nothing else of this package; only this one imports them all.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import click
 
-from pgferry.cli import core, dlq, operator, webhooks
+from pgferry.cli import core, dlq, operator, tokens, webhooks
 from pgferry.cli.bench import bench
 from pgferry.cli.common import setup_logging
 
@@ -41,6 +42,7 @@ for command in (
     operator.tail,
     operator.replay,
     operator.apply,
+    tokens.token,
     bench,
 ):
     main.add_command(command)
