@@ -16,9 +16,11 @@ import asyncpg
 import pytest
 
 import pgferry
+from pgferry import api_tokens
+from pgferry.api_tokens import TokenStore
 from pgferry.receiver import Receiver, Respond
 from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually
+from tests.helpers import cli, eventually
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 _n = itertools.count()
@@ -115,6 +117,10 @@ FORBIDDEN_TO_WRITERS = [
     "select * from ferry.streams",
     "select ferry._unknown_streams(array['billing'])",
     "select ferry._catalog_streams()",
+    "select * from ferry.api_tokens",
+    "select ferry.token_create('mine', sha256('x'), array['*'], array['*'])",
+    "select ferry.token_revoke('reader')",
+    "update ferry.api_tokens set last_used_at = now()",
     "update ferry.subscriptions set url = 'http://127.0.0.1:9/steal'",
     "delete from net._http_response",
     # forging the commit-order columns of the log
@@ -162,6 +168,44 @@ async def test_relay_role_subscribes_and_hears_which_streams_nothing_has_written
     assert [(m.sqlstate, m.message) for m in heard] == [
         ("01PF1", 'pgferry: no events have been written to stream "public.ordrs" yet')
     ]
+
+
+async def test_relay_role_reads_api_tokens_and_notes_their_use_but_cannot_make_or_change_them(
+    net_db: str, admin: asyncpg.Connection, pgferry_cmd: list[str]
+) -> None:
+    """The relay authorizes API requests with ferry_relay alone; minting, reviving or widening a
+    token takes the installer's role."""
+    token = await api_tokens.create(admin, "reader", ["orders.*"], [])
+    await api_tokens.create(admin, "old", ["*"], ["*"])
+    await api_tokens.revoke(admin, "old")
+    role = await login_role(admin, "ferry_relay")
+    relay = await asyncpg.connect(as_role(net_db, role))
+    try:
+        store = TokenStore(relay)
+        assert (await store.authorize(token, "orders.eu", "read")).allowed
+        await store.refresh()  # notes the use
+        assert await admin.fetchval("select last_used_at is not null from ferry.api_tokens where name = 'reader'")
+        for statement in (
+            "select ferry.token_create('mine', sha256('x'), array['*'], array['*'])",
+            "select ferry.token_revoke('reader')",
+            "insert into ferry.api_tokens (name, token_hash, read_patterns) values ('mine', sha256('x'), '{*}')",
+            "update ferry.api_tokens set revoked_at = null",
+            "update ferry.api_tokens set read_patterns = '{*}', write_patterns = '{*}'",
+            "update ferry.api_tokens set token_hash = sha256('x') where name = 'reader'",
+            "delete from ferry.api_tokens",
+            "truncate ferry.api_tokens",
+        ):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await relay.execute(statement)
+    finally:
+        await relay.close()
+    done = await cli(pgferry_cmd, as_role(net_db, role), "token", "create", "mine", "--read", "*")
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (
+        "Error: permission denied for table api_tokens: creating and revoking API tokens takes the role that "
+        "installed pgferry (ferry_relay may only read them), or one it granted INSERT and UPDATE on ferry.api_tokens\n"
+    )
+    assert await admin.fetchval("select count(*) from ferry.api_tokens") == 2
 
 
 async def test_publish_ignores_a_hostile_search_path(net_db: str, admin: asyncpg.Connection) -> None:
