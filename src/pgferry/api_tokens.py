@@ -196,7 +196,7 @@ class Decision:
     status: Literal[200, 401, 403]
     reason: str
     #: the token's name (for access logs), None on a 401
-    token: str | None = None
+    token_name: str | None = None
 
     @property
     def allowed(self) -> bool:

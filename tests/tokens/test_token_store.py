@@ -56,7 +56,7 @@ async def test_the_store_allows_matching_tokens_and_answers_401_or_403_otherwise
 
     async def answer(token: str | None, stream: str, action: api_tokens.Action) -> tuple[int, str | None]:
         decision = await store.authorize(token, stream, action)
-        return decision.status, decision.token
+        return decision.status, decision.token_name
 
     assert await answer(reader, "orders.eu:1", "read") == (200, "reader")
     assert await answer(reader, "billing", "read") == (200, "reader")
