@@ -4,16 +4,22 @@ from pgferry.api import Ferry, connect
 from pgferry.db import RawJSON
 from pgferry.errors import DatabaseUnreachable, InvalidEvent, PgferryError, SchemaMissing
 from pgferry.log.events import Batch, Event
+from pgferry.streams.offsets import BadOffset, Offset
+from pgferry.streams.reader import OffsetExpired, StreamEvent
 
 __all__ = [
+    "BadOffset",
     "Batch",
     "DatabaseUnreachable",
     "Event",
     "Ferry",
     "InvalidEvent",
+    "Offset",
+    "OffsetExpired",
     "PgferryError",
     "RawJSON",
     "SchemaMissing",
+    "StreamEvent",
     "connect",
 ]
 __version__ = "0.1.0"

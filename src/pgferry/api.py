@@ -9,7 +9,7 @@ async with pgferry.connect(url) as ferry:
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Generator, Iterable, Mapping, Sequence
 from typing import Any
 
 import asyncpg
@@ -20,6 +20,8 @@ from pgferry.delivery.signing import redact_secrets
 from pgferry.errors import InvalidEvent, PgferryError
 from pgferry.log.reader import ReaderSettings, StreamReader
 from pgferry.schema import check_installed
+from pgferry.streams.offsets import Offset
+from pgferry.streams.reader import StreamEvent, read_stream
 
 #: SQLSTATEs our SQL functions use for bad arguments.
 _BAD_INPUT = {"22023", "22004"}
@@ -142,9 +144,32 @@ class Ferry:
             # 22xxx: data exceptions, e.g. NUL or invalid UTF-8 in a stream name, too deeply nested JSON
             if exc.sqlstate in _BAD_INPUT or exc.sqlstate.startswith("22") or exc.sqlstate == "54001":
                 raise InvalidEvent(str(exc)) from exc
+            if exc.sqlstate == "55000":  # e.g. a closed stream
+                raise PgferryError(f"{exc} ({exc.hint})" if getattr(exc, "hint", None) else str(exc)) from exc
             raise
         except asyncpg.DataError as exc:  # could not even be encoded, e.g. a lone surrogate in a key
             raise InvalidEvent(str(exc)) from exc
+
+    async def close_stream(self, stream: str, *, conn: asyncpg.Connection | None = None) -> int:
+        """End ``stream``: readers stop after its last event, and later publishes to it fail.
+        With ``conn``, in your transaction. Returns the end marker's event id."""
+        return int(await self._call(sql.query("close_stream"), (stream,), conn))
+
+    def read_stream(
+        self,
+        stream: str,
+        after: Offset | str | None = None,
+        *,
+        poll_interval: float = 1.0,
+        max_events: int = 10_000,
+    ) -> AsyncIterator[StreamEvent]:
+        """Iterate over ``stream``'s events in commit order, from the start or after the offset
+        ``after`` (an event's ``.offset``, or its text), following it live until it is closed.
+
+        Nothing is registered: an abandoned reader costs nothing and holds nothing back. An
+        offset older than retention raises ``OffsetExpired`` with the oldest one still there.
+        """
+        return read_stream(self.url, stream, after, poll_interval=poll_interval, max_events=max_events)
 
     # -- consuming ---------------------------------------------------------
 

@@ -175,6 +175,7 @@ async def test_only_the_functions_meant_for_them_run_with_their_owner_s_rights_f
     finally:
         await conn.close()
     assert {r["name"]: (r["public"], r["writer"]) for r in rows} == {
+        "ferry.close_stream": (False, True),
         "ferry.publish": (False, True),
         "ferry.publish_many": (False, True),
         "net._cancel_requests": (False, False),

@@ -430,3 +430,32 @@ select id, name, token_hash, read_patterns, write_patterns,
        (id <> all($1::bigint[]) and (last_used_at is null or last_used_at < now() - interval '1 minute')) as touch_due
 from ferry.api_tokens
 where revoked_at is null
+
+-- ---------------------------------------------------------------------------
+-- Durable streams: readers that follow a stream by name (pgferry.streams)
+-- ---------------------------------------------------------------------------
+
+-- name: stream_oldest_tick
+-- The tick the oldest retained events committed after: what "from the start" means.
+select coalesce((select min(p.open_tick) from ferry.partitions p where p.state <> 'empty'),
+                (select max(t.id) from ferry.ticks t))
+
+-- name: stream_tick_before
+-- The tick right before $1 (a reader resuming inside tick $1 reads from there).
+select max(t.id) from ferry.ticks t where t.id < $1
+
+-- name: stream_range_end
+-- How far one read after tick $1 goes: about $2 events of the log, at least one tick; NULL: no newer tick.
+select ferry._batch_end($1, $2)
+
+-- name: stream_ticks
+-- The ticks of the range ($1, $2], with their snapshots, to find each event's commit tick.
+select t.id, t.snapshot::text as snapshot from ferry.ticks t where t.id > $1 and t.id <= $2 order by t.id
+
+-- name: stream_events
+-- One stream's events committed in the range ($1, $2].
+select id, txid::text::bigint as txid, stream, key, payload, headers, created_at
+from ferry.batch_events($1, $2, array[$3::text])
+
+-- name: close_stream
+select ferry.close_stream($1)

@@ -5,13 +5,14 @@
 -- stream: a name of 1-200 characters; payload: any JSON value (not SQL NULL);
 -- key: optional, orders and partitions events per key; headers: optional JSON
 -- object of strings, sent as HTTP headers with batch_size 1. Returns the event
--- id. The writer's hot path: checks are inline, the row goes straight into the
--- current partition.
+-- id. A stream ended with ferry.close_stream refuses it (55000), and the
+-- header pgferry-control is reserved for that end marker. The writer's hot
+-- path: checks are inline, the row goes straight into the current partition.
 --
 -- Calls:   ferry._check_headers, ferry._check_stream, ferry._current_partition
--- Reads:   -
+-- Reads:   ferry.closed_streams
 -- Writes:  ferry.events_0, ferry.events_1, ferry.events_2
--- Raises:  22004, 22023
+-- Raises:  22004, 22023, 55000
 -- Runs as: its owner (SECURITY DEFINER, search_path pinned to pg_catalog, pg_temp)
 -- Callers: ferry_relay, ferry_writer (not PUBLIC)
 
@@ -31,6 +32,14 @@ begin
     end if;
     if headers is not null and jsonb_typeof(headers) <> 'object' then
         perform ferry._check_headers(headers);  -- raises the precise error
+    end if;
+    if exists (select 1 from ferry.closed_streams c where c.stream = publish.stream) then
+        raise exception 'pgferry: stream % is closed', quote_literal(stream) using errcode = '55000',
+            hint = 'It was ended with ferry.close_stream; publish to a new stream name.';
+    end if;
+    if headers ? 'pgferry-control' then
+        raise exception 'pgferry: the header pgferry-control is reserved (it marks the end of a stream)'
+            using errcode = '22023';
     end if;
     -- Take the transaction id before reading the partition pointer: rotation relies on it.
     v_txid := pg_current_xact_id();

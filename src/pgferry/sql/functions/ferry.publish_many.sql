@@ -4,9 +4,9 @@
 -- headers may be null as a whole).
 --
 -- Calls:   ferry._current_partition
--- Reads:   -
+-- Reads:   ferry.closed_streams
 -- Writes:  ferry.events
--- Raises:  22004, 22023
+-- Raises:  22004, 22023, 55000
 -- Runs as: its owner (SECURITY DEFINER, search_path pinned to pg_catalog, pg_temp)
 -- Callers: ferry_relay, ferry_writer (not PUBLIC)
 
@@ -31,6 +31,15 @@ begin
     end if;
     if exists (select 1 from unnest(headers) h where h is not null and jsonb_typeof(h) <> 'object') then
         raise exception 'pgferry: headers must be JSON objects of strings' using errcode = '22023';
+    end if;
+    if exists (select 1 from ferry.closed_streams c where c.stream = any (streams)) then
+        raise exception 'pgferry: stream % is closed',
+            (select quote_literal(c.stream) from ferry.closed_streams c where c.stream = any (streams) limit 1)
+            using errcode = '55000', hint = 'It was ended with ferry.close_stream; publish to a new stream name.';
+    end if;
+    if exists (select 1 from unnest(headers) h where h ? 'pgferry-control') then
+        raise exception 'pgferry: the header pgferry-control is reserved (it marks the end of a stream)'
+            using errcode = '22023';
     end if;
     v_txid := pg_current_xact_id();
     v_part := ferry._current_partition();

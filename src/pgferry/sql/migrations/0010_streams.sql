@@ -1,0 +1,30 @@
+-- pgferry 0010: streams can be closed; readers follow a stream by name from
+-- any offset without registering anything.
+--
+-- A stream is any name events are published to. Until now a stream had no
+-- end: a reader of an LLM answer streamed token by token, of a job's
+-- progress, could not tell "finished" from "slow". ferry.close_stream(name)
+-- ends one, in the writer's transaction: it appends an end marker, an event
+-- of the stream whose headers say {"pgferry-control": "end"}, so readers meet
+-- the end in commit order, exactly after the last event, and records the
+-- stream here, so that later publishes to it fail with a clear error
+-- (ferry.publish and ferry.publish_many look it up: one primary-key probe
+-- of this small table per call; measured in docs/benchmarks.md).
+--
+-- A publish racing with the close (begun before it committed, under a
+-- snapshot that does not see it, or in REPEATABLE READ) can still commit
+-- after the end marker; readers stop at the end marker, so such an event is
+-- never read. Closing is meant for the stream's own producer, after its last
+-- publish, in the same or a later transaction.
+--
+-- The functions (ferry.close_stream, and the checks in ferry.publish and
+-- ferry.publish_many) live in functions/.
+
+create table ferry.closed_streams (
+    stream     text        primary key,
+    end_event  bigint      not null,
+    closed_at  timestamptz not null default now()
+);
+
+comment on table ferry.closed_streams is
+    'pgferry: streams ended by ferry.close_stream, and the id of each one''s end marker event.';

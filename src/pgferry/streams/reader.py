@@ -1,0 +1,177 @@
+"""Reading one stream for the Python API: its history from an offset, then live, until its end.
+
+Nothing is registered: no consumer row, no lock, no retention pin, so an
+abandoned reader costs nothing (and an offset older than what retention kept
+fails with ``OffsetExpired``, which says the oldest offset still there).
+The reader reads the log in ranges of ticks (about ``max_events`` events of
+the whole log each), keeps its stream's events, gives each its commit tick
+(``offsets.commit_ticks``) and yields them in offset order. Once it has read
+up to the newest tick it waits for the ticker's notification, or polls every
+``poll_interval`` seconds should one be missed. It stops after the stream's
+end marker (``ferry.close_stream``).
+
+History is found by reading the log's ranges and filtering by stream, not
+through an index on (stream): such an index would cost every writer (measured
+in docs/benchmarks.md, "Streams"), while a reader's history is read once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from pgferry import db, sql
+from pgferry.aio import backoff_delay, wait_for_event
+from pgferry.db import CONNECTION_ERRORS
+from pgferry.errors import DatabaseUnreachable, PgferryError
+from pgferry.log.reader import TICK_CHANNEL
+from pgferry.streams.offsets import Offset, Snapshot, commit_ticks
+
+log = logging.getLogger(__name__)
+
+#: The header of the event ferry.close_stream appends: the stream ends there.
+END_HEADER = "pgferry-control"
+#: SQLSTATE of "tick no longer retained" (ferry._batch_end).
+_GONE = "55000"
+
+
+class OffsetExpired(PgferryError):
+    """The offset is older than what the log still holds."""
+
+    def __init__(self, offset: Offset, oldest: Offset) -> None:
+        super().__init__(
+            f"offset {offset} is older than the oldest retained, {oldest}: read again from there "
+            "(what lay between was dropped by retention)"
+        )
+        self.offset = offset
+        self.oldest = oldest
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    offset: Offset
+    stream: str
+    key: str | None
+    payload: Any
+    headers: dict[str, Any] | None
+    created_at: datetime
+
+    @property
+    def id(self) -> int:
+        return self.offset.id
+
+
+def _setter(event: asyncio.Event) -> Callable[..., None]:
+    return lambda *_: event.set()
+
+
+def is_end(headers: dict[str, Any] | None) -> bool:
+    """Whether an event is a stream's end marker."""
+    return bool(headers) and headers.get(END_HEADER) == "end"  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a reader is: it has read every event committed up to tick ``lower``, and of those
+    it yields only the ones after ``floor``."""
+
+    lower: int
+    floor: Offset
+
+
+async def start(conn: asyncpg.Connection, after: Offset | None) -> Position:
+    """The position to read ``after`` from (None: from the oldest retained event)."""
+    oldest = int(await conn.fetchval(sql.query("stream_oldest_tick")))
+    if after is None:
+        return Position(oldest, Offset(oldest, 0))
+    if after.tick < oldest:
+        raise OffsetExpired(after, Offset(oldest, 0))
+    if after.tick == oldest:
+        return Position(oldest, after)
+    before = await conn.fetchval(sql.query("stream_tick_before"), after.tick)
+    if before is None:  # the tick is newer than any: nothing is after it yet
+        return Position(after.tick, after)
+    return Position(int(before), after)
+
+
+async def read_range(
+    conn: asyncpg.Connection, stream: str, position: Position, max_events: int
+) -> tuple[list[StreamEvent], Position] | None:
+    """The stream's events in the next range after ``position`` (offset order), and the position
+    after it; None when there is no newer tick yet."""
+    try:
+        end = await conn.fetchval(sql.query("stream_range_end"), position.lower, max_events)
+    except asyncpg.PostgresError as exc:
+        if exc.sqlstate != _GONE:
+            raise
+        oldest = int(await conn.fetchval(sql.query("stream_oldest_tick")))
+        raise OffsetExpired(position.floor, Offset(oldest, 0)) from None
+    if end is None:
+        return None
+    rows = await conn.fetch(sql.query("stream_events"), position.lower, end, stream)
+    events: list[StreamEvent] = []
+    if rows:
+        ticks = [(t["id"], Snapshot.parse(t["snapshot"])) for t in await conn.fetch(
+            sql.query("stream_ticks"), position.lower, end)]  # fmt: skip
+        for row, tick in zip(rows, commit_ticks([r["txid"] for r in rows], ticks), strict=True):
+            offset = Offset(tick if tick is not None else end, row["id"])
+            if offset > position.floor:
+                events.append(StreamEvent(offset, row["stream"], row["key"], row["payload"], row["headers"],
+                                          row["created_at"]))  # fmt: skip
+        events.sort(key=lambda e: e.offset)
+    return events, Position(end, position.floor)
+
+
+async def read_stream(
+    url: str,
+    stream: str,
+    after: Offset | str | None = None,
+    *,
+    poll_interval: float = 1.0,
+    max_events: int = 10_000,
+    max_backoff: float = 10.0,
+) -> AsyncIterator[StreamEvent]:
+    """Yield ``stream``'s events after ``after`` in commit order, follow it live, stop at its end."""
+    floor = Offset.parse(after) if isinstance(after, str) else after
+    position: Position | None = None
+    failures = 0
+    while True:
+        try:
+            conn = await db.connect(url, server_settings={"application_name": "pgferry stream reader"})
+        except DatabaseUnreachable:
+            if position is None:
+                raise
+            failures += 1
+            await asyncio.sleep(backoff_delay(failures, cap=max_backoff))
+            continue
+        try:
+            wake = asyncio.Event()
+            await conn.add_listener(TICK_CHANNEL, _setter(wake))
+            if position is None:
+                position = await start(conn, floor)
+            failures = 0
+            while True:
+                wake.clear()
+                read = await read_range(conn, stream, position, max_events)
+                if read is None:
+                    await wait_for_event(wake, poll_interval)
+                    continue
+                events, position = read
+                for event in events:
+                    if is_end(event.headers):
+                        return
+                    position = Position(position.lower, event.offset)
+                    yield event
+        except CONNECTION_ERRORS as exc:
+            failures += 1
+            log.warning("stream reader of %s lost its database connection (%s); reconnecting", stream, exc)
+            await asyncio.sleep(backoff_delay(failures, cap=max_backoff))
+        finally:
+            if not conn.is_closed():
+                conn.terminate()

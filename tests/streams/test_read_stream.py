@@ -1,0 +1,150 @@
+"""Reading a stream by name from Python: commit order, resumable offsets, the end, retention."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+import pgferry
+from pgferry import db
+from pgferry.streams.reader import StreamEvent
+from tests.helpers import tick
+
+
+async def take(events: AsyncIterator[StreamEvent], n: int, timeout: float = 10) -> list[StreamEvent]:
+    got: list[StreamEvent] = []
+    async with asyncio.timeout(timeout):
+        async for event in events:
+            got.append(event)
+            if len(got) == n:
+                break
+    return got
+
+
+async def drain(events: AsyncIterator[StreamEvent], timeout: float = 10) -> list[StreamEvent]:
+    """Every event until the stream's end."""
+    async with asyncio.timeout(timeout):
+        return [event async for event in events]
+
+
+async def test_a_reader_gets_the_committed_events_of_its_stream_in_commit_order_and_stops_at_the_end(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    slow = await db.connect(db_url)
+    try:
+        # The slower transaction draws the smaller id but commits last: id order is not commit order.
+        slow_tx = slow.transaction()
+        await slow_tx.start()
+        late = await ferry.publish("chat:1", {"n": "late"}, conn=slow)
+        await ferry.publish("chat:2", {"n": "other stream"})
+        early = await ferry.publish("chat:1", {"n": "early"})
+        rolled_back = conn.transaction()
+        await rolled_back.start()
+        await ferry.publish("chat:1", {"n": "never"}, conn=conn)
+        await rolled_back.rollback()
+        await tick(conn)
+        await slow_tx.commit()
+    except BaseException:
+        await slow.close()
+        raise
+    await slow.close()
+    assert late < early
+    await ferry.close_stream("chat:1")
+    await tick(conn)
+    got = await drain(ferry.read_stream("chat:1", poll_interval=0.05))
+    assert [e.payload["n"] for e in got] == ["early", "late"]
+    assert [e.id for e in got] == [early, late] and got[0].offset < got[1].offset
+    # Resuming after the first event's offset gives the late one, though its id is smaller.
+    resumed = await drain(ferry.read_stream("chat:1", after=str(got[0].offset), poll_interval=0.05))
+    assert [e.id for e in resumed] == [late]
+    assert await drain(ferry.read_stream("chat:1", after=got[1].offset, poll_interval=0.05)) == []
+
+
+async def test_a_reader_follows_a_stream_live_and_many_interleaved_writers_lose_nothing(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    readers = {s: asyncio.create_task(drain(ferry.read_stream(s, poll_interval=0.05), timeout=30))
+               for s in ("job:a", "job:b", "job:c")}  # fmt: skip
+
+    async def writer(number: int) -> list[tuple[str, int]]:
+        own = await db.connect(db_url)
+        written = []
+        try:
+            for i in range(30):
+                stream = ("job:a", "job:b", "job:c")[(number + i) % 3]
+                async with own.transaction():
+                    await ferry.publish(stream, {"w": number, "i": i}, conn=own)
+                    if i % 7 == 3:
+                        await ferry.publish(stream, {"w": number, "i": i, "extra": True}, conn=own)
+                written.append((stream, i))
+        finally:
+            await own.close()
+        return written
+
+    async def ticker() -> None:
+        while not all(r.done() for r in readers.values()):
+            await tick(conn)
+            await asyncio.sleep(0.01)
+
+    ticking = asyncio.create_task(ticker())
+    await asyncio.gather(*(writer(n) for n in range(4)))
+    for stream in readers:
+        await ferry.close_stream(stream)
+    got = {s: await r for s, r in readers.items()}
+    ticking.cancel()
+    for stream, events in got.items():
+        ids = await conn.fetch("select id from ferry.events where stream = $1 and headers is null", stream)
+        assert sorted(e.id for e in events) == sorted(r["id"] for r in ids), stream  # every one, once
+        assert [e.offset for e in events] == sorted(e.offset for e in events)
+        for w in range(4):  # one writer's events in the order it committed them
+            mine = [e.payload["i"] for e in events if e.payload["w"] == w]
+            assert mine == sorted(mine)
+
+
+async def test_a_closed_stream_refuses_publishes_and_its_end_is_where_readers_stop(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    first = await ferry.publish("answer:7", {"token": "Hello"})
+    end = await ferry.close_stream("answer:7")
+    assert await ferry.close_stream("answer:7") == end  # again: the same end
+    with pytest.raises(pgferry.PgferryError) as refused:
+        await ferry.publish("answer:7", {"token": "late"})
+    assert "stream 'answer:7' is closed" in str(refused.value)
+    with pytest.raises(asyncpg.PostgresError) as many:
+        await conn.execute("""select ferry.publish_many(array['x', 'answer:7'], array['{}', '{}']::jsonb[])""")
+    assert many.value.sqlstate == "55000"
+    with pytest.raises(asyncpg.PostgresError) as reserved:
+        await conn.execute("""select ferry.publish('y', '{}', headers => '{"pgferry-control": "end"}')""")
+    assert reserved.value.sqlstate == "22023"
+    await conn.execute("create table orders (id int primary key)")
+    await conn.execute("select ferry.capture_table('orders')")
+    with pytest.raises(asyncpg.PostgresError, match="written by a captured table"):
+        await conn.execute("select ferry.close_stream('public.orders')")
+    await tick(conn)
+    assert [e.id for e in await drain(ferry.read_stream("answer:7", poll_interval=0.05))] == [first]
+
+
+async def test_an_offset_older_than_retention_says_the_oldest_one_left(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    await conn.execute("update ferry.config set rotation_interval = '0 s', idle_tick_interval = '0 s'")
+    await ferry.publish("log:1", {"n": 1})
+    await tick(conn)
+    (first,) = await take(ferry.read_stream("log:1", poll_interval=0.05), 1)
+    for _ in range(3):  # rotate: partition 0 closes and, with no consumer holding it, is truncated
+        await conn.fetchval("select ferry.maintain()")
+        await ferry.publish("log:1", {"n": 2})
+        await tick(conn)
+    await conn.fetchval("select ferry.maintain()")
+    assert await conn.fetchval("select count(*) from ferry.events where id = $1", first.id) == 0  # dropped
+    with pytest.raises(pgferry.OffsetExpired) as expired:
+        await take(ferry.read_stream("log:1", after=first.offset, poll_interval=0.05), 1)
+    oldest = expired.value.oldest
+    assert oldest.tick > first.offset.tick and f"oldest retained, {oldest}" in str(expired.value)
+    rest = await take(ferry.read_stream("log:1", after=oldest, poll_interval=0.05), 1)
+    assert rest[0].payload == {"n": 2}
+    with pytest.raises(pgferry.BadOffset):
+        await take(ferry.read_stream("log:1", after="yesterday"), 1)
