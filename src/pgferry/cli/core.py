@@ -25,6 +25,7 @@ from pgferry.errors import PgferryError
 from pgferry.log.ticker import TickerSettings
 from pgferry.relay.surface import check_dashboard_binding
 from pgferry.schema import install_at
+from pgferry.streams.settings import ApiSettings
 
 log = logging.getLogger("pgferry")
 
@@ -115,6 +116,25 @@ def install(database_url: str | None, pg_net: bool) -> None:
     help="Token the dashboard asks for (required when it binds to a non-loopback address).",
 )
 @click.option(
+    "--api-port",
+    type=click.IntRange(0, 65535),
+    metavar="PORT",
+    help="Serve the streams HTTP API (SSE, long-poll, publish) on this port (0: any free).",
+)
+@click.option("--api-host", default="127.0.0.1", show_default=True, help="Address the streams API binds to.")
+@click.option(
+    "--api-cors-origin",
+    multiple=True,
+    metavar="ORIGIN",
+    help="Let browser pages from this origin call the streams API, e.g. https://app.example.com "
+    "(repeatable; * for any).",
+)
+@click.option(
+    "--api-allow-loopback",
+    is_flag=True,
+    help="Serve requests from loopback addresses without an API token (never behind a proxy on this host).",
+)
+@click.option(
     "--db-command-timeout",
     default=db.Liveness.command_timeout,
     show_default=True,
@@ -141,6 +161,10 @@ def run(
     dashboard_port: int | None,
     dashboard_host: str,
     dashboard_token: str | None,
+    api_port: int | None,
+    api_host: str,
+    api_cors_origin: tuple[str, ...],
+    api_allow_loopback: bool,
     strict_addresses: bool,
     allow_addresses: tuple[str, ...],
     ca_file: str | None,
@@ -167,8 +191,13 @@ def run(
             dashboard_port=dashboard_port,
             dashboard_host=dashboard_host,
             dashboard_token=dashboard_token,
+            api=None
+            if api_port is None
+            else ApiSettings(
+                port=api_port, host=api_host, cors_origins=api_cors_origin, allow_loopback=api_allow_loopback
+            ),
         )
-    except ValueError as exc:
+    except (ValueError, PgferryError) as exc:
         raise click.BadParameter(str(exc)) from exc
     if dashboard_port is not None:
         try:

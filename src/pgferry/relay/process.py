@@ -30,6 +30,7 @@ from pgferry.relay.surface import (
     check_dashboard_binding,
 )
 from pgferry.schema import check_installed
+from pgferry.streams.settings import ApiSettings
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,8 @@ class RelaySettings:
     dashboard_token: str | None = None
     #: deadlines for silent database connections (see db.Liveness)
     liveness: db.Liveness = field(default_factory=db.Liveness)
+    #: the streams HTTP API (None: not served)
+    api: ApiSettings | None = None
 
     def __post_init__(self) -> None:
         live = self.liveness
@@ -124,6 +127,8 @@ class Relay:
         web = self.settings.web
         if web.dashboard_port is not None:
             check_dashboard_binding(web.dashboard_host, web.dashboard_token)
+        #: the streams HTTP API, once served
+        self.api: object | None = None
         self.operator = operator if operator is not None else operator_web() if web.wanted else None
 
     def in_flight(self) -> dict[str, int]:
@@ -207,6 +212,8 @@ class Relay:
             self.ownership = Ownership(self.url, ctx, self.settings.ownership, self.settings.liveness)
             self.ownership.observe_round = hooks.observe_round
             jobs.append(self.ownership.run(stop))
+        if self.settings.api is not None:
+            jobs.append(self._serve_api(self.settings.api, stop))
         try:
             try:
                 if surface is not None:
@@ -230,3 +237,11 @@ class Relay:
                     log.warning("delivery: database connections did not close in time; dropping them")
                     pool.terminate()
         log.info("relay stopped")
+
+    async def _serve_api(self, settings: ApiSettings, stop: asyncio.Event) -> None:
+        # aiohttp's server is loaded only by a relay that serves the API.
+        from pgferry.streams.api import StreamsApi, serve  # noqa: PLC0415 - optional part
+
+        api = StreamsApi(self.url, settings)
+        self.api = api
+        await serve(api, stop, announce=lambda url: self.addresses.__setitem__("api", url))

@@ -440,6 +440,15 @@ where revoked_at is null
 select coalesce((select min(p.open_tick) from ferry.partitions p where p.state <> 'empty'),
                 (select max(t.id) from ferry.ticks t))
 
+-- name: stream_first_tick
+-- Where reading stream $1 from its beginning begins: the tick its first event committed after,
+-- from the stream catalog (migration 0010), never before the oldest retained tick.
+select greatest(
+    $2::bigint,
+    case when exists (select from ferry.streams s where s.stream = $1)
+         then (select s.first_tick from ferry.streams s where s.stream = $1)
+         else (select p.scanned_tick from ferry.stream_scan p) end)
+
 -- name: stream_tick_before
 -- The tick right before $1 (a reader resuming inside tick $1 reads from there).
 select max(t.id) from ferry.ticks t where t.id < $1
@@ -459,3 +468,12 @@ from ferry.batch_events($1, $2, array[$3::text])
 
 -- name: close_stream
 select ferry.close_stream($1)
+
+-- name: streams_events
+-- The events of several streams committed in the range ($1, $2] (the stream hub's live feed).
+select id, txid::text::bigint as txid, stream, key, payload, headers, created_at
+from ferry.batch_events($1, $2, $3::text[])
+
+-- name: stream_end_event
+-- The id of a closed stream's end marker, or NULL while it is open.
+select end_event from ferry.closed_streams where stream = $1

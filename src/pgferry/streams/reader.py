@@ -13,6 +13,8 @@ end marker (``ferry.close_stream``).
 History is found by reading the log's ranges and filtering by stream, not
 through an index on (stream): such an index would cost every writer (measured
 in docs/benchmarks.md, "Streams"), while a reader's history is read once.
+A reader from the beginning starts at the tick the stream catalog gives for
+the stream's first event (migration 0010), not at the oldest retained one.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ class StreamEvent:
         return self.offset.id
 
 
-def _setter(event: asyncio.Event) -> Callable[..., None]:
+def setter(event: asyncio.Event) -> Callable[..., None]:
     return lambda *_: event.set()
 
 
@@ -85,11 +87,13 @@ class Position:
     floor: Offset
 
 
-async def start(conn: asyncpg.Connection, after: Offset | None) -> Position:
-    """The position to read ``after`` from (None: from the oldest retained event)."""
+async def start(conn: asyncpg.Connection, stream: str, after: Offset | None) -> Position:
+    """The position to read ``stream`` ``after`` an offset from (None: from its first retained event,
+    which the stream catalog says where to look for)."""
     oldest = int(await conn.fetchval(sql.query("stream_oldest_tick")))
     if after is None:
-        return Position(oldest, Offset(oldest, 0))
+        first = int(await conn.fetchval(sql.query("stream_first_tick"), stream, oldest))
+        return Position(first, Offset(first, 0))
     if after.tick < oldest:
         raise OffsetExpired(after, Offset(oldest, 0))
     if after.tick == oldest:
@@ -152,9 +156,9 @@ async def read_stream(
             continue
         try:
             wake = asyncio.Event()
-            await conn.add_listener(TICK_CHANNEL, _setter(wake))
+            await conn.add_listener(TICK_CHANNEL, setter(wake))
             if position is None:
-                position = await start(conn, floor)
+                position = await start(conn, stream, floor)
             failures = 0
             while True:
                 wake.clear()

@@ -28,3 +28,22 @@ create table ferry.closed_streams (
 
 comment on table ferry.closed_streams is
     'pgferry: streams ended by ferry.close_stream, and the id of each one''s end marker event.';
+
+-- Where a reader "from the beginning" of a stream begins. The log has no
+-- index on stream (it would cost every writer: docs/benchmarks.md,
+-- "Streams"), so history is read in ranges of ticks, filtered by stream.
+-- Started at the oldest retained tick, a reader of a one-minute-old chat
+-- answer would read the whole retained log first. Instead the stream
+-- catalog (0008) now records, off the writer's path, the tick after which
+-- each stream's first event committed: housekeeping catalogues the events
+-- of the ticks (scanned_tick, newest] (ferry._catalog_streams), so a
+-- stream it finds for the first time has first_tick = the previous
+-- scanned_tick. A stream not in the catalog yet was first written after
+-- scanned_tick: its readers begin there, a few seconds back.
+alter table ferry.streams add column first_tick bigint;
+alter table ferry.stream_scan add column scanned_tick bigint;
+
+comment on column ferry.streams.first_tick is
+    'pgferry: every event of the stream committed after this tick (NULL: catalogued before 0010, unknown).';
+comment on column ferry.stream_scan.scanned_tick is
+    'pgferry: the tick whose snapshot scanned_to is (NULL before the first scan since 0010).';

@@ -1,0 +1,448 @@
+"""The streams HTTP API the relay serves (`pgferry run --api-port PORT`).
+
+- ``GET /v1/streams/{name}``: Server-Sent Events. ``id:`` is the event's
+  offset; a client resumes with ``Last-Event-ID`` (what ``EventSource`` sends
+  when it reconnects) or ``?after=``; a comment every ``heartbeat`` seconds
+  keeps proxies from closing an idle stream; at the stream's end an ``end``
+  event, then the response ends; a reconnect after the end gets 204, which
+  tells ``EventSource`` to stop.
+- ``GET /v1/streams/{name}/events?after=&limit=&wait=``: the same as JSON,
+  for clients without SSE (long-poll: waits up to ``wait`` seconds when there
+  is nothing yet).
+- ``POST /v1/streams/{name}``: publish one event (``{"payload": ..., "key":
+  ..., "headers": ...}``) or a JSON array of them, in one transaction;
+  ``POST /v1/streams/{name}/close`` ends the stream.
+
+Every request needs a bearer token whose patterns allow the stream
+(``Authorization: Bearer pft_...``, or ``?access_token=`` for EventSource,
+which cannot send headers), unless the relay allows anonymous requests from
+loopback (``--api-allow-loopback``): 401 without a valid token, 403 with one
+that does not cover the stream. Browsers get CORS headers for the origins
+``--api-cors-origin`` lists.
+
+Events are JSON objects ``{"offset", "id", "stream", "key", "payload",
+"headers", "created_at"}``. Live events come from the relay's ``StreamHub``
+(one log read per tick for all clients); history from ranges of the log.
+A client that stops reading is let go once ``client_buffer`` events wait
+for it, with the reason in an ``error`` event: it loses nothing (it resumes
+from its last offset).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import asyncpg
+import orjson
+from aiohttp import web
+
+from pgferry import db, sql
+from pgferry.api_tokens import Decision, TokenStore, bearer_from_header
+from pgferry.errors import PgferryError, TokenStoreUnavailable
+from pgferry.relay.surface import is_loopback
+from pgferry.streams.hub import Follower, StreamHub
+from pgferry.streams.offsets import BadOffset, Offset
+from pgferry.streams.reader import OffsetExpired, Position, StreamEvent, is_end, read_range, start
+from pgferry.streams.settings import ApiSettings
+
+log = logging.getLogger(__name__)
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+MAX_LIMIT = 1000
+MAX_WAIT = 30.0
+#: The most events one POST may publish, and the largest body.
+MAX_PUBLISH = 1000
+MAX_BODY = 1 << 20
+
+
+class Authorizer(Protocol):
+    """Who may read or write which stream (``api_tokens.TokenStore``; tests give their own)."""
+
+    async def authorize(self, bearer: str | None, stream: str, action: Literal["read", "write"]) -> Decision: ...
+
+
+@dataclass
+class ApiStats:
+    clients: int = 0
+    let_go: dict[str, int] = field(default_factory=dict)
+
+
+def _event_json(event: StreamEvent) -> dict[str, Any]:
+    return {
+        "offset": str(event.offset), "id": event.id, "stream": event.stream, "key": event.key,
+        "payload": event.payload, "headers": event.headers, "created_at": event.created_at.isoformat(),
+    }  # fmt: skip
+
+
+def _frame(event: StreamEvent) -> bytes:
+    if is_end(event.headers):
+        return f"id: {event.offset}\nevent: end\ndata: {{}}\n\n".encode()
+    return b"id: " + str(event.offset).encode() + b"\ndata: " + orjson.dumps(_event_json(event)) + b"\n\n"
+
+
+class StreamsApi:
+    """The aiohttp application, over a pool of its own and the relay's ``StreamHub``."""
+
+    def __init__(
+        self, url: str, settings: ApiSettings, authorizer: Authorizer | None = None, hub: StreamHub | None = None
+    ) -> None:
+        self.url = url
+        self.settings = settings
+        #: None: the API tokens in the database (``api_tokens.TokenStore``), made on ``open``
+        self.authorizer = authorizer
+        self.hub = hub if hub is not None else StreamHub(url, range_events=settings.range_events)
+        self.pool: asyncpg.Pool | None = None
+        self.stats = ApiStats()
+        self.app = web.Application(client_max_size=MAX_BODY, middlewares=[self._cors])
+        self.app.router.add_get("/v1/streams/{name}", self.sse)
+        self.app.router.add_get("/v1/streams/{name}/events", self.events)
+        self.app.router.add_post("/v1/streams/{name}", self.publish)
+        self.app.router.add_post("/v1/streams/{name}/close", self.close)
+        self.app.router.add_route("OPTIONS", "/v1/streams/{tail:.*}", self.preflight)
+
+    async def open(self) -> None:
+        self.pool = await db.create_pool(self.url, min_size=1, max_size=8,
+                                         server_settings={"application_name": "pgferry streams api"})  # fmt: skip
+        if self.authorizer is None:
+            store = TokenStore(self.pool)
+            await store.refresh()  # fail now, not on the first request, if the tokens cannot be read
+            self.authorizer = store
+
+    async def close_pool(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+
+    # -- requests ----------------------------------------------------------
+
+    async def sse(self, request: web.Request) -> web.StreamResponse:
+        stream, after = await self._admit(request, "read", sse=True)
+        if after is not None and await self._past_end(stream, after):
+            return web.Response(status=204)  # EventSource stops reconnecting
+        position = await self._begin(stream, after)
+        response = web.StreamResponse(headers={
+            "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+        })  # fmt: skip
+        response.force_close()  # a stream's connection is its own; it ends with it
+        self.stats.clients += 1
+        try:
+            await response.prepare(request)
+            await self._write(request, response, b"retry: 2000\n\n")
+            await self._serve_sse(request, response, stream, position)
+        except (ConnectionError, TimeoutError):
+            pass  # the client went away, or read nothing for stall_timeout (cut off)
+        finally:
+            self.stats.clients -= 1
+        return response
+
+    async def events(self, request: web.Request) -> web.Response:
+        stream, after = await self._admit(request, "read", sse=False)
+        limit = _int(request.query.get("limit"), "limit", 100, 1, MAX_LIMIT)
+        wait = _float(request.query.get("wait"), "wait", 0.0, 0.0, MAX_WAIT)
+        if after is not None and await self._past_end(stream, after):
+            events: list[StreamEvent] = []
+            resume, closed = after, True
+        else:
+            position = await self._begin(stream, after)
+            self.stats.clients += 1
+            try:
+                events, resume = await self._poll(stream, position, limit, wait)
+            finally:
+                self.stats.clients -= 1
+            closed = bool(events) and is_end(events[-1].headers)
+        body = {"events": [_event_json(e) for e in events if not is_end(e.headers)], "next": str(resume),
+                "closed": closed}  # fmt: skip
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    async def publish(self, request: web.Request) -> web.Response:
+        stream, _ = await self._admit(request, "write", sse=False)
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            raise _error(400, f"the body is not JSON: {exc}") from None
+        items = body if isinstance(body, list) else [body]
+        if not 1 <= len(items) <= MAX_PUBLISH:
+            raise _error(400, f"publish 1 to {MAX_PUBLISH} events per request, not {len(items)}")
+        payloads, keys, headers = [], [], []
+        for i, item in enumerate(items):
+            if not isinstance(item, dict) or "payload" not in item or set(item) - {"payload", "key", "headers"}:
+                raise _error(400, f'event #{i} must be an object {{"payload": ..., "key": ..., "headers": ...}}')
+            key, head = item.get("key"), item.get("headers")
+            if key is not None and not isinstance(key, str):
+                raise _error(400, f"event #{i}: key must be a string")
+            if head is not None and not isinstance(head, dict):
+                raise _error(400, f"event #{i}: headers must be an object of strings")
+            payloads.append(orjson.dumps(item["payload"]).decode())
+            keys.append(key)
+            headers.append(orjson.dumps(head).decode() if head is not None else None)
+        assert self.pool is not None
+        try:
+            async with self.pool.acquire() as conn:
+                rows = await conn.fetch(sql.query("publish_many"), [stream] * len(items), payloads, keys,
+                                        headers if any(h is not None for h in headers) else None)  # fmt: skip
+        except asyncpg.PostgresError as exc:
+            raise _error(409 if exc.sqlstate == "55000" else 400, str(exc)) from None
+        return web.Response(status=201, body=orjson.dumps({"ids": [r[0] for r in rows]}),
+                            content_type="application/json")  # fmt: skip
+
+    async def close(self, request: web.Request) -> web.Response:
+        stream, _ = await self._admit(request, "write", sse=False)
+        assert self.pool is not None
+        try:
+            async with self.pool.acquire() as conn:
+                end = await conn.fetchval(sql.query("close_stream"), stream)
+        except asyncpg.PostgresError as exc:
+            raise _error(409 if exc.sqlstate == "55000" else 400, str(exc)) from None
+        return web.Response(body=orjson.dumps({"end": end}), content_type="application/json")
+
+    async def preflight(self, request: web.Request) -> web.Response:
+        return web.Response(status=204)  # the CORS middleware adds what the browser asked for
+
+    # -- admission ---------------------------------------------------------
+
+    async def _admit(
+        self, request: web.Request, action: Literal["read", "write"], *, sse: bool
+    ) -> tuple[str, Offset | None]:
+        stream = request.match_info["name"]
+        if not stream or len(stream) > 200 or _CONTROL.search(stream):
+            raise _error(400, "a stream name is 1-200 characters without control characters")
+        if self.stats.clients >= self.settings.max_clients:
+            raise _error(503, f"this relay serves {self.settings.max_clients} clients at most; try again later")
+        if not (self.settings.allow_loopback and is_loopback(request.remote or "")):
+            assert self.authorizer is not None
+            try:
+                decision = await self.authorizer.authorize(_bearer(request), stream, action)
+            except TokenStoreUnavailable as exc:
+                raise _error(503, f"{exc}; try again shortly") from None
+            if decision.status != 200:
+                raise _error(decision.status, decision.reason, decision.challenge)
+        raw = request.headers.get("Last-Event-ID") if sse else None
+        raw = raw or request.query.get("after")
+        try:
+            return stream, Offset.parse(raw) if raw else None
+        except BadOffset as exc:
+            raise _error(400, str(exc)) from None
+
+    @web.middleware
+    async def _cors(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                    ) -> web.StreamResponse:  # fmt: skip
+        origin = request.headers.get("Origin")
+        allowed = origin is not None and ("*" in self.settings.cors_origins or origin in self.settings.cors_origins)
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            response = exc
+        if allowed and not response.prepared:
+            response.headers["Access-Control-Allow-Origin"] = origin or ""
+            response.headers["Vary"] = "Origin"
+            if request.method == "OPTIONS":
+                response.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+                response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, Last-Event-ID"
+                response.headers["Access-Control-Max-Age"] = "600"
+        if isinstance(response, web.HTTPException):
+            raise response
+        return response
+
+    # -- reading -----------------------------------------------------------
+
+    async def _past_end(self, stream: str, after: Offset) -> bool:
+        assert self.pool is not None
+        async with self.pool.acquire() as conn:
+            end = await conn.fetchval(sql.query("stream_end_event"), stream)
+        return end is not None and after.id == end
+
+    async def _begin(self, stream: str, after: Offset | None) -> Position:
+        """Where reading ``stream`` after ``after`` starts; 410 when retention dropped it."""
+        assert self.pool is not None
+        await self.hub.ready.wait()
+        async with self.pool.acquire() as conn:
+            try:
+                return await start(conn, stream, after)
+            except OffsetExpired as exc:
+                raise _error(410, str(exc)) from None
+
+    async def _history(self, stream: str, position: Position) -> tuple[list[StreamEvent], Position] | None:
+        """The stream's events in the next range of history, or None once caught up with the hub."""
+        assert self.pool is not None and self.hub.lower is not None
+        if position.lower >= self.hub.lower:
+            return None
+        async with self.pool.acquire() as conn:
+            read = await read_range(conn, stream, position, self.settings.range_events)
+        return read if read is not None else ([], position)
+
+    async def _write(self, request: web.Request, response: web.StreamResponse, data: bytes) -> None:
+        """Write, but cut the connection off if the client reads nothing for ``stall_timeout``."""
+        try:
+            async with asyncio.timeout(self.settings.stall_timeout):
+                await response.write(data)
+        except TimeoutError:
+            self._let_go("stalled")
+            if request.transport is not None:
+                request.transport.abort()
+            raise
+
+    def _let_go(self, reason: str) -> None:
+        self.stats.let_go[reason] = self.stats.let_go.get(reason, 0) + 1
+
+    async def _serve_sse(self, request: web.Request, response: web.StreamResponse, stream: str,
+                         position: Position) -> None:  # fmt: skip
+        last = position.floor
+        while True:  # history, a range at a time, then live
+            try:
+                read = await self._history(stream, position)
+            except OffsetExpired as exc:  # retention dropped the range before this client read it
+                await self._write(
+                    request, response, b"event: error\ndata: " + orjson.dumps({"reason": str(exc)}) + b"\n\n"
+                )
+                return
+            if read is None:
+                follower = Follower(stream, self.settings.client_buffer, last)
+                if self.hub.join(follower, position.lower):
+                    break
+                continue
+            events, position = read
+            if events:
+                end = next((i for i, e in enumerate(events) if is_end(e.headers)), None)
+                if end is not None:
+                    events = events[: end + 1]
+                await self._write(request, response, b"".join(map(_frame, events)))
+                last = events[-1].offset
+                if end is not None:
+                    return
+        try:
+            await self._live(request, response, follower)
+        finally:
+            self.hub.leave(follower)
+
+    async def _live(self, request: web.Request, response: web.StreamResponse, follower: Follower) -> None:
+        while True:
+            follower.wake.clear()
+            if follower.queue:
+                frames = list(follower.queue)
+                follower.queue.clear()
+                await self._write(request, response, b"".join(map(_frame, frames)))
+                follower.after = frames[-1].offset
+                if is_end(frames[-1].headers):
+                    return
+                continue
+            if follower.overflowed:
+                self._let_go("slow")
+                reason = (f"more than {self.settings.client_buffer} events waited for this client: "
+                          "reconnect to resume from the last event received")  # fmt: skip
+                await self._write(
+                    request, response, b"event: error\ndata: " + orjson.dumps({"reason": reason}) + b"\n\n"
+                )
+                return
+            try:
+                async with asyncio.timeout(self.settings.heartbeat):
+                    await follower.wake.wait()
+            except TimeoutError:
+                await self._write(request, response, b": heartbeat\n\n")
+
+    async def _poll(self, stream: str, position: Position, limit: int, wait: float
+                    ) -> tuple[list[StreamEvent], Offset]:  # fmt: skip
+        """Up to ``limit`` events after ``position``, up to the stream's end, waiting up to ``wait``
+        seconds for one; and the offset to ask from next time."""
+        got: list[StreamEvent] = []
+        while len(got) < limit:
+            try:
+                read = await self._history(stream, position)
+            except OffsetExpired as exc:
+                raise _error(410, str(exc)) from None
+            if read is None:
+                break
+            events, position = read
+            got.extend(events)
+        got = _until_end(got)[:limit]
+        if got:
+            return got, got[-1].offset
+        # Nothing of this stream up to tick position.lower: the next poll need not read that again.
+        caught_up = max(position.floor, Offset(position.lower, 0))
+        if wait <= 0:
+            return [], caught_up
+        follower = Follower(stream, limit, position.floor)
+        if not self.hub.join(follower, position.lower):  # the hub moved on meanwhile: ask again
+            return [], caught_up
+        try:
+            async with asyncio.timeout(wait):
+                await follower.wake.wait()
+        except TimeoutError:
+            pass
+        finally:
+            self.hub.leave(follower)
+        got = _until_end(list(follower.queue))
+        if got:
+            return got, got[-1].offset
+        return [], max(caught_up, Offset(self.hub.lower or 0, 0))
+
+
+def _until_end(events: list[StreamEvent]) -> list[StreamEvent]:
+    """The events up to and with the first end marker."""
+    end = next((i for i, e in enumerate(events) if is_end(e.headers)), None)
+    return events if end is None else events[: end + 1]
+
+
+def _bearer(request: web.Request) -> str | None:
+    """The token of the Authorization header, else of ``?access_token=`` (EventSource sends no headers)."""
+    return bearer_from_header(request.headers.get("Authorization")) or request.query.get("access_token") or None
+
+
+def _error(status: int, reason: str, challenge: str | None = None) -> web.HTTPException:
+    text = orjson.dumps({"error": reason}).decode()
+    headers = {"WWW-Authenticate": challenge} if challenge else None
+    classes: dict[int, type[web.HTTPException]] = {
+        400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 403: web.HTTPForbidden, 409: web.HTTPConflict,
+        410: web.HTTPGone, 503: web.HTTPServiceUnavailable,
+    }  # fmt: skip
+    return classes[status](text=text, content_type="application/json", headers=headers)
+
+
+def _int(raw: str | None, name: str, default: int, low: int, high: int) -> int:
+    if raw is None:
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise _error(400, f"{name} must be a whole number from {low} to {high}")
+    return int(raw)
+
+
+def _float(raw: str | None, name: str, default: float, low: float, high: float) -> float:
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not low <= value <= high:
+        raise _error(400, f"{name} must be a number of seconds from {low:g} to {high:g}")
+    return value
+
+
+async def serve(api: StreamsApi, stop: asyncio.Event, announce: Callable[[str], None] | None = None) -> None:
+    """Run the API, and the hub it reads from, until ``stop``."""
+    await api.open()
+    runner = web.AppRunner(api.app, access_log=None, handle_signals=False, handler_cancellation=True)
+    hub = asyncio.create_task(api.hub.run(stop))
+    try:
+        await runner.setup()
+        site = web.TCPSite(runner, api.settings.host, api.settings.port, reuse_address=True, backlog=4096)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise PgferryError(
+                f"streams API: cannot listen on {api.settings.host}:{api.settings.port}: {exc.strerror or exc}"
+            ) from exc
+        bound = runner.addresses[0]
+        url = f"http://{f'[{bound[0]}]' if ':' in str(bound[0]) else bound[0]}:{bound[1]}"
+        log.info("streams API: serving at %s/v1/streams/", url)
+        if announce is not None:
+            announce(url)
+        await stop.wait()
+    finally:
+        hub.cancel()
+        await asyncio.gather(hub, return_exceptions=True)
+        await runner.cleanup()
+        await api.close_pool()

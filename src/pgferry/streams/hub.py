@@ -1,0 +1,167 @@
+"""Fan-out: the relay reads the log once per tick and hands each stream's events to every client
+that follows it, from memory, so database load does not grow with the number of clients.
+
+A client (an SSE connection, a long-poll) first catches up on history by itself
+(``reader.read_range``, in ranges of the log), then joins the hub's live feed.
+The hand-over leaves no gap and no duplicate without any locking: the hub
+reads a range (``lower``, ``end``], and only then, in one step of the event
+loop, hands its events to the followers and moves ``lower`` to ``end``. A
+client that has read history up to the hub's ``lower`` joins in that same
+loop step (``join`` checks it), so the next range the hub reads is exactly
+the next one the client needs; a client still behind reads on from history.
+
+Each follower has a bounded queue of frames. A client that stops reading
+fills it and is let go with the reason (``overflowed``): it loses nothing,
+it resumes from its last offset and catches up from history, but it can
+never make the relay hold an unbounded backlog for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from pgferry import db, sql
+from pgferry.aio import wait_for_event
+from pgferry.db import CONNECTION_ERRORS
+from pgferry.log.reader import TICK_CHANNEL
+from pgferry.streams.offsets import Offset, Snapshot, commit_ticks
+from pgferry.streams.reader import StreamEvent, is_end, setter
+
+log = logging.getLogger(__name__)
+
+#: Events of the whole log read per range (the hub's and the catch-ups').
+RANGE_EVENTS = 10_000
+
+
+@dataclass(eq=False)
+class Follower:
+    """One client following one stream live; ``frames`` fills as events come, up to ``limit``."""
+
+    stream: str
+    limit: int
+    after: Offset
+    queue: deque[StreamEvent] = field(default_factory=deque)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    overflowed: bool = False
+    ended: bool = False
+
+    def offer(self, events: list[StreamEvent]) -> None:
+        for event in events:
+            if self.overflowed or self.ended:
+                break
+            if event.offset <= self.after:
+                continue
+            if len(self.queue) >= self.limit:
+                self.overflowed = True
+                break
+            self.queue.append(event)
+            if is_end(event.headers):
+                self.ended = True
+        self.wake.set()
+
+
+@dataclass
+class HubStats:
+    ranges_read: int = 0
+    events_read: int = 0
+    frames_handed: int = 0
+
+
+class StreamHub:
+    """The live feed of every stream some client follows, for one relay."""
+
+    def __init__(self, url: str, *, poll_interval: float = 1.0, range_events: int = RANGE_EVENTS) -> None:
+        self.url = url
+        self.poll_interval = poll_interval
+        self.range_events = range_events
+        self.followers: dict[str, set[Follower]] = defaultdict(set)
+        #: every event committed up to this tick has been handed out
+        self.lower: int | None = None
+        self.ready = asyncio.Event()
+        self.stats = HubStats()
+        #: called with the number of database round trips of each read (metrics)
+        self.observe: Callable[[int], None] | None = None
+
+    def join(self, follower: Follower, read_up_to: int) -> bool:
+        """Join the live feed, if ``read_up_to`` (the tick the follower read history up to)
+        is where the feed is; else False: read more history first."""
+        if self.lower is None or read_up_to < self.lower:
+            return False
+        self.followers[follower.stream].add(follower)
+        return True
+
+    def leave(self, follower: Follower) -> None:
+        followers = self.followers.get(follower.stream)
+        if followers is not None:
+            followers.discard(follower)
+            if not followers:
+                del self.followers[follower.stream]
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                conn = await db.connect(self.url, server_settings={"application_name": "pgferry stream hub"})
+            except CONNECTION_ERRORS as exc:
+                log.warning("stream hub: cannot connect (%s); retrying", exc)
+                await wait_for_event(stop, self.poll_interval)
+                continue
+            try:
+                wake = asyncio.Event()
+                await conn.add_listener(TICK_CHANNEL, setter(wake))
+                if self.lower is None:
+                    self.lower = int(await conn.fetchval(sql.query("latest_tick")))
+                    self.ready.set()
+                while not stop.is_set():
+                    wake.clear()
+                    if not await self._step(conn):
+                        await wait_for_event(wake, self.poll_interval)
+            except CONNECTION_ERRORS as exc:
+                log.warning("stream hub: lost its database connection (%s); reconnecting", exc)
+                await wait_for_event(stop, self.poll_interval)
+            finally:
+                if not conn.is_closed():
+                    conn.terminate()
+
+    async def _step(self, conn: asyncpg.Connection) -> bool:
+        """Read and hand out the next range; False when there is no newer tick."""
+        assert self.lower is not None
+        lower = self.lower
+        if not self.followers:  # nobody follows anything: move on without reading events
+            newest = await conn.fetchval(sql.query("latest_tick"))
+            if newest is None or newest <= lower:
+                return False
+            self.lower = int(newest)
+            return True
+        end = await conn.fetchval(sql.query("stream_range_end"), lower, self.range_events)
+        if end is None:
+            return False
+        streams = list(self.followers)
+        rows = await conn.fetch(sql.query("streams_events"), lower, end, streams)
+        events: dict[str, list[StreamEvent]] = defaultdict(list)
+        if rows:
+            ticks = [(t["id"], Snapshot.parse(t["snapshot"])) for t in await conn.fetch(
+                sql.query("stream_ticks"), lower, end)]  # fmt: skip
+            for row, tick in zip(rows, commit_ticks([r["txid"] for r in rows], ticks), strict=True):
+                event = StreamEvent(Offset(tick or end, row["id"]), row["stream"], row["key"], row["payload"],
+                                    row["headers"], row["created_at"])  # fmt: skip
+                events[event.stream].append(event)
+        self.stats.ranges_read += 1
+        self.stats.events_read += len(rows)
+        if self.observe is not None:
+            self.observe(3 if rows else 2)
+        # One loop step from here on: hand out, then move on (``join`` relies on it).
+        for stream, stream_events in events.items():
+            stream_events.sort(key=lambda e: e.offset)
+            for follower in list(self.followers.get(stream, ())):
+                follower.offer(stream_events)
+                self.stats.frames_handed += len(stream_events)
+                if follower.overflowed or follower.ended:
+                    self.leave(follower)  # it gets nothing more
+        self.lower = int(end)
+        return True

@@ -1,0 +1,47 @@
+"""Settings of the streams HTTP API (``pgferry run --api-port``), apart from the server itself so
+that the relay's settings can hold them without loading aiohttp."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pgferry.errors import PgferryError
+
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+")
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSettings:
+    #: 0: any free port (announced as the relay's "api" address)
+    port: int = 0
+    host: str = "127.0.0.1"
+    #: origins browsers may call the API from ("*": any)
+    cors_origins: tuple[str, ...] = ()
+    #: requests from loopback addresses need no token (off by default: a proxy on the same host
+    #: would make every request look local)
+    allow_loopback: bool = False
+    #: events that may wait for one slow client before it is let go (it resumes from its offset)
+    client_buffer: int = 1000
+    #: seconds a write may wait for a client that reads nothing before its connection is cut
+    stall_timeout: float = 30.0
+    #: seconds between keep-alive comments on an idle SSE response
+    heartbeat: float = 15.0
+    #: readers at once (SSE and long-polls); more get 503 and retry
+    max_clients: int = 20_000
+    #: events of the whole log read per history range
+    range_events: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.client_buffer < 1 or self.max_clients < 1 or self.range_events < 1:
+            raise PgferryError("streams API: client_buffer, max_clients and range_events must be at least 1")
+        if self.heartbeat <= 0 or self.stall_timeout <= 0:
+            raise PgferryError("streams API: heartbeat and stall_timeout must be positive numbers of seconds")
+        if not 0 <= self.port <= 65535:
+            raise PgferryError(f"streams API: port {self.port} is not a TCP port (0-65535)")
+        for origin in self.cors_origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise PgferryError(
+                    f"streams API: CORS origin {origin!r} is not an origin; give scheme://host[:port] "
+                    "exactly as browsers send it (no path, no trailing slash), or * for any"
+                )

@@ -1,0 +1,46 @@
+"""A relay serving the streams HTTP API, in process, with the delivery tests' fast settings."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+
+import pytest
+
+from pgferry.streams.settings import ApiSettings
+from tests.delivery.conftest import FAST, RunningRelay
+from tests.helpers import eventually
+
+
+class ApiRelay(RunningRelay):
+    @property
+    def base(self) -> str:
+        return self.relay.addresses["api"]
+
+    async def started(self) -> str:
+        async def up() -> bool:
+            return "api" in self.relay.addresses
+
+        await eventually(up, what="the streams API to listen")
+        return self.base
+
+
+StartApi = Callable[..., Awaitable[ApiRelay]]
+
+
+@pytest.fixture
+async def start_api(db_url: str) -> AsyncIterator[StartApi]:
+    """``await start_api(allow_loopback=True, ...)``: a relay (not delivering) serving the API with
+    those ``ApiSettings``; stopped after the test."""
+    running: list[ApiRelay] = []
+
+    async def start(**api: object) -> ApiRelay:
+        relay = ApiRelay(db_url, replace(FAST, deliver=False, api=ApiSettings(**api)))  # type: ignore[arg-type]
+        running.append(relay)
+        await relay.started()
+        return relay
+
+    yield start
+    for relay in running:
+        if not relay.task.done():
+            await relay.stop()

@@ -1,0 +1,274 @@
+"""The streams HTTP API over real sockets: SSE with resume and end, long-poll, publishing, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import asyncpg
+import orjson
+import pytest
+
+import pgferry
+from pgferry import db
+from tests.streams.conftest import StartApi
+from tests.streams.sse import SseEvent, sse_events
+
+
+async def read_sse(session: aiohttp.ClientSession, url: str, n: int | None = None, timeout: float = 10,
+                   **kwargs: Any) -> list[SseEvent]:  # fmt: skip
+    """The events of an SSE response until its end (or ``n`` of them)."""
+    got: list[SseEvent] = []
+    async with asyncio.timeout(timeout), session.get(url, **kwargs) as response:
+        assert response.status == 200, await response.text()
+        assert response.headers["Content-Type"] == "text/event-stream"
+        async for event in sse_events(response):
+            got.append(event)
+            if len(got) == n:
+                break
+    return got
+
+
+async def test_sse_gives_committed_events_in_commit_order_live_resumes_after_any_offset_and_ends(
+    start_api: StartApi, ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    api = await start_api(allow_loopback=True)
+    url = f"{api.base}/v1/streams/chat:1"
+    slow = await db.connect(db_url)
+    try:
+        slow_tx = slow.transaction()
+        await slow_tx.start()
+        late = await ferry.publish("chat:1", {"n": "late"}, conn=slow)  # smaller id, commits last
+        early = await ferry.publish("chat:1", {"n": "early"})
+        async with conn.transaction():
+            await ferry.publish("chat:2", {"n": "another stream"}, conn=conn)
+        rolled_back = conn.transaction()
+        await rolled_back.start()
+        await ferry.publish("chat:1", {"n": "never"}, conn=conn)
+        await rolled_back.rollback()
+        await asyncio.sleep(0.1)  # a tick or more between the two commits
+        await slow_tx.commit()
+    finally:
+        await slow.close()
+    async with aiohttp.ClientSession() as session:
+        reading = asyncio.create_task(read_sse(session, url))
+        await asyncio.sleep(0.3)
+        live = await ferry.publish("chat:1", {"n": "live"}, key="k")
+        await asyncio.sleep(0.1)
+        await ferry.close_stream("chat:1")
+        got = await reading
+        assert [e.event for e in got] == ["message", "message", "message", "end"]
+        bodies = [orjson.loads(e.data) for e in got[:3]]
+        assert [b["payload"]["n"] for b in bodies] == ["early", "late", "live"]
+        assert [b["id"] for b in bodies] == [early, late, live] and bodies[2]["key"] == "k"
+        assert [b["offset"] for b in bodies] == [e.id for e in got[:3]]
+        assert all(b["stream"] == "chat:1" for b in bodies)
+
+        # EventSource reconnects with Last-Event-ID: after the first event, exactly the rest.
+        again = await read_sse(session, url, headers={"Last-Event-ID": got[0].id or ""})
+        assert [e.id for e in again] == [e.id for e in got[1:]]
+        resumed = await read_sse(session, f"{url}?after={got[1].id}")
+        assert [e.id for e in resumed] == [e.id for e in got[2:]]
+        # After the end: 204, which tells EventSource to stop reconnecting.
+        async with session.get(url, headers={"Last-Event-ID": got[-1].id or ""}) as response:
+            assert response.status == 204
+        # The Python reader sees the same events at the same offsets.
+        python = [e async for e in ferry.read_stream("chat:1", poll_interval=0.05)]
+        assert [str(e.offset) for e in python] == [e.id for e in got[:3]]
+
+
+async def test_many_clients_on_interleaved_streams_each_get_exactly_their_stream(
+    start_api: StartApi, ferry: pgferry.Ferry, db_url: str
+) -> None:
+    api = await start_api(allow_loopback=True)
+    streams = [f"job:{n}" for n in range(20)]
+    async with aiohttp.ClientSession() as session:
+        tasks = [(s, asyncio.create_task(read_sse(session, f"{api.base}/v1/streams/{s}", timeout=30)))
+                 for s in streams for _ in range(3)]  # fmt: skip
+        await asyncio.sleep(0.2)
+
+        async def writer(number: int) -> dict[str, list[int]]:
+            own = await db.connect(db_url)
+            written: dict[str, list[int]] = {}
+            try:
+                for i in range(40):
+                    stream = streams[(number * 7 + i) % len(streams)]
+                    tx = own.transaction()
+                    await tx.start()
+                    event = await ferry.publish(stream, {"w": number, "i": i}, conn=own)
+                    if i % 9 == 4:
+                        await tx.rollback()
+                    else:
+                        await tx.commit()
+                        written.setdefault(stream, []).append(event)
+                    await asyncio.sleep(0.002)
+            finally:
+                await own.close()
+            return written
+
+        results = await asyncio.gather(*(writer(n) for n in range(4)))
+        for stream in streams:
+            await ferry.close_stream(stream)
+        for stream, task in tasks:
+            got = await task
+            assert got[-1].event == "end"
+            ids = [orjson.loads(e.data)["id"] for e in got[:-1]]
+            expected = sorted(i for r in results for i in r.get(stream, []))
+            assert sorted(ids) == expected and len(set(ids)) == len(ids), stream
+            offsets = [pgferry.Offset.parse(e.id or "") for e in got]
+            assert offsets == sorted(offsets)
+
+
+async def test_long_poll_pages_waits_for_the_next_event_and_says_when_the_stream_is_closed(
+    start_api: StartApi, ferry: pgferry.Ferry
+) -> None:
+    api = await start_api(allow_loopback=True)
+    url = f"{api.base}/v1/streams/progress:9/events"
+    ids = [e for e in await ferry.publish_many([{"stream": "progress:9", "payload": n} for n in range(5)])]
+    async with aiohttp.ClientSession() as session:
+
+        async def poll(**params: Any) -> dict[str, Any]:
+            async with session.get(url, params={k: str(v) for k, v in params.items()}) as response:
+                assert response.status == 200, await response.text()
+                return orjson.loads(await response.read())  # type: ignore[no-any-return]
+
+        await asyncio.sleep(0.2)
+        first = await poll(limit=3)
+        assert [e["id"] for e in first["events"]] == ids[:3] and not first["closed"]
+        second = await poll(after=first["next"], limit=3)
+        assert [e["id"] for e in second["events"]] == ids[3:]
+        empty = await poll(after=second["next"])
+        assert empty["events"] == [] and empty["next"]
+        waiting = asyncio.create_task(poll(after=empty["next"], wait=10))
+        await asyncio.sleep(0.3)
+        started = asyncio.get_running_loop().time()
+        later = await ferry.publish("progress:9", "done")
+        woke = await waiting
+        assert [e["id"] for e in woke["events"]] == [later]
+        assert asyncio.get_running_loop().time() - started < 2  # answered when it came, not at wait's end
+        quiet = await poll(after=woke["next"], wait=0.3)
+        assert quiet["events"] == [] and not quiet["closed"]
+        await ferry.close_stream("progress:9")
+        await asyncio.sleep(0.2)
+        closing = await poll(after=quiet["next"], wait=5)
+        assert closing["events"] == [] and closing["closed"]
+        assert (await poll(after=closing["next"]))["closed"]
+
+
+async def test_publish_over_http_one_event_or_many_in_one_transaction(
+    start_api: StartApi, ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    api = await start_api(allow_loopback=True)
+    url = f"{api.base}/v1/streams/orders:7"
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url, json={"payload": {"total": 5}, "key": "o7", "headers": {"source": "api"}}) as r:
+            assert r.status == 201
+            (one,) = (await r.json())["ids"]
+        async with session.post(url, json=[{"payload": n} for n in range(3)]) as r:
+            assert r.status == 201 and len((await r.json())["ids"]) == 3
+        bad = {
+            b"{not json": "not JSON",
+            b"[]": "publish 1 to 1000 events",
+            orjson.dumps([{"payload": 1}] * 1001): "publish 1 to 1000 events",
+            b'{"data": 1}': "must be an object",
+            b'[{"payload": 1}, {"payload": 2, "key": 5}]': "event #1: key must be a string",
+            b'{"payload": 1, "headers": []}': "headers must be an object",
+        }
+        for body, message in bad.items():
+            async with session.post(url, data=body) as r:
+                assert r.status == 400 and message in (await r.json())["error"], (body, await r.text())
+        async with session.post(url, json={"payload": 1, "headers": {"pgferry-control": "end"}}) as r:
+            assert r.status == 400 and "reserved" in (await r.json())["error"]
+        async with session.post(f"{url}/close") as r:
+            assert r.status == 200 and (await r.json())["end"] > one
+        async with session.post(url, json={"payload": 1}) as r:
+            assert r.status == 409 and "closed" in (await r.json())["error"]
+    row = await conn.fetchrow("select key, payload, headers from ferry.events where id = $1", one)
+    assert (row["key"], row["payload"], row["headers"]) == (
+        "o7", {"total": 5}, {"source": "api"})  # fmt: skip
+    assert await conn.fetchval("select count(*) from ferry.events where stream = 'orders:7'") == 5  # with the end
+
+
+@pytest.mark.parametrize("name", ["chat/42", "wiki:Zürich straße", "a b+c", "'; drop table x; --", "%00"])
+async def test_odd_stream_names_are_addressable_percent_encoded(
+    start_api: StartApi, ferry: pgferry.Ferry, name: str
+) -> None:
+    from urllib.parse import quote
+
+    api = await start_api(allow_loopback=True)
+    if name == "%00":
+        async with aiohttp.ClientSession() as session, session.get(f"{api.base}/v1/streams/%00/events") as r:
+            assert r.status == 400 and "control characters" in (await r.json())["error"]
+        return
+    event = await ferry.publish(name, {"n": 1})
+    url = f"{api.base}/v1/streams/{quote(name, safe='')}"
+    async with aiohttp.ClientSession() as session:
+        await asyncio.sleep(0.2)
+        async with session.get(yarl_url(url + "/events")) as r:
+            body = await r.json()
+            assert r.status == 200 and [e["id"] for e in body["events"]] == [event], body
+            assert body["events"][0]["stream"] == name
+
+
+def yarl_url(url: str) -> Any:
+    import yarl
+
+    return yarl.URL(url, encoded=True)
+
+
+async def test_bad_requests_get_clear_errors_and_the_relay_keeps_serving(
+    start_api: StartApi, ferry: pgferry.Ferry
+) -> None:
+    api = await start_api(allow_loopback=True, max_clients=3)
+    base = f"{api.base}/v1/streams/s"
+    cases = {
+        "/events?after=yesterday": (400, "not a stream offset"),
+        "/events?after=1-2-3": (400, "not a stream offset"),
+        "/events?limit=1000000000": (400, "limit must be a whole number from 1 to 1000"),
+        "/events?limit=-1": (400, "limit must be"),
+        "/events?wait=nan": (400, "wait must be a number of seconds from 0 to 30"),
+        "/events?wait=1e9": (400, "wait must be"),
+        "?after=99999999999999999999": (400, "not a stream offset"),
+    }
+    async with aiohttp.ClientSession() as session:
+        for path, (status, message) in cases.items():
+            async with session.get(base + path) as r:
+                assert r.status == status and message in (await r.json())["error"], (path, await r.text())
+        async with session.get(f"{api.base}/v1/streams/{'x' * 201}/events") as r:
+            assert r.status == 400 and "1-200 characters" in (await r.json())["error"]
+        async with session.get(base + "/events", headers={"Last-Event-ID": "garbage"}) as r:
+            assert r.status == 200  # Last-Event-ID counts for SSE only
+        # More readers than max_clients: 503, and the ones in get served.
+        held = [await session.get(base) for _ in range(3)]
+        try:
+            async with session.get(base + "/events") as r:
+                assert r.status == 503 and "3 clients at most" in (await r.json())["error"]
+        finally:
+            for response in held:
+                response.close()
+        await asyncio.sleep(0.2)
+        event = await ferry.publish("s", 1)
+        async with session.get(base + "/events", params={"wait": "5"}) as r:
+            assert r.status == 200 and [e["id"] for e in (await r.json())["events"]] == [event]
+
+
+async def test_an_expired_offset_gets_410_with_the_oldest_offset_left(
+    start_api: StartApi, ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    api = await start_api(allow_loopback=True)
+    await ferry.publish("log:1", {"n": 1})
+    async with aiohttp.ClientSession() as session:
+        await asyncio.sleep(0.3)
+        async with session.get(f"{api.base}/v1/streams/log:1/events") as r:
+            (first,) = (await r.json())["events"]
+        await conn.execute("update ferry.config set rotation_interval = '0 s', idle_tick_interval = '0 s'")
+        for _ in range(4):
+            await conn.fetchval("select ferry.maintain()")
+            await ferry.publish("log:1", {"n": 2})
+            await asyncio.sleep(0.1)
+        assert await conn.fetchval("select count(*) from ferry.events where id = $1", first["id"]) == 0
+        for path in ("/events", ""):
+            async with session.get(f"{api.base}/v1/streams/log:1{path}?after={first['offset']}") as r:
+                assert r.status == 410, await r.text()
+                assert "is older than the oldest retained" in (await r.json())["error"]
