@@ -86,12 +86,14 @@ async def test_the_catalog_keeps_streams_retention_dropped_and_sees_late_commits
         tx = late.transaction()
         await tx.start()
         await late.execute("select ferry.publish('late', '{}')")
+        await tick(conn)  # the catalog goes up to the newest tick
         await conn.fetchval("select ferry.housekeeping()")  # catalogues 'old'; 'late' is not committed yet
         await tx.commit()
     finally:
         await late.close()
     assert await conn.fetchval("select array_agg(stream order by stream) from ferry.streams") == ["old"]
     assert await ferry.subscribe("s1", ["late", "old"], URL) == []  # 'late': found among the newer commits
+    await tick(conn)
     await conn.fetchval("select ferry.housekeeping()")
     assert await conn.fetchval("select array_agg(stream order by stream) from ferry.streams") == ["late", "old"]
 

@@ -161,6 +161,7 @@ async def test_relay_role_subscribes_and_hears_which_streams_nothing_has_written
             "select ferry.subscribe('mine', array['public.orders', 'net.http', 'public.ordrs'], 'http://127.0.0.1:9/x')"
         )
         await writer.execute("select ferry.publish('billing', '{}')")
+        await relay.fetchval("select ferry.tick()")  # the catalog goes up to the newest tick
         await relay.fetchval("select ferry.housekeeping()")
         assert await relay.fetchval("select array_agg(stream) from ferry.streams") == ["billing"]
     finally:

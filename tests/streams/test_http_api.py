@@ -12,6 +12,7 @@ import pytest
 
 import pgferry
 from pgferry import db
+from tests.helpers import eventually
 from tests.streams.conftest import StartApi
 from tests.streams.sse import SseEvent, sse_events
 
@@ -272,3 +273,41 @@ async def test_an_expired_offset_gets_410_with_the_oldest_offset_left(
             async with session.get(f"{api.base}/v1/streams/log:1{path}?after={first['offset']}") as r:
                 assert r.status == 410, await r.text()
                 assert "is older than the oldest retained" in (await r.json())["error"]
+
+
+async def test_a_client_that_falls_behind_is_let_go_with_the_reason_and_loses_nothing(
+    start_api: StartApi, ferry: pgferry.Ferry
+) -> None:
+    api = await start_api(allow_loopback=True, client_buffer=5, stall_timeout=2.0)
+    host, port = api.base.removeprefix("http://").split(":")
+    big = "x" * 3_000_000  # five of them outgrow the socket buffers of a client that reads nothing
+    async with aiohttp.ClientSession() as session:
+        # One client never reads at all: its connection is cut once a write waits stall_timeout.
+        _, stalled = await asyncio.open_connection(host, int(port))
+        stalled.write(b"GET /v1/streams/flood HTTP/1.1\r\nHost: x\r\n\r\n")
+        # One reads, but more than client_buffer events wait for it at once: let go with the reason.
+        slow = asyncio.create_task(read_sse(session, f"{api.base}/v1/streams/slow"))
+        # One follows another stream and is served all along.
+        control = asyncio.create_task(read_sse(session, f"{api.base}/v1/streams/control", n=1))
+        await asyncio.sleep(0.3)
+        await ferry.publish_many([{"stream": "flood", "payload": big} for _ in range(6)])
+        slow_ids = await ferry.publish_many([{"stream": "slow", "payload": n} for n in range(20)])
+        await asyncio.sleep(0.5)
+        started = asyncio.get_running_loop().time()
+        await ferry.publish("control", "still here")
+        assert len(await control) == 1
+        assert asyncio.get_running_loop().time() - started < 1.5
+        got = await slow
+        assert got[-1].event == "error" and "more than 5 events waited" in orjson.loads(got[-1].data)["reason"]
+        received = [orjson.loads(e.data)["id"] for e in got[:-1]]
+        assert received == slow_ids[: len(received)]
+        rest = await read_sse(session, f"{api.base}/v1/streams/slow", n=len(slow_ids) - len(received),
+                              headers={"Last-Event-ID": got[-2].id or ""} if len(got) > 1 else {})  # fmt: skip
+        assert received + [orjson.loads(e.data)["id"] for e in rest] == slow_ids
+
+        async def cut() -> bool:
+            return bool(api.relay.api.stats.let_go.get("stalled", 0) == 1)  # type: ignore[attr-defined]
+
+        await eventually(cut, timeout=10, what="the stalled client to be cut off")
+        assert api.relay.api.stats.let_go.get("slow", 0) >= 1  # type: ignore[attr-defined]
+        stalled.close()

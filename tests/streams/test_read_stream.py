@@ -148,3 +148,33 @@ async def test_an_offset_older_than_retention_says_the_oldest_one_left(
     assert rest[0].payload == {"n": 2}
     with pytest.raises(pgferry.BadOffset):
         await take(ferry.read_stream("log:1", after="yesterday"), 1)
+
+
+async def test_a_reader_from_the_beginning_starts_where_the_stream_catalog_says_its_first_event_is(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    from pgferry.streams.reader import start
+
+    await ferry.publish("old", 1)
+    await tick(conn)
+    await conn.fetchval("select ferry._catalog_streams()")
+    oldest = (await start(conn, "old", None)).lower  # catalogued before any scan had a tick: the oldest
+    scanned = await conn.fetchval("select scanned_tick from ferry.stream_scan")
+    await tick(conn)
+    first = await ferry.publish("answer:1", "a")
+    await tick(conn)
+    await conn.fetchval("select ferry._catalog_streams()")
+    assert await conn.fetchval("select first_tick from ferry.streams where stream = 'answer:1'") == scanned
+    assert (await start(conn, "answer:1", None)).lower == scanned > oldest
+    # Not catalogued yet (written since the last scan): it starts at the last scanned tick.
+    second = await ferry.publish("answer:2", "b")
+    await tick(conn)
+    newest = await conn.fetchval("select scanned_tick from ferry.stream_scan")
+    assert (await start(conn, "answer:2", None)).lower == newest > scanned
+    for stream, event in (("answer:1", first), ("answer:2", second)):
+        await ferry.close_stream(stream)
+        await tick(conn)
+        assert [e.id for e in await drain(ferry.read_stream(stream, poll_interval=0.05))] == [event]
+    # A scan with no new tick changes nothing.
+    assert await conn.fetchval("select ferry._catalog_streams()") >= 0
+    assert await conn.fetchval("select ferry._catalog_streams()") == 0

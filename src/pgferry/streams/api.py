@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -98,7 +98,8 @@ class StreamsApi:
         self.hub = hub if hub is not None else StreamHub(url, range_events=settings.range_events)
         self.pool: asyncpg.Pool | None = None
         self.stats = ApiStats()
-        self.app = web.Application(client_max_size=MAX_BODY, middlewares=[self._cors])
+        self.app = web.Application(client_max_size=MAX_BODY)
+        self.app.on_response_prepare.append(self._cors)
         self.app.router.add_get("/v1/streams/{name}", self.sse)
         self.app.router.add_get("/v1/streams/{name}/events", self.events)
         self.app.router.add_post("/v1/streams/{name}", self.publish)
@@ -137,6 +138,10 @@ class StreamsApi:
             pass  # the client went away, or read nothing for stall_timeout (cut off)
         finally:
             self.stats.clients -= 1
+            # The connection closes once what was written is read: a client that reads nothing
+            # more would keep it (and its buffers) forever.
+            if request.transport is not None:
+                asyncio.get_running_loop().call_later(self.settings.stall_timeout, request.transport.abort)
         return response
 
     async def events(self, request: web.Request) -> web.Response:
@@ -227,25 +232,19 @@ class StreamsApi:
         except BadOffset as exc:
             raise _error(400, str(exc)) from None
 
-    @web.middleware
-    async def _cors(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                    ) -> web.StreamResponse:  # fmt: skip
+    async def _cors(self, request: web.Request, response: web.StreamResponse) -> None:
+        """CORS headers for the listed origins, on every response (errors too, so a page can read
+        why), set as it is prepared: an SSE response is prepared before its first event."""
         origin = request.headers.get("Origin")
-        allowed = origin is not None and ("*" in self.settings.cors_origins or origin in self.settings.cors_origins)
-        try:
-            response = await handler(request)
-        except web.HTTPException as exc:
-            response = exc
-        if allowed and not response.prepared:
-            response.headers["Access-Control-Allow-Origin"] = origin or ""
-            response.headers["Vary"] = "Origin"
-            if request.method == "OPTIONS":
-                response.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
-                response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, Last-Event-ID"
-                response.headers["Access-Control-Max-Age"] = "600"
-        if isinstance(response, web.HTTPException):
-            raise response
-        return response
+        origins = self.settings.cors_origins
+        if origin is None or not ("*" in origins or origin in origins):
+            return
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Vary"] = "Origin"
+        if request.method == "OPTIONS":
+            response.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+            response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, Last-Event-ID"
+            response.headers["Access-Control-Max-Age"] = "600"
 
     # -- reading -----------------------------------------------------------
 

@@ -1,0 +1,94 @@
+"""Who may use the streams API: bearer tokens scoped by stream patterns and read/write (real
+``TokenStore`` over the database), loopback only when allowed, CORS for the listed origins."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import asyncpg
+
+import pgferry
+from pgferry import api_tokens
+from tests.streams.conftest import StartApi
+
+
+async def test_tokens_decide_who_reads_and_writes_which_stream(
+    start_api: StartApi, ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    reader = await api_tokens.create(conn, "browser", read=["chat:*"], write=[])
+    writer = await api_tokens.create(conn, "producer", read=[], write=["chat:*", "jobs:?"])
+    api = await start_api()  # allow_loopback off: loopback needs a token too
+    await ferry.publish("chat:1", {"n": 1})
+    base = f"{api.base}/v1/streams"
+
+    async with aiohttp.ClientSession() as session:
+
+        async def status(method: str, path: str, token: str | None = None, **kwargs: object) -> int:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            async with session.request(method, base + path, headers=headers, **kwargs) as r:  # type: ignore[arg-type]
+                if r.status in (401, 403):
+                    assert r.headers["WWW-Authenticate"].startswith('Bearer realm="pgferry"')
+                    assert (await r.json())["error"]
+                return r.status
+
+        assert await status("GET", "/chat:1/events") == 401  # no token
+        assert await status("GET", "/chat:1/events", "pft_" + "x" * 43) == 401  # unknown
+        assert await status("GET", "/chat:1/events", "not-even-a-token") == 401
+        assert await status("GET", "/chat:1/events", reader) == 200
+        assert await status("GET", "/other:1/events", reader) == 403  # right token, other stream
+        assert await status("POST", "/chat:1", reader, json={"payload": 1}) == 403  # read-only
+        assert await status("POST", "/chat:1", writer, json={"payload": 2}) == 201
+        assert await status("POST", "/jobs:7", writer, json={"payload": 2}) == 201
+        assert await status("POST", "/jobs:77", writer, json={"payload": 2}) == 403
+        assert await status("GET", "/chat:1/events", writer) == 403  # write-only
+        assert await status("POST", "/chat:9/close", writer) == 200
+        # EventSource cannot send headers: ?access_token= works for reading.
+        async with session.get(f"{base}/chat:1?access_token={reader}") as r:
+            assert r.status == 200 and r.headers["Content-Type"] == "text/event-stream"
+        async with session.get(f"{base}/chat:1?access_token=pft_{'y' * 43}") as r:
+            assert r.status == 401
+        # Revoked: refused within the store's refresh interval (5 s).
+        await api_tokens.revoke(conn, "browser")
+        deadline = asyncio.get_running_loop().time() + 10
+        while await status("GET", "/chat:1/events", reader) == 200:
+            assert asyncio.get_running_loop().time() < deadline, "a revoked token still works"
+            await asyncio.sleep(0.2)
+        assert await status("GET", "/chat:1/events", reader) == 401
+
+
+async def test_loopback_goes_without_a_token_only_when_allowed(start_api: StartApi, ferry: pgferry.Ferry) -> None:
+    api = await start_api(allow_loopback=True)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{api.base}/v1/streams/a/events") as r:
+            assert r.status == 200
+        async with session.post(f"{api.base}/v1/streams/a", json={"payload": 1}) as r:
+            assert r.status == 201
+
+
+async def test_cors_answers_listed_origins_only(start_api: StartApi, conn: asyncpg.Connection) -> None:
+    token = await api_tokens.create(conn, "web", read=["*"], write=["*"])
+    api = await start_api(cors_origins=("https://app.example.com",))
+    url = f"{api.base}/v1/streams/chat:1/events"
+    async with aiohttp.ClientSession() as session:
+        preflight = {"Origin": "https://app.example.com", "Access-Control-Request-Method": "POST",
+                     "Access-Control-Request-Headers": "authorization, content-type"}  # fmt: skip
+        async with session.options(f"{api.base}/v1/streams/chat:1", headers=preflight) as r:
+            assert r.status == 204
+            assert r.headers["Access-Control-Allow-Origin"] == "https://app.example.com"
+            assert "POST" in r.headers["Access-Control-Allow-Methods"]
+            assert "Authorization" in r.headers["Access-Control-Allow-Headers"]
+        auth = {"Authorization": f"Bearer {token}"}
+        async with session.get(url, headers={"Origin": "https://app.example.com", **auth}) as r:
+            assert r.status == 200 and r.headers["Access-Control-Allow-Origin"] == "https://app.example.com"
+            assert r.headers["Vary"] == "Origin"
+        async with session.get(url, headers={"Origin": "https://app.example.com"}) as r:
+            # errors carry the CORS headers too, so the page can read why
+            assert r.status == 401 and r.headers["Access-Control-Allow-Origin"] == "https://app.example.com"
+        async with session.get(url, headers={"Origin": "https://evil.example.net", **auth}) as r:
+            assert "Access-Control-Allow-Origin" not in r.headers
+        async with session.options(url, headers={**preflight, "Origin": "https://evil.example.net"}) as r:
+            assert "Access-Control-Allow-Origin" not in r.headers
+        async with session.get(f"{api.base}/v1/streams/chat:1?access_token={token}",
+                               headers={"Origin": "https://app.example.com"}) as r:  # fmt: skip
+            assert r.status == 200 and r.headers["Access-Control-Allow-Origin"] == "https://app.example.com"
