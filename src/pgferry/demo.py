@@ -4,7 +4,9 @@ It captures a small table, writes a few rows and published events, prints
 them as a stream reader receives them, and delivers the table's changes as
 signed webhooks to a demo receiver that fails now and then, so a new user
 sees the whole path (capture -> log -> tick -> reader / webhook with
-retries) working in one command.
+retries) working in one command. It also writes "answers" word by word to
+durable streams, one stream per answer, closed at its end, and serves a page
+that shows them live in a browser through the relay's streams API.
 """
 
 from __future__ import annotations
@@ -12,15 +14,29 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Callable
+from importlib import resources
 
 import click
 import orjson
+from aiohttp import web
 
 import pgferry
 from pgferry import db
 from pgferry.aio import wait_for_event
 from pgferry.delivery.signing import new_secret
 from pgferry.receiver import Action, Received, Receiver, Respond
+
+#: The demo page's own server: its origin is what the streams API lets call it (CORS).
+PAGE_HOST = "127.0.0.1"
+QUESTIONS = {
+    "What does pgferry do?": "It carries events out of PostgreSQL: captured in the writing transaction, kept in "
+    "a commit-ordered log, delivered to webhooks and to readers like this page.",
+    "What is a durable stream?": "A named, append-only channel written inside your transaction. Any number of "
+    "readers follow it from any offset, live, until it is closed, and nothing is registered to read it.",
+    "What if the relay restarts?": "The browser reconnects with the last offset it saw and carries on: no gap, "
+    "no duplicate.",
+}
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +100,55 @@ def _demo_receiver() -> Receiver:
     return Receiver(behaviour)
 
 
-async def run_demo(url: str, stop: asyncio.Event, interval: float = 2.0) -> None:
+async def _answers(url: str, stop: asyncio.Event, word_interval: float = 0.15, pause: float = 4.0) -> None:
+    """Write an answer word by word to a stream of its own, announced on demo.answers, then close it."""
+    async with pgferry.connect(url) as ferry:
+        numbers = itertools.count(1)
+        while True:
+            for question, answer in QUESTIONS.items():
+                stream = f"demo.answer:{next(numbers)}"
+                await ferry.publish("demo.answers", {"stream": stream, "question": question})
+                for word in answer.split():
+                    await ferry.publish(stream, {"word": word})
+                    if await wait_for_event(stop, word_interval):
+                        return
+                await ferry.close_stream(stream)
+                if await wait_for_event(stop, pause):
+                    return
+
+
+async def _serve_page(port: int, api_url: Callable[[], str | None], stop: asyncio.Event) -> None:
+    """Serve the page that follows the answers, once the relay's API is listening."""
+    while api_url() is None and not stop.is_set():
+        await wait_for_event(stop, 0.05)
+    api = api_url()
+    if api is None:
+        return
+    page = (resources.files("pgferry") / "demo_answers.html").read_text().replace("__API__", api)
+
+    async def show(_: web.Request) -> web.Response:
+        return web.Response(text=page, content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/", show)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, PAGE_HOST, port).start()
+        click.echo(
+            click.style(f"demo: open http://{PAGE_HOST}:{port}/ to watch the answers stream in", bold=True)
+            + f"; or: curl -N {api}/v1/streams/demo.answers"
+        )
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+async def run_demo(
+    url: str, stop: asyncio.Event, interval: float = 2.0, *, page_port: int | None = None,
+    api_url: Callable[[], str | None] = lambda: None,
+) -> None:  # fmt: skip
+    """The demo; with ``page_port``, also the answers page, for the relay's API at ``api_url()``."""
     receiver = _demo_receiver()
     hook_url = await receiver.start()
     async with pgferry.connect(url) as ferry:
@@ -96,11 +160,14 @@ async def run_demo(url: str, stop: asyncio.Event, interval: float = 2.0) -> None
         f"{interval:g} s; a stream reader prints what it reads, and the table's changes go as "
         f"signed webhooks to a demo receiver at {hook_url}. Ctrl-C stops."
     )
-    reader = asyncio.create_task(_reader(url, stop))
+    others = [asyncio.create_task(_reader(url, stop)), asyncio.create_task(_answers(url, stop))]
+    if page_port is not None:
+        others.append(asyncio.create_task(_serve_page(page_port, api_url, stop)))
     try:
         await _writer(url, stop, interval)
     finally:
         await asyncio.sleep(0.5)  # let the reader print the last batch
-        reader.cancel()
-        await asyncio.gather(reader, return_exceptions=True)
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
         await receiver.stop()

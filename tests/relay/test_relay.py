@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import aiohttp
 import asyncpg
 import pytest
 
@@ -149,8 +150,29 @@ async def test_run_explains_unreachable_database_and_missing_schema(pgferry_cmd:
 
 
 async def test_run_without_url_starts_a_throwaway_postgres_and_demo(pgferry_cmd: list[str]) -> None:
-    done = await asyncio.to_thread(_run_cli, pgferry_cmd, "run", "--exit-after", "5")
-    assert done.returncode == 0, done.stderr
-    assert "throwaway PostgreSQL" in done.stdout
-    assert "read event" in done.stdout and "public.demo_orders" in done.stdout and "demo.greetings" in done.stdout
-    assert "webhook evt_" in done.stdout and "received:" in done.stdout
+    proc = await asyncio.create_subprocess_exec(
+        *pgferry_cmd, "run", "--exit-after", "8", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    async with asyncio.timeout(30):
+        while not any("to watch the answers stream in" in line for line in lines):
+            line = (await proc.stdout.readline()).decode()
+            assert line, "the demo ended before serving its page"
+            lines.append(line)
+    page = lines[-1].split("open ")[1].split()[0]
+    stream = lines[-1].split("curl -N ")[1].strip()
+    async with aiohttp.ClientSession() as session:
+        async with session.get(page) as r:
+            assert r.status == 200 and "new EventSource" in await r.text()
+        # The answers the page follows, over SSE, with the page's origin allowed by CORS.
+        async with session.get(stream, headers={"Origin": page.rstrip("/")}) as r:
+            assert r.status == 200 and r.headers["Access-Control-Allow-Origin"] == page.rstrip("/")
+            first = await r.content.readuntil(b"\n\n") + await r.content.readuntil(b"\n\n")
+            assert b'"question":"What does pgferry do?"' in first
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    stdout = "".join(lines) + out.decode()
+    assert "throwaway PostgreSQL" in stdout
+    assert "read event" in stdout and "public.demo_orders" in stdout and "demo.greetings" in stdout
+    assert "webhook evt_" in stdout and "received:" in stdout

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import signal
+from dataclasses import replace
 
 import click
 
@@ -20,7 +21,7 @@ from pgferry.cli.common import (
     with_ferry,
 )
 from pgferry.delivery.addresses import ALLOW_ENV_VAR, STRICT_ENV_VAR, AddressPolicy, parse_networks
-from pgferry.embedded import embedded_postgres
+from pgferry.embedded import embedded_postgres, free_port
 from pgferry.errors import PgferryError
 from pgferry.log.ticker import TickerSettings
 from pgferry.relay.surface import check_dashboard_binding
@@ -205,7 +206,7 @@ def run(
         except PgferryError as exc:
             raise click.UsageError(str(exc)) from exc
 
-    async def go(url: str, demo: bool) -> None:
+    async def go(url: str, demo: bool, page_port: int | None = None) -> None:
         # Long-lived objects made at startup never need collecting; freezing them
         # and collecting less often trims GC pauses from delivery latency.
         gc.freeze()
@@ -219,7 +220,8 @@ def run(
         if demo:
             from pgferry.demo import run_demo
 
-            tasks.append(asyncio.create_task(run_demo(url, stop)))
+            demo_run = run_demo(url, stop, page_port=page_port, api_url=lambda: relay.addresses.get("api"))
+            tasks.append(asyncio.create_task(demo_run))
         try:
             await asyncio.gather(*tasks)
         finally:
@@ -232,11 +234,16 @@ def run(
         return
 
     click.echo("no --database-url given: starting a throwaway PostgreSQL for a demo ...")
+    # The demo shows its streams in a browser: the API serves the demo page's origin, and
+    # loopback without tokens (a throwaway database on this machine only).
+    page_port = free_port()
+    api = settings.api or ApiSettings(host=api_host)
+    settings.api = replace(api, allow_loopback=True, cors_origins=(*api.cors_origins, f"http://127.0.0.1:{page_port}"))
     try:
         with embedded_postgres() as pg:
             click.echo(f"PostgreSQL is up at {pg.url} (removed on exit); try: psql {pg.url}")
             run_coroutine(install_at(pg.url))
-            run_coroutine(go(pg.url, demo=True))
+            run_coroutine(go(pg.url, demo=True, page_port=page_port))
     except PgferryError as exc:
         raise click.ClickException(str(exc)) from exc
 
