@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -311,3 +312,33 @@ async def test_a_client_that_falls_behind_is_let_go_with_the_reason_and_loses_no
         await eventually(cut, timeout=10, what="the stalled client to be cut off")
         assert api.relay.api.stats.let_go.get("slow", 0) >= 1  # type: ignore[attr-defined]
         stalled.close()
+
+
+async def test_a_relay_with_readers_connected_stops_at_once_and_they_can_resume(
+    start_api: StartApi, ferry: pgferry.Ferry
+) -> None:
+    api = await start_api(allow_loopback=True)
+    event = await ferry.publish("x", 1)
+    async with aiohttp.ClientSession() as session:
+        responses = [await session.get(f"{api.base}/v1/streams/x") for _ in range(5)]
+        polls = [asyncio.create_task(session.get(f"{api.base}/v1/streams/y/events?wait=30")) for _ in range(5)]
+        first = [e async for e in _take(sse_events(responses[0]), 1)]
+        assert orjson.loads(first[0].data)["id"] == event
+        await asyncio.sleep(0.2)
+        started = asyncio.get_running_loop().time()
+        await api.stop()
+        assert asyncio.get_running_loop().time() - started < 5
+        for response in responses:
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await response.content.read()  # cut: an EventSource reconnects after its last id
+        for poll in polls:
+            with pytest.raises(aiohttp.ClientError):
+                await (await poll).read()
+
+
+async def _take(events: AsyncIterator[SseEvent], n: int) -> AsyncIterator[SseEvent]:
+    async for event in events:
+        yield event
+        n -= 1
+        if n == 0:
+            return

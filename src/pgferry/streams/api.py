@@ -98,6 +98,8 @@ class StreamsApi:
         self.hub = hub if hub is not None else StreamHub(url, range_events=settings.range_events)
         self.pool: asyncpg.Pool | None = None
         self.stats = ApiStats()
+        #: the requests that read (SSE, long-polls): ended when the relay stops
+        self.readers: set[asyncio.Task[Any]] = set()
         self.app = web.Application(client_max_size=MAX_BODY)
         self.app.on_response_prepare.append(self._cors)
         self.app.router.add_get("/v1/streams/{name}", self.sse)
@@ -130,6 +132,9 @@ class StreamsApi:
         })  # fmt: skip
         response.force_close()  # a stream's connection is its own; it ends with it
         self.stats.clients += 1
+        this = asyncio.current_task()
+        assert this is not None
+        self.readers.add(this)
         try:
             await response.prepare(request)
             await self._write(request, response, b"retry: 2000\n\n")
@@ -138,6 +143,7 @@ class StreamsApi:
             pass  # the client went away, or read nothing for stall_timeout (cut off)
         finally:
             self.stats.clients -= 1
+            self.readers.discard(this)
             # The connection closes once what was written is read: a client that reads nothing
             # more would keep it (and its buffers) forever.
             if request.transport is not None:
@@ -154,10 +160,14 @@ class StreamsApi:
         else:
             position = await self._begin(stream, after)
             self.stats.clients += 1
+            this = asyncio.current_task()
+            assert this is not None
+            self.readers.add(this)
             try:
                 events, resume = await self._poll(stream, position, limit, wait)
             finally:
                 self.stats.clients -= 1
+                self.readers.discard(this)
             closed = bool(events) and is_end(events[-1].headers)
         body = {"events": [_event_json(e) for e in events if not is_end(e.headers)], "next": str(resume),
                 "closed": closed}  # fmt: skip
@@ -423,7 +433,9 @@ def _float(raw: str | None, name: str, default: float, low: float, high: float) 
 async def serve(api: StreamsApi, stop: asyncio.Event, announce: Callable[[str], None] | None = None) -> None:
     """Run the API, and the hub it reads from, until ``stop``."""
     await api.open()
-    runner = web.AppRunner(api.app, access_log=None, handle_signals=False, handler_cancellation=True)
+    runner = web.AppRunner(
+        api.app, access_log=None, handle_signals=False, handler_cancellation=True, shutdown_timeout=5.0
+    )
     hub = asyncio.create_task(api.hub.run(stop))
     try:
         await runner.setup()
@@ -442,6 +454,10 @@ async def serve(api: StreamsApi, stop: asyncio.Event, announce: Callable[[str], 
         await stop.wait()
     finally:
         hub.cancel()
-        await asyncio.gather(hub, return_exceptions=True)
+        # Readers never finish by themselves: end them (an EventSource reconnects, to another
+        # relay or to this one restarted, after its last offset), then stop serving.
+        for reader in list(api.readers):
+            reader.cancel()
+        await asyncio.gather(hub, *api.readers, return_exceptions=True)
         await runner.cleanup()
         await api.close_pool()
