@@ -264,6 +264,8 @@ async def test_an_expired_offset_gets_410_with_the_oldest_offset_left(
         await asyncio.sleep(0.3)
         async with session.get(f"{api.base}/v1/streams/log:1/events") as r:
             (first,) = (await r.json())["events"]
+        await ferry.publish("gone:1", 1)
+        await ferry.close_stream("gone:1")
         await conn.execute("update ferry.config set rotation_interval = '0 s', idle_tick_interval = '0 s'")
         for _ in range(4):
             await conn.fetchval("select ferry.maintain()")
@@ -274,6 +276,11 @@ async def test_an_expired_offset_gets_410_with_the_oldest_offset_left(
             async with session.get(f"{api.base}/v1/streams/log:1{path}?after={first['offset']}") as r:
                 assert r.status == 410, await r.text()
                 assert "is older than the oldest retained" in (await r.json())["error"]
+        # A closed stream that retention dropped whole: over, not "wait for more".
+        async with session.get(f"{api.base}/v1/streams/gone:1") as r:
+            assert r.status == 204
+        async with session.get(f"{api.base}/v1/streams/gone:1/events?wait=5") as r:
+            assert await r.json() == {"events": [], "next": None, "closed": True}
 
 
 async def test_a_client_that_falls_behind_is_let_go_with_the_reason_and_loses_nothing(

@@ -10,7 +10,7 @@ import pytest
 
 import pgferry
 from pgferry import db
-from pgferry.streams.reader import StreamEvent
+from pgferry.streams.reader import Position, StreamEvent, start
 from tests.helpers import tick
 
 
@@ -150,27 +150,42 @@ async def test_an_offset_older_than_retention_says_the_oldest_one_left(
         await take(ferry.read_stream("log:1", after="yesterday"), 1)
 
 
+async def test_a_closed_stream_that_retention_dropped_whole_ends_at_once_for_a_reader_from_its_start(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    await conn.execute("update ferry.config set rotation_interval = '0 s', idle_tick_interval = '0 s'")
+    await ferry.publish("answer:9", "a")
+    await ferry.close_stream("answer:9")
+    await ferry.publish("open:1", "b")
+    for _ in range(4):
+        await tick(conn)
+        await conn.fetchval("select ferry.maintain()")
+        await ferry.publish("other", 1)
+    assert await conn.fetchval("select count(*) from ferry.events where stream in ('answer:9', 'open:1')") == 0
+    assert await drain(ferry.read_stream("answer:9", poll_interval=0.05), timeout=2) == []
+    # An open stream whose events were dropped is followed from the oldest retained tick on.
+    assert await start(conn, "open:1", None) is not None
+
+
 async def test_a_reader_from_the_beginning_starts_where_the_stream_catalog_says_its_first_event_is(
     ferry: pgferry.Ferry, conn: asyncpg.Connection
 ) -> None:
-    from pgferry.streams.reader import start
-
     await ferry.publish("old", 1)
     await tick(conn)
     await conn.fetchval("select ferry._catalog_streams()")
-    oldest = (await start(conn, "old", None)).lower  # catalogued before any scan had a tick: the oldest
+    oldest = (await started(conn, "old")).lower  # catalogued before any scan had a tick: the oldest
     scanned = await conn.fetchval("select scanned_tick from ferry.stream_scan")
     await tick(conn)
     first = await ferry.publish("answer:1", "a")
     await tick(conn)
     await conn.fetchval("select ferry._catalog_streams()")
     assert await conn.fetchval("select first_tick from ferry.streams where stream = 'answer:1'") == scanned
-    assert (await start(conn, "answer:1", None)).lower == scanned > oldest
+    assert (await started(conn, "answer:1")).lower == scanned > oldest
     # Not catalogued yet (written since the last scan): it starts at the last scanned tick.
     second = await ferry.publish("answer:2", "b")
     await tick(conn)
     newest = await conn.fetchval("select scanned_tick from ferry.stream_scan")
-    assert (await start(conn, "answer:2", None)).lower == newest > scanned
+    assert (await started(conn, "answer:2")).lower == newest > scanned
     for stream, event in (("answer:1", first), ("answer:2", second)):
         await ferry.close_stream(stream)
         await tick(conn)
@@ -178,3 +193,9 @@ async def test_a_reader_from_the_beginning_starts_where_the_stream_catalog_says_
     # A scan with no new tick changes nothing.
     assert await conn.fetchval("select ferry._catalog_streams()") >= 0
     assert await conn.fetchval("select ferry._catalog_streams()") == 0
+
+
+async def started(conn: asyncpg.Connection, stream: str) -> Position:
+    position = await start(conn, stream, None)
+    assert position is not None
+    return position

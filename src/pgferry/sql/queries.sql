@@ -440,6 +440,13 @@ where revoked_at is null
 select coalesce((select min(p.open_tick) from ferry.partitions p where p.state <> 'empty'),
                 (select max(t.id) from ferry.ticks t))
 
+-- name: stream_dropped
+-- Was stream $1 closed by a transaction the tick $2 (the oldest retained) sees committed, so
+-- that retention has dropped all of it, end marker included?
+select coalesce(bool_or(pg_visible_in_snapshot(c.end_txid, t.snapshot)), false)
+from ferry.closed_streams c join ferry.ticks t on t.id = $2
+where c.stream = $1
+
 -- name: stream_first_tick
 -- Where reading stream $1 from its beginning begins: the tick its first event committed after,
 -- from the stream catalog (migration 0010), never before the oldest retained tick.

@@ -124,9 +124,9 @@ class StreamsApi:
 
     async def sse(self, request: web.Request) -> web.StreamResponse:
         stream, after = await self._admit(request, "read", sse=True)
-        if after is not None and await self._past_end(stream, after):
-            return web.Response(status=204)  # EventSource stops reconnecting
         position = await self._begin(stream, after)
+        if position is None:
+            return web.Response(status=204)  # EventSource stops reconnecting
         response = web.StreamResponse(headers={
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
         })  # fmt: skip
@@ -154,11 +154,12 @@ class StreamsApi:
         stream, after = await self._admit(request, "read", sse=False)
         limit = _int(request.query.get("limit"), "limit", 100, 1, MAX_LIMIT)
         wait = _float(request.query.get("wait"), "wait", 0.0, 0.0, MAX_WAIT)
-        if after is not None and await self._past_end(stream, after):
-            events: list[StreamEvent] = []
-            resume, closed = after, True
+        position = await self._begin(stream, after)
+        events: list[StreamEvent] = []
+        resume: Offset | None = after
+        if position is None:
+            closed = True
         else:
-            position = await self._begin(stream, after)
             self.stats.clients += 1
             this = asyncio.current_task()
             assert this is not None
@@ -169,7 +170,7 @@ class StreamsApi:
                 self.stats.clients -= 1
                 self.readers.discard(this)
             closed = bool(events) and is_end(events[-1].headers)
-        body = {"events": [_event_json(e) for e in events if not is_end(e.headers)], "next": str(resume),
+        body = {"events": [_event_json(e) for e in events if not is_end(e.headers)], "next": resume and str(resume),
                 "closed": closed}  # fmt: skip
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 
@@ -258,17 +259,15 @@ class StreamsApi:
 
     # -- reading -----------------------------------------------------------
 
-    async def _past_end(self, stream: str, after: Offset) -> bool:
-        assert self.pool is not None
-        async with self.pool.acquire() as conn:
-            end = await conn.fetchval(sql.query("stream_end_event"), stream)
-        return end is not None and after.id == end
-
-    async def _begin(self, stream: str, after: Offset | None) -> Position:
-        """Where reading ``stream`` after ``after`` starts; 410 when retention dropped it."""
+    async def _begin(self, stream: str, after: Offset | None) -> Position | None:
+        """Where reading ``stream`` after ``after`` starts; None when there is nothing more to read,
+        ever: ``after`` is the stream's end, or it was closed and retention has dropped all of it.
+        410 when retention dropped ``after``."""
         assert self.pool is not None
         await self.hub.ready.wait()
         async with self.pool.acquire() as conn:
+            if after is not None and after.id == await conn.fetchval(sql.query("stream_end_event"), stream):
+                return None
             try:
                 return await start(conn, stream, after)
             except OffsetExpired as exc:

@@ -87,11 +87,14 @@ class Position:
     floor: Offset
 
 
-async def start(conn: asyncpg.Connection, stream: str, after: Offset | None) -> Position:
+async def start(conn: asyncpg.Connection, stream: str, after: Offset | None) -> Position | None:
     """The position to read ``stream`` ``after`` an offset from (None: from its first retained event,
-    which the stream catalog says where to look for)."""
+    which the stream catalog says where to look for). None: the stream was closed and retention has
+    dropped all of it, end marker included; there is nothing to read and nothing will come."""
     oldest = int(await conn.fetchval(sql.query("stream_oldest_tick")))
     if after is None:
+        if await conn.fetchval(sql.query("stream_dropped"), stream, oldest):
+            return None
         first = int(await conn.fetchval(sql.query("stream_first_tick"), stream, oldest))
         return Position(first, Offset(first, 0))
     if after.tick < oldest:
@@ -159,6 +162,8 @@ async def read_stream(
             await conn.add_listener(TICK_CHANNEL, setter(wake))
             if position is None:
                 position = await start(conn, stream, floor)
+                if position is None:
+                    return  # closed, and dropped by retention since
             failures = 0
             while True:
                 wake.clear()

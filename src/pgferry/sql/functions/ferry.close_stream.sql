@@ -46,7 +46,7 @@ begin
         insert into ferry.events_2 (part, txid, stream, payload, headers)
         values (2, v_txid, stream, 'null', '{"pgferry-control": "end"}') returning id into v_end;
     end if;
-    insert into ferry.closed_streams (stream, end_event) values (close_stream.stream, v_end)
+    insert into ferry.closed_streams (stream, end_event, end_txid) values (close_stream.stream, v_end, v_txid)
     on conflict on constraint closed_streams_pkey do nothing;  -- closed meanwhile: readers stop at the first marker
     return v_end;
 end $$;

@@ -23,6 +23,9 @@
 create table ferry.closed_streams (
     stream     text        primary key,
     end_event  bigint      not null,
+    -- the closing transaction: once the oldest retained tick sees it committed, retention has
+    -- dropped the whole stream, end marker included, and a reader from its start ends at once
+    end_txid   xid8        not null,
     closed_at  timestamptz not null default now()
 );
 
