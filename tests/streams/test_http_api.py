@@ -245,7 +245,7 @@ async def test_bad_requests_get_clear_errors_and_the_relay_keeps_serving(
         held = [await session.get(base) for _ in range(3)]
         try:
             async with session.get(base + "/events") as r:
-                assert r.status == 503 and "3 clients at most" in (await r.json())["error"]
+                assert r.status == 503 and "3 readers at most" in (await r.json())["error"]
         finally:
             for response in held:
                 response.close()

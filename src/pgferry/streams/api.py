@@ -124,55 +124,62 @@ class StreamsApi:
 
     async def sse(self, request: web.Request) -> web.StreamResponse:
         stream, after = await self._admit(request, "read", sse=True)
-        position = await self._begin(stream, after)
-        if position is None:
-            return web.Response(status=204)  # EventSource stops reconnecting
-        response = web.StreamResponse(headers={
-            "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-        })  # fmt: skip
-        response.force_close()  # a stream's connection is its own; it ends with it
-        self.stats.clients += 1
-        this = asyncio.current_task()
-        assert this is not None
-        self.readers.add(this)
+        this = self._enter()
         try:
-            await response.prepare(request)
-            await self._write(request, response, b"retry: 2000\n\n")
-            await self._serve_sse(request, response, stream, position)
-        except (ConnectionError, TimeoutError):
-            pass  # the client went away, or read nothing for stall_timeout (cut off)
-        finally:
-            self.stats.clients -= 1
-            self.readers.discard(this)
+            position = await self._begin(stream, after)
+            if position is None:
+                return web.Response(status=204)  # EventSource stops reconnecting
+            response = web.StreamResponse(headers={
+                "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+            })  # fmt: skip
+            response.force_close()  # a stream's connection is its own; it ends with it
+            try:
+                await response.prepare(request)
+                await self._write(request, response, b"retry: 2000\n\n")
+                await self._serve_sse(request, response, stream, position)
+            except (ConnectionError, TimeoutError):
+                pass  # the client went away, or read nothing for stall_timeout (cut off)
             # The connection closes once what was written is read: a client that reads nothing
             # more would keep it (and its buffers) forever.
             if request.transport is not None:
                 asyncio.get_running_loop().call_later(self.settings.stall_timeout, request.transport.abort)
-        return response
+            return response
+        finally:
+            self._leave(this)
 
     async def events(self, request: web.Request) -> web.Response:
         stream, after = await self._admit(request, "read", sse=False)
         limit = _int(request.query.get("limit"), "limit", 100, 1, MAX_LIMIT)
         wait = _float(request.query.get("wait"), "wait", 0.0, 0.0, MAX_WAIT)
-        position = await self._begin(stream, after)
-        events: list[StreamEvent] = []
-        resume: Offset | None = after
-        if position is None:
-            closed = True
-        else:
-            self.stats.clients += 1
-            this = asyncio.current_task()
-            assert this is not None
-            self.readers.add(this)
-            try:
+        this = self._enter()
+        try:
+            position = await self._begin(stream, after)
+            if position is None:
+                events: list[StreamEvent] = []
+                resume: Offset | None = after
+            else:
                 events, resume = await self._poll(stream, position, limit, wait)
-            finally:
-                self.stats.clients -= 1
-                self.readers.discard(this)
-            closed = bool(events) and is_end(events[-1].headers)
-        body = {"events": [_event_json(e) for e in events if not is_end(e.headers)], "next": resume and str(resume),
-                "closed": closed}  # fmt: skip
+        finally:
+            self._leave(this)
+        body = {"events": [_event_json(e) for e in events if not is_end(e.headers)],
+                "next": resume and str(resume),
+                "closed": position is None or (bool(events) and is_end(events[-1].headers))}  # fmt: skip
         return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    def _enter(self) -> asyncio.Task[Any]:
+        """Count a reader in (503 beyond max_clients); the relay ends it when it stops."""
+        if self.stats.clients >= self.settings.max_clients:
+            raise _error(503, f"this relay serves {self.settings.max_clients} readers at most; try again shortly",
+                         headers={"Retry-After": "1"})  # fmt: skip
+        this = asyncio.current_task()
+        assert this is not None
+        self.stats.clients += 1
+        self.readers.add(this)
+        return this
+
+    def _leave(self, this: asyncio.Task[Any]) -> None:
+        self.stats.clients -= 1
+        self.readers.discard(this)
 
     async def publish(self, request: web.Request) -> web.Response:
         stream, _ = await self._admit(request, "write", sse=False)
@@ -226,8 +233,6 @@ class StreamsApi:
         stream = request.match_info["name"]
         if not stream or len(stream) > 200 or _CONTROL.search(stream):
             raise _error(400, "a stream name is 1-200 characters without control characters")
-        if self.stats.clients >= self.settings.max_clients:
-            raise _error(503, f"this relay serves {self.settings.max_clients} clients at most; try again later")
         if not (self.settings.allow_loopback and is_loopback(request.remote or "")):
             assert self.authorizer is not None
             try:
@@ -399,9 +404,12 @@ def _bearer(request: web.Request) -> str | None:
     return bearer_from_header(request.headers.get("Authorization")) or request.query.get("access_token") or None
 
 
-def _error(status: int, reason: str, challenge: str | None = None) -> web.HTTPException:
+def _error(
+    status: int, reason: str, challenge: str | None = None, headers: dict[str, str] | None = None
+) -> web.HTTPException:
     text = orjson.dumps({"error": reason}).decode()
-    headers = {"WWW-Authenticate": challenge} if challenge else None
+    if challenge:
+        headers = {**(headers or {}), "WWW-Authenticate": challenge}
     classes: dict[int, type[web.HTTPException]] = {
         400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 403: web.HTTPForbidden, 409: web.HTTPConflict,
         410: web.HTTPGone, 503: web.HTTPServiceUnavailable,
