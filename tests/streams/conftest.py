@@ -31,11 +31,12 @@ StartApi = Callable[..., Awaitable[ApiRelay]]
 @pytest.fixture
 async def start_api(db_url: str) -> AsyncIterator[StartApi]:
     """``await start_api(allow_loopback=True, ...)``: a relay (not delivering) serving the API with
-    those ``ApiSettings``; stopped after the test."""
+    those ``ApiSettings`` (and Prometheus metrics with ``metrics=True``); stopped after the test."""
     running: list[ApiRelay] = []
 
-    async def start(**api: object) -> ApiRelay:
-        relay = ApiRelay(db_url, replace(FAST, deliver=False, api=ApiSettings(**api)))  # type: ignore[arg-type]
+    async def start(*, metrics: bool = False, **api: object) -> ApiRelay:
+        settings = replace(FAST, deliver=False, api=ApiSettings(**api), metrics_port=0 if metrics else None)  # type: ignore[arg-type]
+        relay = ApiRelay(db_url, settings)
         running.append(relay)
         await relay.started()
         return relay

@@ -314,17 +314,17 @@ async def test_a_client_that_falls_behind_is_let_go_with_the_reason_and_loses_no
         assert received + [orjson.loads(e.data)["id"] for e in rest] == slow_ids
 
         async def cut() -> bool:
-            return bool(api.relay.api.stats.let_go.get("stalled", 0) == 1)  # type: ignore[attr-defined]
+            return api.relay.view().streams().get("let_go_stalled") == 1
 
         await eventually(cut, timeout=10, what="the stalled client to be cut off")
-        assert api.relay.api.stats.let_go.get("slow", 0) >= 1  # type: ignore[attr-defined]
+        assert api.relay.view().streams()["let_go_slow"] >= 1
         stalled.close()
 
 
 async def test_a_relay_with_readers_connected_stops_at_once_and_they_can_resume(
     start_api: StartApi, ferry: pgferry.Ferry
 ) -> None:
-    api = await start_api(allow_loopback=True)
+    api = await start_api(allow_loopback=True, metrics=True)
     event = await ferry.publish("x", 1)
     async with aiohttp.ClientSession() as session:
         responses = [await session.get(f"{api.base}/v1/streams/x") for _ in range(5)]
@@ -332,6 +332,10 @@ async def test_a_relay_with_readers_connected_stops_at_once_and_they_can_resume(
         first = [e async for e in _take(sse_events(responses[0]), 1)]
         assert orjson.loads(first[0].data)["id"] == event
         await asyncio.sleep(0.2)
+        async with session.get(api.relay.addresses["metrics"]) as r:
+            metrics = await r.text()
+        assert 'pgferry_streams_api{what="readers"} 10.0' in metrics
+        assert 'pgferry_streams_api{what="followed_streams"} 2.0' in metrics
         started = asyncio.get_running_loop().time()
         await api.stop()
         assert asyncio.get_running_loop().time() - started < 5

@@ -95,6 +95,11 @@ class RelayMetrics:
         self.owned = Gauge(
             "pgferry_relay_owned_subscriptions", "Subscriptions this relay delivers right now.", registry=r
         )
+        self.streams = Gauge(
+            "pgferry_streams_api", "The streams API of this relay: readers (SSE and long-polls), followed_streams, "
+            "and since start hub_reads, hub_events, events_sent_live, let_go_slow, let_go_stalled.",
+            ["what"], registry=r,
+        )  # fmt: skip
         self._refreshed = 0.0
 
     # -- fed by the relay ----------------------------------------------------
@@ -153,7 +158,9 @@ class RelayMetrics:
             self.active.labels(name, row["state"]).set(1 if row["state"] == "active" else 0)
         self._refreshed = time.monotonic()
 
-    def set_relay(self, is_ticker: bool, in_flight: dict[str, int]) -> None:
+    def set_relay(self, is_ticker: bool, in_flight: dict[str, int], streams: dict[str, float] | None = None) -> None:
+        for what, value in (streams or {}).items():
+            self.streams.labels(what).set(value)
         self.is_ticker.set(1 if is_ticker else 0)
         self.owned.set(len(in_flight))
         self.in_flight.clear()

@@ -108,6 +108,6 @@ class OperatorWeb:
                 except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
                     # Serve what the relay itself counted; the database gauges keep their last values.
                     log.warning("metrics: cannot read subscription status: %s", exc)
-        metrics.set_relay(self.relay.is_ticker(), self.relay.in_flight())
+        metrics.set_relay(self.relay.is_ticker(), self.relay.in_flight(), self.relay.streams())
         body = generate_latest(metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

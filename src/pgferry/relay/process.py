@@ -11,6 +11,7 @@ import asyncio
 import logging
 import ssl
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import asyncpg
 
@@ -31,6 +32,9 @@ from pgferry.relay.surface import (
 )
 from pgferry.schema import check_installed
 from pgferry.streams.settings import ApiSettings
+
+if TYPE_CHECKING:
+    from pgferry.streams.api import StreamsApi
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +132,7 @@ class Relay:
         if web.dashboard_port is not None:
             check_dashboard_binding(web.dashboard_host, web.dashboard_token)
         #: the streams HTTP API, once served
-        self.api: object | None = None
+        self.api: StreamsApi | None = None
         self.operator = operator if operator is not None else operator_web() if web.wanted else None
 
     def in_flight(self) -> dict[str, int]:
@@ -147,6 +151,7 @@ class Relay:
             is_ticker=is_ticker,
             in_flight=self.in_flight,
             announce=self.addresses.__setitem__,
+            streams=lambda: self.api.counts() if self.api is not None else {},
         )
 
     async def check(self) -> int:

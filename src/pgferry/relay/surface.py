@@ -72,6 +72,8 @@ class RelayView:
     in_flight: Callable[[], dict[str, int]]
     #: tell the relay where a server listens: ("metrics" or "dashboard", its URL)
     announce: Callable[[str, str], None]
+    #: the streams API's counts (readers, followed streams, clients let go...); empty when not served
+    streams: Callable[[], dict[str, float]] = dict
 
 
 @dataclass(frozen=True, slots=True)

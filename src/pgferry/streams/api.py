@@ -116,6 +116,15 @@ class StreamsApi:
             await store.refresh()  # fail now, not on the first request, if the tokens cannot be read
             self.authorizer = store
 
+    def counts(self) -> dict[str, float]:
+        """For the relay's metrics: readers now, streams followed live, and totals since start."""
+        hub = self.hub.stats
+        return {
+            "readers": self.stats.clients, "followed_streams": len(self.hub.followers),
+            "hub_reads": hub.ranges_read, "hub_events": hub.events_read, "events_sent_live": hub.frames_handed,
+            **{f"let_go_{reason}": n for reason, n in self.stats.let_go.items()},
+        }  # fmt: skip
+
     async def close_pool(self) -> None:
         if self.pool is not None:
             await self.pool.close()
