@@ -121,7 +121,8 @@ class StreamsApi:
         hub = self.hub.stats
         return {
             "readers": self.stats.clients, "followed_streams": len(self.hub.followers),
-            "hub_reads": hub.ranges_read, "hub_events": hub.events_read, "events_sent_live": hub.frames_handed,
+            "hub_reads": hub.ranges_read, "hub_queries": hub.queries, "hub_events": hub.events_read,
+            "events_sent_live": hub.frames_handed,
             **{f"let_go_{reason}": n for reason, n in self.stats.let_go.items()},
         }  # fmt: skip
 

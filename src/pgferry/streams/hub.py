@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict, deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -70,6 +69,8 @@ class Follower:
 class HubStats:
     ranges_read: int = 0
     events_read: int = 0
+    #: database round trips of the live feed (the same whatever the number of followers)
+    queries: int = 0
     frames_handed: int = 0
 
 
@@ -85,8 +86,6 @@ class StreamHub:
         self.lower: int | None = None
         self.ready = asyncio.Event()
         self.stats = HubStats()
-        #: called with the number of database round trips of each read (metrics)
-        self.observe: Callable[[int], None] | None = None
 
     def join(self, follower: Follower, read_up_to: int) -> bool:
         """Join the live feed, if ``read_up_to`` (the tick the follower read history up to)
@@ -134,27 +133,42 @@ class StreamHub:
         lower = self.lower
         if not self.followers:  # nobody follows anything: move on without reading events
             newest = await conn.fetchval(sql.query("latest_tick"))
+            self.stats.queries += 1
             if newest is None or newest <= lower:
                 return False
-            self.lower = int(newest)
+            if not self.followers:  # nobody joined meanwhile either
+                self.lower = int(newest)
             return True
         end = await conn.fetchval(sql.query("stream_range_end"), lower, self.range_events)
         if end is None:
             return False
-        streams = list(self.followers)
-        rows = await conn.fetch(sql.query("streams_events"), lower, end, streams)
+        # Followers may join during any await below (``join`` only checks ``lower``): the range is
+        # read for every stream followed by the time it is handed out, in one loop step after the
+        # last await.
+        streams: set[str] = set()
+        rows: list[asyncpg.Record] = []
+        ticks: list[tuple[int, Snapshot]] | None = None
+        reads = 1
+        while True:
+            if late := set(self.followers) - streams:
+                streams |= late
+                rows += await conn.fetch(sql.query("streams_events"), lower, end, list(late))
+            elif rows and ticks is None:
+                ticks = [(t["id"], Snapshot.parse(t["snapshot"])) for t in await conn.fetch(
+                    sql.query("stream_ticks"), lower, end)]  # fmt: skip
+            else:
+                break
+            reads += 1
         events: dict[str, list[StreamEvent]] = defaultdict(list)
         if rows:
-            ticks = [(t["id"], Snapshot.parse(t["snapshot"])) for t in await conn.fetch(
-                sql.query("stream_ticks"), lower, end)]  # fmt: skip
+            assert ticks is not None
             for row, tick in zip(rows, commit_ticks([r["txid"] for r in rows], ticks), strict=True):
                 event = StreamEvent(Offset(tick or end, row["id"]), row["stream"], row["key"], row["payload"],
                                     row["headers"], row["created_at"])  # fmt: skip
                 events[event.stream].append(event)
         self.stats.ranges_read += 1
         self.stats.events_read += len(rows)
-        if self.observe is not None:
-            self.observe(3 if rows else 2)
+        self.stats.queries += reads
         # One loop step from here on: hand out, then move on (``join`` relies on it).
         for stream, stream_events in events.items():
             stream_events.sort(key=lambda e: e.offset)
