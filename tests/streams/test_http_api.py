@@ -353,3 +353,50 @@ async def _take(events: AsyncIterator[SseEvent], n: int) -> AsyncIterator[SseEve
         n -= 1
         if n == 0:
             return
+
+
+async def test_clients_joining_at_random_moments_under_load_each_get_their_whole_stream_once(
+    start_api: StartApi, ferry: pgferry.Ferry, db_url: str
+) -> None:
+    """History -> live hand-over under load: readers from the start, arriving while writers write."""
+    import random
+
+    api = await start_api(allow_loopback=True, range_events=50)  # small ranges: many hand-overs
+    streams = [f"load:{n}" for n in range(12)]
+    rng = random.Random(7)
+    stop = asyncio.Event()
+
+    async def writer(number: int) -> dict[str, list[int]]:
+        own = await db.connect(db_url)
+        written: dict[str, list[int]] = {}
+        try:
+            while not stop.is_set():
+                stream = rng.choice(streams)
+                async with own.transaction():
+                    ids = [await ferry.publish(stream, {"w": number}, conn=own) for _ in range(rng.randint(1, 3))]
+                written.setdefault(stream, []).extend(ids)
+                await asyncio.sleep(rng.random() * 0.004)
+        finally:
+            await own.close()
+        return written
+
+    async with aiohttp.ClientSession() as session:
+        writers = [asyncio.create_task(writer(n)) for n in range(3)]
+        readers = []
+        for _ in range(40):
+            await asyncio.sleep(rng.random() * 0.08)
+            stream = rng.choice(streams)
+            readers.append(
+                (stream, asyncio.create_task(read_sse(session, f"{api.base}/v1/streams/{stream}", timeout=60)))
+            )
+        await asyncio.sleep(0.3)
+        stop.set()
+        results = await asyncio.gather(*writers)
+        for stream in streams:
+            await ferry.close_stream(stream)
+        for stream, task in readers:
+            got = await task
+            ids = [orjson.loads(e.data)["id"] for e in got[:-1]]
+            assert got[-1].event == "end"
+            assert sorted(ids) == sorted(i for r in results for i in r.get(stream, [])), stream
+            assert len(ids) == len(set(ids)), f"duplicates on {stream}"
