@@ -32,9 +32,13 @@ begin
     if exists (select 1 from unnest(headers) h where h is not null and jsonb_typeof(h) <> 'object') then
         raise exception 'pgferry: headers must be JSON objects of strings' using errcode = '22023';
     end if;
-    if exists (select 1 from ferry.closed_streams c where c.stream = any (streams)) then
+    -- One primary-key probe per event: `c.stream = any (streams)` lets the planner scan the whole
+    -- table with a 100-way comparison per row while it is small (4x slower publish_many(100) at
+    -- 1,000 closed streams, measured with `pgferry bench stream-writes`).
+    if exists (select 1 from unnest(streams) s where exists (select 1 from ferry.closed_streams c where c.stream = s)) then
         raise exception 'pgferry: stream % is closed',
-            (select quote_literal(c.stream) from ferry.closed_streams c where c.stream = any (streams) limit 1)
+            (select quote_literal(s) from unnest(streams) s
+             where exists (select 1 from ferry.closed_streams c where c.stream = s) limit 1)
             using errcode = '55000', hint = 'It was ended with ferry.close_stream; publish to a new stream name.';
     end if;
     if exists (select 1 from unnest(headers) h where h ? 'pgferry-control') then
