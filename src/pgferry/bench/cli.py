@@ -284,6 +284,36 @@ def outage(database_url: str | None, events: int, down: int, mode: str, timeout:
     _run_bench(database_url, go)
 
 
+@click.command("stream-writes")
+@database_url_option
+@click.option("--clients", default=4, show_default=True, type=click.IntRange(1), help="pgbench clients.")
+@click.option("--seconds", default=10.0, show_default=True, type=click.FloatRange(1), help="Seconds per cell.")
+@click.option("--rounds", default=3, show_default=True, type=click.IntRange(1), help="Interleaved rounds.")
+@click.option("--closed", default=100_000, show_default=True, type=click.IntRange(0),
+              help="Streams closed before the writes.")  # fmt: skip
+@click.option("--log-events", default=1_000_000, show_default=True, type=click.IntRange(1),
+              help="Events in the log the reads look into.")  # fmt: skip
+@click.option("--log-streams", default=100_000, show_default=True, type=click.IntRange(1),
+              help="Streams those events are spread over.")  # fmt: skip
+def stream_writes(
+    database_url: str | None, clients: int, seconds: float, rounds: int, closed: int, log_events: int, log_streams: int
+) -> None:
+    """What durable streams cost writers (the closed-stream check, an index on stream) against what
+    an index would save readers."""
+    from pgferry.bench.context import BenchSettings, scratch_database
+    from pgferry.bench.stream_writes import StreamWriteSettings, run_stream_writes
+
+    settings = StreamWriteSettings(clients=clients, seconds=seconds, rounds=rounds, closed=closed,
+                                   log_events=log_events, log_streams=log_streams)  # fmt: skip
+
+    async def go(admin_url: str) -> bool:
+        async with scratch_database(BenchSettings(), admin_url) as ctx:
+            await run_stream_writes(ctx, settings)
+        return True
+
+    _run_bench(database_url, go)
+
+
 def register(group: click.Group) -> None:
     """Add the bench subcommands to ``group`` (the `pgferry bench` group)."""
     group.add_command(capture)
@@ -291,3 +321,4 @@ def register(group: click.Group) -> None:
     group.add_command(soak)
     group.add_command(http)
     group.add_command(outage)
+    group.add_command(stream_writes)
