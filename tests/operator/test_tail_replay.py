@@ -215,6 +215,7 @@ _NO_SCHEMA_NEEDED = {
     ("bench", "webhooks"),
     ("bench", "soak"),
     ("bench", "outage"),
+    ("bench", "stream-writes"),
     ("bench", "http"),  # no database at all
 }
 
