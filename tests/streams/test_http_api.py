@@ -114,7 +114,7 @@ async def test_many_clients_on_interleaved_streams_each_get_exactly_their_stream
             await ferry.close_stream(stream)
         for stream, task in tasks:
             got = await task
-            assert got[-1].event == "end"
+            assert got[-1].event == "end", got[-1].data
             ids = [orjson.loads(e.data)["id"] for e in got[:-1]]
             expected = sorted(i for r in results for i in r.get(stream, []))
             assert sorted(ids) == expected and len(set(ids)) == len(ids), stream
@@ -397,6 +397,6 @@ async def test_clients_joining_at_random_moments_under_load_each_get_their_whole
         for stream, task in readers:
             got = await task
             ids = [orjson.loads(e.data)["id"] for e in got[:-1]]
-            assert got[-1].event == "end"
+            assert got[-1].event == "end", got[-1].data
             assert sorted(ids) == sorted(i for r in results for i in r.get(stream, [])), stream
             assert len(ids) == len(set(ids)), f"duplicates on {stream}"
