@@ -314,6 +314,86 @@ def stream_writes(
     _run_bench(database_url, go)
 
 
+def _scenarios(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    from pgferry.bench.streams.common import SCENARIOS
+
+    chosen = [part.strip() for item in value for part in item.split(",") if part.strip()]
+    unknown = sorted(set(chosen) - set(SCENARIOS))
+    if unknown:
+        raise click.BadParameter(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
+    return tuple(s for s in SCENARIOS if s in chosen)
+
+
+@click.command()
+@database_url_option
+@click.option("--only", multiple=True, callback=_scenarios, metavar="SCENARIO[,SCENARIO]",
+              help="Run only these: fanout, publish, catchup, storm, dbos (default: all but dbos; "
+              "with --dbos-python, dbos too).")  # fmt: skip
+@click.option("--clients", default="10,100,1000", show_default=True, callback=_int_list, metavar="N[,N]",
+              help="Fan-out: SSE clients per run, one stream each (publish: the largest).")  # fmt: skip
+@click.option("--rate", default=2000.0, show_default=True, type=click.FloatRange(1),
+              help="Fan-out: events/s published across the clients' streams.")  # fmt: skip
+@click.option("--seconds", default=20.0, show_default=True, type=click.FloatRange(1),
+              help="Seconds of load per fan-out run, publish run and DBOS side.")  # fmt: skip
+@click.option("--publish-tasks", default=16, show_default=True, type=click.IntRange(1),
+              help="Publish: asyncio tasks calling Ferry.publish (and pool connections).")  # fmt: skip
+@click.option("--catchup-events", default=1_000_000, show_default=True, type=click.IntRange(1),
+              help="Catch-up: events in the stream read from its start.")  # fmt: skip
+@click.option("--poll-limit", default=1000, show_default=True, type=click.IntRange(1, 1000),
+              help="Catch-up: events per long-poll request.")  # fmt: skip
+@click.option("--storm-clients", default=10_000, show_default=True, type=click.IntRange(1),
+              help="Storm: SSE clients connecting at once.")  # fmt: skip
+@click.option("--storm-rounds", default=2, show_default=True, type=click.IntRange(1),
+              help="Storm: storms one after another on the same relay (its memory must not grow).")  # fmt: skip
+@click.option("--control-rate", default=100.0, show_default=True, type=click.FloatRange(1),
+              help="Storm: events/s to the control client's stream.")  # fmt: skip
+@click.option("--dbos-python", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="PATH",
+              help="A Python with the dbos package (a venv's bin/python): adds DBOS streams side by side.")  # fmt: skip
+@click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), help="Also write raw results here.")
+def streams(
+    database_url: str | None,
+    only: tuple[str, ...],
+    clients: tuple[int, ...],
+    rate: float,
+    seconds: float,
+    publish_tasks: int,
+    catchup_events: int,
+    poll_limit: int,
+    storm_clients: int,
+    storm_rounds: int,
+    control_rate: float,
+    dbos_python: Path | None,
+    json_out: Path | None,
+) -> None:
+    """The streams HTTP API on one relay: SSE fan-out (loss, latency, queries/s), publish() while clients
+    read, catch-up over SSE and long-poll, a connect storm, and DBOS streams side by side (exit 1 if a
+    target is missed)."""
+    from pgferry.bench.context import BenchSettings, scratch_database
+    from pgferry.bench.streams.common import SCENARIOS, StreamsSettings
+    from pgferry.bench.streams.run import run_streams_bench
+
+    scenarios = only or tuple(s for s in SCENARIOS if s != "dbos" or dbos_python is not None)
+    try:
+        settings = StreamsSettings(
+            scenarios=scenarios, clients=clients, rate=rate, seconds=seconds, publish_tasks=publish_tasks,
+            catchup_events=catchup_events, poll_limit=poll_limit, storm_clients=storm_clients,
+            storm_rounds=storm_rounds, control_rate=control_rate, dbos_python=dbos_python,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+    async def go(admin_url: str) -> bool:
+        conn = await db.connect(admin_url)
+        try:
+            preloaded = "pg_stat_statements" in str(await conn.fetchval("show shared_preload_libraries"))
+        finally:
+            await conn.close()
+        async with scratch_database(BenchSettings(stat_statements=preloaded), admin_url) as ctx:
+            return await run_streams_bench(settings, ctx.url, admin_url, json_out)
+
+    _run_bench(database_url, go, {"shared_preload_libraries": "pg_stat_statements"})
+
+
 def register(group: click.Group) -> None:
     """Add the bench subcommands to ``group`` (the `pgferry bench` group)."""
     group.add_command(capture)
@@ -322,3 +402,4 @@ def register(group: click.Group) -> None:
     group.add_command(http)
     group.add_command(outage)
     group.add_command(stream_writes)
+    group.add_command(streams)

@@ -12,7 +12,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import asyncpg
@@ -41,9 +41,11 @@ async def wait_for_lock(
 
 
 @contextlib.asynccontextmanager
-async def running_relay(url: str, *, max_seconds: float) -> AsyncIterator[asyncio.subprocess.Process]:
-    """Run `pgferry run --database-url URL` until the block ends (and never longer than ``max_seconds``);
-    the block gets the process (the soak samples its memory and sockets).
+async def running_relay(
+    url: str, *, max_seconds: float, args: Sequence[str] = ()
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """Run `pgferry run --database-url URL [ARGS]` until the block ends (and never longer than
+    ``max_seconds``); the block gets the process (the soak samples its memory and sockets).
 
     The block starts once the relay ticks and delivers every active subscription, so that
     a benchmark measures delivery, not the relay starting up."""
@@ -51,7 +53,7 @@ async def running_relay(url: str, *, max_seconds: float) -> AsyncIterator[asynci
         log_path = Path(tmp) / "relay.log"
         with log_path.open("wb") as log_file:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "pgferry", "run", "--database-url", url, "--exit-after", str(max_seconds),
+                sys.executable, "-m", "pgferry", "run", "--database-url", url, "--exit-after", str(max_seconds), *args,
                 stdout=log_file, stderr=log_file,
             )  # fmt: skip
             try:
