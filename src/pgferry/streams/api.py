@@ -72,17 +72,19 @@ class ApiStats:
     let_go: dict[str, int] = field(default_factory=dict)
 
 
-def _event_json(event: StreamEvent) -> dict[str, Any]:
+def _event_json(event: StreamEvent, offset: str | None = None) -> dict[str, Any]:
+    # created_at stays a datetime: orjson writes it exactly as isoformat() does, in a fraction of the time
     return {
-        "offset": str(event.offset), "id": event.id, "stream": event.stream, "key": event.key,
-        "payload": event.payload, "headers": event.headers, "created_at": event.created_at.isoformat(),
+        "offset": offset or str(event.offset), "id": event.id, "stream": event.stream, "key": event.key,
+        "payload": event.payload, "headers": event.headers, "created_at": event.created_at,
     }  # fmt: skip
 
 
 def _frame(event: StreamEvent) -> bytes:
     if is_end(event.headers):
         return f"id: {event.offset}\nevent: end\ndata: {{}}\n\n".encode()
-    return b"id: " + str(event.offset).encode() + b"\ndata: " + orjson.dumps(_event_json(event)) + b"\n\n"
+    offset = str(event.offset)  # once per event: catch-ups frame a million of them
+    return b"".join((b"id: ", offset.encode(), b"\ndata: ", orjson.dumps(_event_json(event, offset)), b"\n\n"))
 
 
 class StreamsApi:
