@@ -123,6 +123,14 @@ async def api_relay(url: str, max_seconds: float) -> AsyncIterator[Relay]:
         yield Relay(proc, base)
 
 
+def read_result(out: Path, returncode: int | None, what: str) -> dict[str, Any]:
+    """The JSON a finished child process wrote to its ``--out`` file (a file, not its stdout: a
+    uvloop process's stdout pipe lost everything past 256 KiB of a large result)."""
+    if returncode != 0 or not out.exists():
+        raise PgferryError(f"{what} failed (exit status {returncode})")
+    return dict(orjson.loads(out.read_bytes()))
+
+
 class Clients:
     """A ``bench.sse_client`` subprocess."""
 

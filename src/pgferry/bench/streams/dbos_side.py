@@ -11,9 +11,9 @@ yields it.
   it can for ``--seconds`` (each ``write_stream`` in a workflow is a step: its own
   transaction, recorded for replay), then closes it. One line ``started`` once the
   workflow runs (it waits ``--lead`` seconds before writing, so the reader can
-  start first), then one JSON line with the count.
+  start first), then its count as JSON in ``--out``.
 - ``read``: a ``DBOSClient`` reading the workflow's stream from offset 0 until it is
-  closed; one JSON line. As the client comes by default it polls (every second);
+  closed; what it read as JSON in ``--out``. As the client comes by default it polls (every second);
   ``--listen-notify`` has it woken by NOTIFY instead, DBOS's fastest reader.
 """
 
@@ -78,13 +78,15 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--workflow-id", required=True)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--lead", type=float, default=2.0)
+    parser.add_argument("--out", required=True, help="where the result goes (JSON)")
     parser.add_argument("--listen-notify", action="store_true", help="read: woken by NOTIFY, not polling")
     args = parser.parse_args(argv)
     if args.mode == "write":
         result = write(args.url, args.workflow_id, args.seconds, args.lead)
     else:
         result = read(args.url, args.workflow_id, args.listen_notify)
-    print(json.dumps(result), flush=True)
+    with open(args.out, "w") as out:
+        json.dump(result, out)
 
 
 if __name__ == "__main__":

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import click
-import orjson
 
 from pgferry.bench.pgbench import run_pgbench
 from pgferry.bench.report import Latency, ms, num, table
@@ -31,8 +32,8 @@ from pgferry.bench.streams.common import (
     loss,
     progress,
     published,
+    read_result,
 )
-from pgferry.errors import PgferryError
 
 # -- 1. fan-out ----------------------------------------------------------------------------------------
 
@@ -99,26 +100,15 @@ async def fanout(bench: Bench, settings: StreamsSettings, n: int, *, python_writ
 
 
 async def _python_writer(url: str, stream: str, count: int, settings: StreamsSettings) -> dict[str, Any]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "pgferry.bench.streams.writer",
-        "--url",
-        url,
-        "--stream",
-        stream,
-        "--count",
-        str(count),
-        "--tasks",
-        str(settings.publish_tasks),
-        "--seconds",
-        str(settings.seconds),
-        stdout=asyncio.subprocess.PIPE,
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(), settings.seconds + 60)
-    if proc.returncode != 0 or not out.strip():
-        raise PgferryError(f"the publishing process failed (exit status {proc.returncode})")
-    result: dict[str, Any] = orjson.loads(out.strip().splitlines()[-1])
+    with tempfile.TemporaryDirectory(prefix="pgferry-bench-writer-") as tmp:
+        out = Path(tmp) / "result.json"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "pgferry.bench.streams.writer", "--url", url, "--stream", stream,
+            "--count", str(count), "--tasks", str(settings.publish_tasks), "--seconds", str(settings.seconds),
+            "--out", str(out),
+        )  # fmt: skip
+        await asyncio.wait_for(proc.wait(), settings.seconds + 60)
+        result = read_result(out, proc.returncode, "the publishing process")
     if result["errors"]:
         progress(f"warning: publish() failed {result['errors']}")
     return result

@@ -23,17 +23,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
-import orjson
 
 from pgferry.bench.context import database_url
 from pgferry.bench.report import Latency, ms, num, table
-from pgferry.bench.streams.common import WARM_UP_S, Bench, api_relay, close_streams, progress
+from pgferry.bench.streams.common import WARM_UP_S, Bench, api_relay, close_streams, progress, read_result
 from pgferry.errors import PgferryError
 
 DBOS_DATABASE = "pgferry_bench_dbos"
@@ -68,12 +68,10 @@ async def _start(*command: str) -> asyncio.subprocess.Process:
     return proc
 
 
-async def _result(proc: asyncio.subprocess.Process, timeout: float) -> dict[str, Any]:
-    out, _ = await asyncio.wait_for(proc.communicate(), timeout)
-    if proc.returncode != 0 or not out.strip():
-        raise PgferryError(f"a side-by-side process failed (exit status {proc.returncode})")
-    result: dict[str, Any] = orjson.loads(out.strip().splitlines()[-1])
-    return result
+async def _result(proc: asyncio.subprocess.Process, out: Path, timeout: float) -> dict[str, Any]:
+    """What the process wrote to ``out`` (its ``--out``) once it has exited."""
+    await asyncio.wait_for(proc.communicate(), timeout)
+    return read_result(out, proc.returncode, "a side-by-side process")
 
 
 def _steady(latencies: list[list[float]]) -> Latency:
@@ -83,11 +81,11 @@ def _steady(latencies: list[list[float]]) -> Latency:
     return Latency.of([lat for (_, lat), stamp in zip(latencies, stamps, strict=True) if stamp >= since])
 
 
-async def _pgferry(bench: Bench, tasks: int, seconds: float) -> SideRow:
+async def _pgferry(bench: Bench, tasks: int, seconds: float, tmp: Path) -> SideRow:
     stream = f"side:{tasks}"
-    reader = await _start(
-        sys.executable, "-m", "pgferry.bench.streams.pyreader", "--url", bench.url, "--stream", stream
-    )
+    read_out, wrote_out = tmp / f"pgferry-read-{tasks}.json", tmp / f"pgferry-wrote-{tasks}.json"
+    reader = await _start(sys.executable, "-m", "pgferry.bench.streams.pyreader", "--url", bench.url,
+                          "--stream", stream, "--out", str(read_out))  # fmt: skip
     try:
         await asyncio.sleep(1.0)  # listening for ticks
         writer = await asyncio.create_subprocess_exec(
@@ -102,11 +100,12 @@ async def _pgferry(bench: Bench, tasks: int, seconds: float) -> SideRow:
             str(tasks),
             "--seconds",
             str(seconds),
-            stdout=asyncio.subprocess.PIPE,
+            "--out",
+            str(wrote_out),
         )
-        wrote = await _result(writer, seconds + 60)
+        wrote = await _result(writer, wrote_out, seconds + 60)
         await close_streams(bench.url, [stream])
-        read = await _result(reader, 120)
+        read = await _result(reader, read_out, 120)
     finally:
         if reader.returncode is None:
             reader.kill()
@@ -122,16 +121,18 @@ async def _pgferry(bench: Bench, tasks: int, seconds: float) -> SideRow:
     )
 
 
-async def _dbos(python: Path, url: str, seconds: float, listen_notify: bool) -> SideRow:
+async def _dbos(python: Path, url: str, seconds: float, listen_notify: bool, tmp: Path) -> SideRow:
     workflow = f"pgferry-bench-{time.time_ns()}"
     common = ["--url", url, "--workflow-id", workflow]
-    writer = await _start(str(python), "-P", str(SIDE), "write", *common, "--seconds", str(seconds), "--lead", "2")
+    wrote_out, read_out = tmp / f"{workflow}-wrote.json", tmp / f"{workflow}-read.json"
+    writer = await _start(str(python), "-P", str(SIDE), "write", *common, "--seconds", str(seconds), "--lead", "2",
+                          "--out", str(wrote_out))  # fmt: skip
     try:
-        reader = await _start(str(python), "-P", str(SIDE), "read", *common,
+        reader = await _start(str(python), "-P", str(SIDE), "read", *common, "--out", str(read_out),
                               *(["--listen-notify"] if listen_notify else []))  # fmt: skip
         try:
-            wrote = await _result(writer, seconds + 120)
-            read = await _result(reader, 120)
+            wrote = await _result(writer, wrote_out, seconds + 120)
+            read = await _result(reader, read_out, 120)
         finally:
             if reader.returncode is None:
                 reader.kill()
@@ -155,20 +156,21 @@ async def run_dbos(bench: Bench, python: Path, seconds: float) -> None:
     rows: list[SideRow] = []
     dbos_url = database_url(bench.admin_url, DBOS_DATABASE)
     await bench.admin.execute(f"drop database if exists {DBOS_DATABASE} with (force)")
-    try:
-        for listen_notify in (False, True):
-            rows.append(await _dbos(python, dbos_url, seconds, listen_notify))
-            progress(f"[dbos]   DBOS, {rows[-1].writer}: {rows[-1].rate:,.0f} writes/s, "
-                     f"p99 {ms(rows[-1].latency.p99)} ms")  # fmt: skip
-    finally:
-        with contextlib.suppress(Exception):
-            await bench.admin.execute(f"drop database if exists {DBOS_DATABASE} with (force)")
-    async with api_relay(bench.url, 2 * seconds + 300):
-        for tasks in (1, 16):
-            rows.append(await _pgferry(bench, tasks, seconds))
-            progress(
-                f"[dbos]   pgferry, {tasks} task(s): {rows[-1].rate:,.0f} writes/s, p99 {ms(rows[-1].latency.p99)} ms"
-            )
+    with tempfile.TemporaryDirectory(prefix="pgferry-bench-dbos-") as tmpdir:
+        tmp = Path(tmpdir)
+        try:
+            for listen_notify in (False, True):
+                rows.append(await _dbos(python, dbos_url, seconds, listen_notify, tmp))
+                progress(f"[dbos]   DBOS, {rows[-1].writer}: {rows[-1].rate:,.0f} writes/s, "
+                         f"p99 {ms(rows[-1].latency.p99)} ms")  # fmt: skip
+        finally:
+            with contextlib.suppress(Exception):
+                await bench.admin.execute(f"drop database if exists {DBOS_DATABASE} with (force)")
+        async with api_relay(bench.url, 2 * seconds + 300):
+            for tasks in (1, 16):
+                rows.append(await _pgferry(bench, tasks, seconds, tmp))
+                progress(f"[dbos]   pgferry, {tasks} task(s): {rows[-1].rate:,.0f} writes/s, "
+                         f"p99 {ms(rows[-1].latency.p99)} ms")  # fmt: skip
     base, notified = rows[0], rows[1]
     click.echo(
         f"\n5. DBOS streams side by side: one writer and one reader of one stream, {seconds:g} s each, same server; "

@@ -9,7 +9,7 @@ application's would be, and is read from /proc by the bench.
 
 Each payload is ``{"t": <wall clock, s>, "n": <sequence>}``, stamped just
 before the call: latency measured from it includes the publish round trip
-and its commit. The results go to stdout as one JSON line.
+and its commit. The result goes to the file ``--out`` as JSON.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -67,10 +68,11 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--tasks", type=int, default=16)
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--rate", type=float, help="events/s in all (default: as fast as they go)")
+    parser.add_argument("--out", required=True, type=Path, help="where the result goes (JSON)")
     args = parser.parse_args(argv)
     streams = [args.stream.format(i) for i in range(args.count)] if "{}" in args.stream else [args.stream]
     result = uvloop.run(publish(args.url, streams, args.tasks, args.seconds, args.rate))
-    sys.stdout.write(orjson.dumps(result).decode() + "\n")
+    args.out.write_bytes(orjson.dumps(result))
 
 
 if __name__ == "__main__":
