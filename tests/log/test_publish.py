@@ -82,3 +82,35 @@ async def test_password_is_redacted_in_errors() -> None:
     with pytest.raises(pgferry.DatabaseUnreachable) as err:
         await pgferry.connect("postgresql://u:hunter2@127.0.0.1:1/db").open()
     assert "hunter2" not in str(err.value) and "***" in str(err.value)
+
+
+async def test_connections_ferry_used_itself_skip_the_reset_and_yours_get_it(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ferry's own statements leave no session state, so giving their connection back costs no
+    reset round trip; a connection your code took from ``ferry.pool`` is reset as asyncpg does."""
+    resets = 0
+    original = asyncpg.Connection.reset
+
+    async def counting(self: asyncpg.Connection, *, timeout: float | None = None) -> None:
+        nonlocal resets
+        resets += 1
+        await original(self, timeout=timeout)
+
+    monkeypatch.setattr(asyncpg.Connection, "reset", counting)
+    async with pgferry.connect(db_url, pool_size=1) as ferry:
+        after_open = resets
+        for n in range(5):
+            await ferry.publish("reset:check", {"n": n})
+        await ferry.publish_many([{"stream": "reset:check", "payload": 5}])
+        assert resets == after_open  # none for Ferry's own calls
+        async with ferry.pool.acquire() as conn:
+            await conn.execute("set statement_timeout = '123s'")
+        assert resets == after_open + 1
+        await ferry.publish("reset:check", {"n": 6})  # same connection (pool of one): state gone
+        async with ferry.pool.acquire() as conn:
+            assert await conn.fetchval("show statement_timeout") == "0"
+        with pytest.raises(pgferry.PgferryError):
+            await ferry.close_stream("reset:check")
+            await ferry.publish("reset:check", {"n": 7})  # fails: closed; the connection is reset
+        assert resets == after_open + 3
