@@ -4,8 +4,7 @@
 between) from the stream's start until its end, in a process of its own: DBOS's
 ``read_stream`` beside it is the same kind of reader. Each event's latency is the
 wall clock when it is yielded minus its payload's ``t``. One line ``started``, then
-what it read as JSON in the file ``--out`` (a pipe could cut a
-large result short: a uvloop process's stdout lost all past 256 KiB).
+what it read as JSON in the file ``--out`` (see ``common.read_result``).
 """
 
 from __future__ import annotations

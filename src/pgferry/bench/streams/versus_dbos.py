@@ -224,12 +224,13 @@ async def run_dbos(bench: Bench, python: Path, seconds: float) -> None:
         bench.target(
             "dbos", f"{r.system}, {r.writer}: every value read", f"{r.written:,}", f"{r.read:,}", r.read == r.written
         )
+    # The target is against DBOS as it measured it (its client as it comes: polling); the
+    # LISTEN/NOTIFY reader is in the table for comparison, not a target.
     best = max((r for r in rows if r.system == "pgferry"), key=lambda r: r.rate)
-    for dbos in (base, notified):
-        bench.target(
-            "dbos",
-            f"pgferry ({best.writer}) vs DBOS ({dbos.writer.removeprefix('1 workflow; ')})",
-            f">= {THROUGHPUT_FACTOR:g}x writes/s, <= {LATENCY_SHARE:g}x p99",
-            f"{best.rate / dbos.rate:.1f}x, {best.latency.p99 / dbos.latency.p99:.3f}x",
-            best.rate >= THROUGHPUT_FACTOR * dbos.rate and best.latency.p99 <= LATENCY_SHARE * dbos.latency.p99,
-        )
+    bench.target(
+        "dbos",
+        f"pgferry ({best.writer}) vs DBOS ({base.writer.removeprefix('1 workflow; ')})",
+        f">= {THROUGHPUT_FACTOR:g}x writes/s, <= {LATENCY_SHARE:g}x p99",
+        f"{best.rate / base.rate:.1f}x, {best.latency.p99 / base.latency.p99:.3f}x",
+        best.rate >= THROUGHPUT_FACTOR * base.rate and best.latency.p99 <= LATENCY_SHARE * base.latency.p99,
+    )
