@@ -12,7 +12,7 @@ end marker (``ferry.close_stream``).
 
 History is found by reading the log's ranges and filtering by stream, not
 through an index on (stream): such an index would cost every writer (measured
-in docs/benchmarks.md, "Streams"), while a reader's history is read once.
+in docs/benchmarks.md, "pgferry bench stream-writes"), while a reader's history is read once.
 A reader from the beginning starts at the tick the stream catalog gives for
 the stream's first event (migration 0010), not at the oldest retained one.
 """
