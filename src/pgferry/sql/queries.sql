@@ -440,25 +440,26 @@ where revoked_at is null
 select coalesce((select min(p.open_tick) from ferry.partitions p where p.state <> 'empty'),
                 (select max(t.id) from ferry.ticks t))
 
--- name: stream_dropped
--- Was stream $1 closed by a transaction the tick $2 (the oldest retained) sees committed, so
--- that retention has dropped all of it, end marker included?
-select coalesce(bool_or(pg_visible_in_snapshot(c.end_txid, t.snapshot)), false)
-from ferry.closed_streams c join ferry.ticks t on t.id = $2
-where c.stream = $1
-
--- name: stream_first_tick
--- Where reading stream $1 from its beginning begins: the tick its first event committed after,
--- from the stream catalog (migration 0010), never before the oldest retained tick.
-select greatest(
-    $2::bigint,
-    case when exists (select from ferry.streams s where s.stream = $1)
-         then (select s.first_tick from ferry.streams s where s.stream = $1)
-         else (select p.scanned_tick from ferry.stream_scan p) end)
-
--- name: stream_tick_before
--- The tick right before $1 (a reader resuming inside tick $1 reads from there).
-select max(t.id) from ferry.ticks t where t.id < $1
+-- name: stream_start
+-- Where a reader of stream $1 starts, in one round trip (10,000 clients may connect at once):
+-- its end marker's id (NULL while open); the oldest retained tick (what "from the start" means);
+-- whether retention dropped the whole closed stream (the oldest tick sees the close committed);
+-- the tick its first event committed after, from the stream catalog (migration 0010), never
+-- before the oldest; and the tick right before $2 (a reader resuming inside tick $2 reads from there).
+with oldest as (
+    select coalesce((select min(p.open_tick) from ferry.partitions p where p.state <> 'empty'),
+                    (select max(t.id) from ferry.ticks t)) as tick
+)
+select c.end_event,
+       o.tick as oldest,
+       coalesce(pg_visible_in_snapshot(c.end_txid, (select t.snapshot from ferry.ticks t where t.id = o.tick)),
+                false) as dropped,
+       greatest(o.tick, case when s.stream is not null then s.first_tick
+                             else (select p.scanned_tick from ferry.stream_scan p) end) as first_tick,
+       (select max(t.id) from ferry.ticks t where t.id < $2) as tick_before
+from oldest o
+left join ferry.closed_streams c on c.stream = $1
+left join ferry.streams s on s.stream = $1
 
 -- name: stream_range_end
 -- How far one read after tick $1 goes: about $2 events of the log, at least one tick; NULL: no newer tick.
@@ -481,6 +482,3 @@ select ferry.close_stream($1)
 select id, txid::text::bigint as txid, stream, key, payload, headers, created_at
 from ferry.batch_events($1, $2, $3::text[])
 
--- name: stream_end_event
--- The id of a closed stream's end marker, or NULL while it is open.
-select end_event from ferry.closed_streams where stream = $1

@@ -285,8 +285,6 @@ class StreamsApi:
         assert self.pool is not None
         await self.hub.ready.wait()
         async with self.pool.acquire() as conn:
-            if after is not None and after.id == await conn.fetchval(sql.query("stream_end_event"), stream):
-                return None
             try:
                 return await start(conn, stream, after)
             except OffsetExpired as exc:

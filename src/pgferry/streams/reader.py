@@ -89,22 +89,26 @@ class Position:
 
 async def start(conn: asyncpg.Connection, stream: str, after: Offset | None) -> Position | None:
     """The position to read ``stream`` ``after`` an offset from (None: from its first retained event,
-    which the stream catalog says where to look for). None: the stream was closed and retention has
-    dropped all of it, end marker included; there is nothing to read and nothing will come."""
-    oldest = int(await conn.fetchval(sql.query("stream_oldest_tick")))
+    which the stream catalog says where to look for), in one round trip. None when there is nothing
+    to read and nothing will come: ``after`` is the stream's end marker, or the stream was closed
+    and retention has dropped all of it, end marker included."""
+    row = await conn.fetchrow(sql.query("stream_start"), stream, after.tick if after is not None else None)
+    assert row is not None
+    oldest = int(row["oldest"])
     if after is None:
-        if await conn.fetchval(sql.query("stream_dropped"), stream, oldest):
+        if row["dropped"]:
             return None
-        first = int(await conn.fetchval(sql.query("stream_first_tick"), stream, oldest))
+        first = int(row["first_tick"])
         return Position(first, Offset(first, 0))
+    if after.id == row["end_event"]:
+        return None
     if after.tick < oldest:
         raise OffsetExpired(after, Offset(oldest, 0))
     if after.tick == oldest:
         return Position(oldest, after)
-    before = await conn.fetchval(sql.query("stream_tick_before"), after.tick)
-    if before is None:  # the tick is newer than any: nothing is after it yet
+    if row["tick_before"] is None:  # the tick is newer than any: nothing is after it yet
         return Position(after.tick, after)
-    return Position(int(before), after)
+    return Position(int(row["tick_before"]), after)
 
 
 async def read_range(
