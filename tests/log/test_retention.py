@@ -76,6 +76,23 @@ async def test_without_consumers_history_follows_the_newest_tick(
     assert "partition 0 truncated" in await maintain(conn)
 
 
+async def test_a_closed_partition_is_kept_rotation_interval_after_it_stopped_taking_writes(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """Stream readers hold no cursor: an event written just before a rotation must not be dropped
+    seconds later (seen under a test suite older than 5 minutes: a reader's history vanished)."""
+    await conn.execute("update ferry.config set rotation_interval = '0 s', idle_tick_interval = '0 s'")
+    await ferry.publish("s", {})
+    assert "writers moved to partition 1" in await maintain(conn)
+    await conn.execute("update ferry.config set rotation_interval = '1 hour'")
+    for _ in range(3):
+        await tick(conn)
+        assert not any("truncated" in m for m in await maintain(conn))
+    await conn.execute("update ferry.partitions set closed_at = now() - interval '61 minutes' where part = 0")
+    await tick(conn)
+    assert "partition 0 truncated" in await maintain(conn)
+
+
 async def test_old_ticks_are_removed(ferry: pgferry.Ferry, conn: asyncpg.Connection) -> None:
     await ferry.register_consumer("c")
     for n in range(20):

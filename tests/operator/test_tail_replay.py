@@ -216,6 +216,7 @@ _NO_SCHEMA_NEEDED = {
     ("bench", "soak"),
     ("bench", "outage"),
     ("bench", "stream-writes"),
+    ("bench", "streams"),
     ("bench", "http"),  # no database at all
 }
 

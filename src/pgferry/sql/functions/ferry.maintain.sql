@@ -40,13 +40,19 @@ begin
     end if;
 
     -- Truncate closed partitions that every consumer (or, with no consumer,
-    -- the newest tick) has passed.
+    -- the newest tick) has passed, and that stopped taking writes at least
+    -- rotation_interval ago: stream readers hold no cursor, so without that
+    -- floor an event written just before a rotation could be dropped seconds
+    -- later, under a reader that merely reconnected. Every event stays
+    -- readable for at least rotation_interval (at most about twice that).
     select min(pg_snapshot_xmin(t.snapshot)) into v_min_xmin
     from ferry.consumers c join ferry.ticks t on t.id = c.tick_id;
     if v_min_xmin is null then
         select pg_snapshot_xmin(t.snapshot) into v_min_xmin from ferry.ticks t order by id desc limit 1;
     end if;
-    for p in select * from ferry.partitions where state = 'closed' and closed_xmax <= v_min_xmin loop
+    for p in select * from ferry.partitions
+             where state = 'closed' and closed_xmax <= v_min_xmin
+               and closed_at <= now() - (select rotation_interval from ferry.config) loop
         begin
             perform set_config('lock_timeout', '200ms', true);
             execute format('truncate ferry.events_%s', p.part);
