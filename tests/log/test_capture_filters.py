@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 import pgferry
-from tests.helpers import read_all, tick
+from tests.helpers import cli, read_all, tick
 
 #: The generated functions of an unfiltered capture as migration 0010 made them (OID and
 #: CAPTURE stand for the table's oid and the capture id).
@@ -170,7 +170,7 @@ async def test_an_update_changing_the_primary_key_is_compared_with_its_own_old_r
     await conn.execute("update items set id = id + 10")
     events = await read_all(ferry, conn, "c")
     orders = [e for e in events if e.stream == "public.orders"]
-    assert sorted(int(e.key) for e in orders) == [1000 + i for i in range(3, 201) if i % 3 == 0]
+    assert sorted(int(e.key or 0) for e in orders) == [1000 + i for i in range(3, 201) if i % 3 == 0]
     for e in orders:
         old, new = e.payload["old_record"], e.payload["record"]
         assert (new["id"], old["status"], new["status"]) == (old["id"] + 1000, "open", "paid")
@@ -221,6 +221,19 @@ async def test_options_are_stored_and_recapturing_or_uncapturing_replaces_them(
         {"id": 1, "status": "open", "amount": None, "card_token": "t", "note": None}
     ]
     assert await conn.fetchval("select count(*) from ferry.captures where condition is not null") == 1
+
+
+async def test_status_shows_each_captured_table_with_what_it_keeps(
+    conn: asyncpg.Connection, db_url: str, pgferry_cmd: list[str]
+) -> None:
+    await _orders(conn, condition="$$status = 'paid'$$", exclude_columns="array['card_token']")
+    await conn.execute("create table items (id int primary key)")
+    await conn.execute("select ferry.capture_table('items', stream => 'stock', changed_columns => array['id'])")
+    done = await cli(pgferry_cmd, db_url, "status")
+    assert done.returncode == 0, done.stderr
+    assert "captured tables" in done.stdout
+    assert "rows where (status = 'paid'::text) (UPDATE: old or new row); all columns but card_token" in done.stdout
+    assert "UPDATE only when id changed" in done.stdout and "stock" in done.stdout
 
 
 async def test_a_condition_column_named_like_a_variable_of_the_trigger_is_the_column(
