@@ -301,17 +301,20 @@ async def test_dropping_a_column_the_capture_names_fails_writes_until_capture_ta
     ]
 
 
-async def test_record_expression_gives_backfills_the_record_a_capture_builds(conn: asyncpg.Connection) -> None:
+async def test_key_and_record_expressions_give_backfills_what_a_capture_builds(conn: asyncpg.Connection) -> None:
     await _orders(conn, condition="$$status = 'paid'$$", exclude_columns="array['card_token']")
     await conn.execute("insert into orders values (1, 'paid', 5, 'tok', null), (2, 'open', 6, 'tok', null)")
     capture = await conn.fetchrow("select id, condition from ferry.captures where uncaptured_at is null")
-    expression = await conn.fetchval("select ferry._record_expression($1, 'r')", capture["id"])
-    assert expression == "(to_jsonb(r) - '{card_token}'::text[])"
-    rows = await conn.fetch(f"select {expression} as record from only orders r where {capture['condition']}")
-    assert [r["record"] for r in rows] == [{"id": 1, "note": None, "amount": 5, "status": "paid"}]
-    with pytest.raises(asyncpg.PostgresError, match="no capture") as err:
-        await conn.fetchval("select ferry._record_expression(-1, 'r')")
-    assert err.value.sqlstate == "22023"
+    key, record = await conn.fetchrow(
+        "select ferry._key_expression($1, 'r'), ferry._record_expression($1, 'r')", capture["id"]
+    )
+    assert (key, record) == ("(r.id)::text", "(to_jsonb(r) - '{card_token}'::text[])")
+    rows = await conn.fetch(f"select {key} as key, {record} as record from only orders r where {capture['condition']}")
+    assert [tuple(r) for r in rows] == [("1", {"id": 1, "note": None, "amount": 5, "status": "paid"})]
+    for helper in ("_key_expression", "_record_expression"):
+        with pytest.raises(asyncpg.PostgresError, match="no capture") as err:
+            await conn.fetchval(f"select ferry.{helper}(-1, 'r')")
+        assert err.value.sqlstate == "22023"
 
 
 BAD_INPUT = [

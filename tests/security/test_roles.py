@@ -136,6 +136,7 @@ FORBIDDEN_TO_WRITERS = [
     "select ferry.capture_table('orders', condition => 'total > 0')",
     "select ferry._capture_condition('orders', 'total > 0')",
     "select ferry._record_expression(1, 'r')",
+    "select ferry._key_expression(1, 'r')",
     "select * from ferry.streams",
     "select ferry._unknown_streams(array['billing'])",
     "select ferry._catalog_streams()",

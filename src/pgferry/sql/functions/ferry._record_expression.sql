@@ -12,9 +12,12 @@
 -- columns, in their given order (in pieces of 50 pairs joined by ||, since
 -- a function takes at most 100 arguments); (to_jsonb(<row>) - '{...}')
 -- for exclude_columns. Column names are quoted, so the result is safe to
--- splice into a statement. Example, for a backfill of capture c:
---   execute format('select %s from only %s r where %s',
---                  ferry._record_expression(c.id, 'r'), c.relid::regclass, coalesce(c.condition, 'true'));
+-- splice into a statement. Example, the rows of a backfill of capture c
+-- (the condition is deparsed, with unqualified column names: read the
+-- table alone, so they can name nothing else):
+--   execute format('select %s as key, %s as record from only %s r where %s',
+--                  ferry._key_expression(c.id, 'r'), ferry._record_expression(c.id, 'r'),
+--                  c.relid::regclass, coalesce(c.condition, 'true'));
 --
 -- Calls:   -
 -- Reads:   ferry.captures

@@ -30,7 +30,7 @@
 -- than contract: not in these files) write ferry.events_0..2.
 --
 -- Calls:   ferry._capture_condition, ferry._capture_function, ferry._check_columns, ferry._check_stream,
---          ferry._current_partition, ferry._record_expression, ferry.uncapture_table
+--          ferry._current_partition, ferry._key_expression, ferry._record_expression, ferry.uncapture_table
 -- Reads:   -
 -- Writes:  ferry.captures
 -- Raises:  22023, 42601, 42703, 42809, 42P10, 42883 (changed_columns of a type without equality);
@@ -135,21 +135,13 @@ begin
     end if;
     v_cond := ferry._capture_condition(tbl, condition);
 
-    -- The key of a row r: one column as text, several as a JSON array of values.
-    if cardinality(v_keys) = 1 then
-        v_key := format('(r.%I)::text', v_keys[1]);
-    else
-        v_key := format('jsonb_build_array(%s)::text',
-                        (select string_agg(format('r.%I', k), ', ' order by i)
-                         from unnest(v_keys) with ordinality x(k, i)));
-    end if;
-
     perform ferry.uncapture_table(tbl);
     insert into ferry.captures (relid, schema_name, table_name, stream, key_columns, operations,
                                 condition, columns, exclude_columns, changed_columns)
     values (tbl, v_schema, v_table, v_stream, v_keys, v_ops,
             v_cond, capture_table.columns, capture_table.exclude_columns, capture_table.changed_columns)
     returning id into v_capture;
+    v_key := ferry._key_expression(v_capture, 'r');
 
     foreach v_op in array v_ops loop
         -- The SELECT producing (key, payload, op, old_payload) for this operation.

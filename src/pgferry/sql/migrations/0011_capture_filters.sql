@@ -26,8 +26,9 @@
 -- compares them with the text of 0010's), so unfiltered writers pay nothing.
 -- Everything is checked when capture_table is called, never on a writer's
 -- first insert: ferry._capture_condition (the condition), ferry._check_columns
--- (the column lists); the record a capture builds comes from one place,
--- ferry._record_expression, which backfills call too.
+-- (the column lists); the key and the record a capture builds come from one
+-- place each, ferry._key_expression and ferry._record_expression, which
+-- backfills call too.
 --
 -- capture_table gains four parameters with defaults: calls written for 0010
 -- (positional or named) keep working, but a new argument list is a new
