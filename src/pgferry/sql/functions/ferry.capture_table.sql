@@ -67,6 +67,9 @@ declare
     v_changed text;
     v_state   text;
     v_message text;
+    v_r       text;
+    v_n       text;
+    v_o       text;
 begin
     select n.nspname, c.relname, c.relkind into v_schema, v_table, v_kind
     from pg_class c join pg_namespace n on n.oid = c.relnamespace where c.oid = tbl;
@@ -141,7 +144,16 @@ begin
     values (tbl, v_schema, v_table, v_stream, v_keys, v_ops,
             v_cond, capture_table.columns, capture_table.exclude_columns, capture_table.changed_columns)
     returning id into v_capture;
-    v_key := ferry._key_expression(v_capture, 'r');
+    -- The generated statements name rows by the aliases r, n and o; a bare alias that is also a
+    -- column name means the column (to_jsonb(r) of a table with a column r logged that column
+    -- alone; (nw.n).* of one with a column n failed every UPDATE), so such a table gets the
+    -- aliases pgferry_r, pgferry_n or pgferry_o instead.
+    select coalesce(max(case when a.attname = 'r' then 'pgferry_r' end), 'r'),
+           coalesce(max(case when a.attname = 'n' then 'pgferry_n' end), 'n'),
+           coalesce(max(case when a.attname = 'o' then 'pgferry_o' end), 'o')
+    into v_r, v_n, v_o
+    from pg_attribute a where a.attrelid = tbl and a.attnum > 0 and not a.attisdropped;
+    v_key := ferry._key_expression(v_capture, v_r);
 
     foreach v_op in array v_ops loop
         -- The SELECT producing (key, payload, op, old_payload) for this operation.
@@ -159,16 +171,17 @@ begin
                          else v_cond end;
         v_select := case v_op
             when 'insert' then format(
-                '%s, %s, ''I'', null::jsonb from pgferry_new r', v_key, ferry._record_expression(v_capture, 'r'))
+                '%s, %s, ''I'', null::jsonb from pgferry_new %s', v_key, ferry._record_expression(v_capture, v_r), v_r)
             when 'delete' then format(
-                '%s, %s, ''D'', null::jsonb from pgferry_old r', v_key, ferry._record_expression(v_capture, 'r'))
+                '%s, %s, ''D'', null::jsonb from pgferry_old %s', v_key, ferry._record_expression(v_capture, v_r), v_r)
             else format(
                 '%s, %s, ''U'', %s '
-                'from (select row_number() over () as pos, n%s from pgferry_new n) nw '
-                'join (select row_number() over () as pos, o%s from pgferry_old o) od using (pos), '
-                'lateral (select (nw.n).*) r',
-                v_key, ferry._record_expression(v_capture, 'r'), ferry._record_expression(v_capture, 'od.o'),
-                ', ' || v_cond || ' as m', ', ' || v_cond || ' as m')
+                'from (select row_number() over () as pos, %s%s from pgferry_new %s) nw '
+                'join (select row_number() over () as pos, %s%s from pgferry_old %s) od using (pos), '
+                'lateral (select (nw.n).*) %s',
+                v_key, ferry._record_expression(v_capture, v_r), ferry._record_expression(v_capture, 'od.o'),
+                case v_n when 'n' then 'n' else v_n || ' as n' end, ', ' || v_cond || ' as m', v_n,
+                case v_o when 'o' then 'o' else v_o || ' as o' end, ', ' || v_cond || ' as m', v_o, v_r)
             end
             || coalesce(' where ' || nullif(v_filter, ''), '')
             || case v_op when 'update' then ' order by nw.pos' else '' end;
