@@ -251,6 +251,29 @@ async def test_a_condition_column_named_like_a_variable_of_the_trigger_is_the_co
     ]
 
 
+async def test_a_condition_means_the_same_under_a_writers_search_path(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    """Names are resolved when capture_table is called and stored schema-qualified."""
+    await conn.execute("create schema shop")
+    await conn.execute("create type shop.state as enum ('open', 'paid')")
+    await conn.execute("create function shop.big(x int) returns boolean language sql immutable return x > 100")
+    await conn.execute("create table shop.orders (id int primary key, state shop.state, amount int)")
+    await conn.execute("set search_path = shop, public")
+    await conn.execute("select ferry.capture_table('orders', condition => $$state = 'paid' and big(amount)$$)")
+    assert await conn.fetchval("select condition from ferry.captures") == (
+        "((state = 'paid'::shop.state) AND shop.big(amount))"
+    )
+    await _consumer(ferry, conn)
+    writer = await asyncpg.connect(db_url)
+    try:
+        await writer.execute("set search_path = public")
+        await writer.execute("insert into shop.orders values (1, 'paid', 500), (2, 'open', 500), (3, 'paid', 5)")
+    finally:
+        await writer.close()
+    assert [e.key for e in await read_all(ferry, conn, "c")] == ["1"]
+
+
 async def test_a_condition_holding_quotes_dollar_quotes_and_comments_stays_one_expression(
     ferry: pgferry.Ferry, conn: asyncpg.Connection
 ) -> None:

@@ -1,7 +1,9 @@
 -- ferry._capture_condition(tbl regclass, condition text) returns text
 --
 -- Checks a capture condition and returns it as PostgreSQL spells it
--- (deparsed: comments gone, types and casts explicit), the form
+-- (deparsed: comments gone, types and casts explicit, names outside
+-- pg_catalog schema-qualified, so it means the same under any writer's
+-- search_path), the form
 -- ferry.capture_table writes into the generated trigger functions and stores
 -- in ferry.captures. The condition must be one boolean expression over the
 -- table's columns by name; it may call functions, but not use subqueries,
@@ -60,9 +62,13 @@ begin
         end;
         if v_state is null then
             -- Only the one constraint, and the columns untouched: the text stayed inside check (...).
-            if (select count(*) from pg_constraint where conrelid = v_scratch::regclass) = 1
+            if (select count(*) from pg_constraint where conrelid = v_scratch::regclass and contype = 'c') = 1
                and (select count(*) from pg_attribute where attrelid = v_scratch::regclass and attnum > 0)
                    = (select count(*) from pg_attribute where attrelid = tbl and attnum > 0 and not attisdropped) then
+                -- Deparsed with only pg_catalog on the search_path, so every other name comes
+                -- out schema-qualified: the trigger runs under each writer's search_path.
+                -- (The setting goes back with the rollback below.)
+                perform set_config('search_path', 'pg_catalog', true);
                 select pg_get_constraintdef(oid) into v_def from pg_constraint
                 where conrelid = v_scratch::regclass and conname = 'pgferry_condition';
             else

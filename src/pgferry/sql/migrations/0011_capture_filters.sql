@@ -35,6 +35,9 @@
 -- function in PostgreSQL, so the old one is dropped here and the file
 -- functions/ferry.capture_table.sql defines the new one. Existing captures
 -- keep their generated functions and NULL options (everything, whole).
+-- Run capture_table again on a captured table that has a column named r, n
+-- or o: the functions generated before took that column for the row (the
+-- record was the column r alone; a column n or o failed every UPDATE).
 
 alter table ferry.captures
     add column condition       text,
