@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 
 import pgferry
+from pgferry.ops.inspect import capture_summary
 from tests.helpers import cli, read_all, tick
 
 #: The generated functions of an unfiltered capture as migration 0010 made them (OID and
@@ -221,6 +222,15 @@ async def test_options_are_stored_and_recapturing_or_uncapturing_replaces_them(
         {"id": 1, "status": "open", "amount": None, "card_token": "t", "note": None}
     ]
     assert await conn.fetchval("select count(*) from ferry.captures where condition is not null") == 1
+
+
+def test_a_capture_summary_says_what_reaches_the_log() -> None:
+    assert capture_summary({"condition": None, "columns": None}) == "every row, whole"
+    assert capture_summary(
+        {"condition": "(amount > 5)", "changed_columns": ["status", "amount"], "columns": ["id", "status"]}
+    ) == (
+        "rows where (amount > 5) (UPDATE: old or new row); UPDATE only when status, amount changed; columns id, status"
+    )
 
 
 async def test_status_shows_each_captured_table_with_what_it_keeps(

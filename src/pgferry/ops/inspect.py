@@ -143,7 +143,8 @@ async def captures(conn: asyncpg.Connection) -> list[dict[str, Any]]:
 
 
 def capture_summary(capture: dict[str, Any]) -> str:
-    """What a capture keeps, e.g. "rows where (status = 'paid'::text); columns id, status"."""
+    """What a capture keeps, in words: "every row, whole" without filters, else e.g. "rows where
+    (status = 'paid'::text) (UPDATE: old or new row); columns id, status"."""
     parts = []
     if capture.get("condition"):
         parts.append(f"rows where {capture['condition']} (UPDATE: old or new row)")
