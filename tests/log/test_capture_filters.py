@@ -182,6 +182,29 @@ async def test_an_update_changing_the_primary_key_is_compared_with_its_own_old_r
     ]
 
 
+async def test_a_partitioned_table_is_filtered_across_partitions(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """An UPDATE that moves a row to another partition is still one captured UPDATE, filtered as any."""
+    await conn.execute(
+        "create table parts (id int, region text, status text, primary key (id, region)) partition by list (region)"
+    )
+    await conn.execute("create table parts_eu partition of parts for values in ('eu')")
+    await conn.execute("create table parts_us partition of parts for values in ('us')")
+    await conn.execute(
+        "select ferry.capture_table('parts', condition => $$status <> 'draft'$$, changed_columns => array['region'])"
+    )
+    await _consumer(ferry, conn)
+    await conn.execute("insert into parts values (1, 'eu', 'live'), (2, 'eu', 'draft'), (3, 'eu', 'live')")
+    await conn.execute("update parts set region = 'us' where id in (1, 2)")
+    await conn.execute("update parts set status = 'done'")
+    assert [(e.key, e.payload["type"]) for e in await read_all(ferry, conn, "c")] == [
+        ('[1, "eu"]', "INSERT"),
+        ('[3, "eu"]', "INSERT"),
+        ('[1, "us"]', "UPDATE"),
+    ]
+
+
 async def test_condition_columns_and_changed_columns_combine(ferry: pgferry.Ferry, conn: asyncpg.Connection) -> None:
     """An UPDATE is captured when a watched column changed and the old or new row matches the condition."""
     await _orders(
