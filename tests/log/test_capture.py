@@ -44,6 +44,26 @@ async def test_update_pairs_old_and_new_rows_even_when_the_key_changes(
         assert e.key == str(new["id"])
 
 
+@pytest.mark.parametrize("condition", [None, "r <> 'skip'"])
+async def test_a_table_with_columns_named_like_the_generated_aliases_is_captured_whole(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, condition: str | None
+) -> None:
+    """The generated statements call rows r, n and o; columns of those names must not be taken for
+    the row (the record used to be column r alone, and every UPDATE failed with a column n)."""
+    await conn.execute("create table t (id int primary key, r text, n int, o int)")
+    await conn.execute("select ferry.capture_table('t', condition => $1)", condition)
+    await ferry.register_consumer("c")
+    await conn.execute("insert into t values (1, 'a', 1, 1)")
+    await conn.execute("update t set n = 2, id = 5")
+    await conn.execute("delete from t")
+    events = await read_all(ferry, conn, "c")
+    assert [(e.key, e.payload["record"], e.payload["old_record"]) for e in events] == [
+        ("1", {"id": 1, "r": "a", "n": 1, "o": 1}, None),
+        ("5", {"id": 5, "r": "a", "n": 2, "o": 1}, {"id": 1, "r": "a", "n": 1, "o": 1}),
+        ("5", None, {"id": 5, "r": "a", "n": 2, "o": 1}),
+    ]
+
+
 async def test_composite_and_explicit_keys(ferry: pgferry.Ferry, conn: asyncpg.Connection) -> None:
     await conn.execute("create table lines (order_id int, line int, sku text, primary key (order_id, line))")
     await conn.execute("create table nopk (sku text, qty int)")

@@ -93,6 +93,25 @@ async def test_writer_publishes_captures_and_uses_the_net_api(
         assert await ferry.publish("billing", {"invoice": 2}) > request
 
 
+async def test_writer_writes_a_table_captured_with_filters_with_no_more_privileges(
+    admin: asyncpg.Connection, writer: asyncpg.Connection
+) -> None:
+    """The filtered trigger functions run as the writer too (SECURITY INVOKER) and need nothing more."""
+    await admin.execute(
+        "select ferry.capture_table('orders', condition => 'total > 5 and abs(total) < 100', "
+        "columns => array['total'], changed_columns => array['total'])"
+    )
+    await writer.execute("insert into orders values (1, 10), (2, 1)")
+    await writer.execute("update orders set total = total + 1")
+    await writer.execute("delete from orders")
+    rows = await admin.fetch("select key, op::text as op, payload, old_payload from ferry.events order by id")
+    assert [tuple(r) for r in rows] == [
+        ("1", "I", '{"total": 10}', None),
+        ("1", "U", '{"total": 11}', '{"total": 10}'),
+        ("1", "D", '{"total": 11}', None),
+    ]
+
+
 FORBIDDEN_TO_WRITERS = [
     "select secrets from ferry.subscriptions",
     "select * from ferry.subscriptions",
@@ -114,6 +133,10 @@ FORBIDDEN_TO_WRITERS = [
     "select ferry.register_consumer('spy', null, 'beginning')",
     "select ferry.tick()",
     "select ferry.capture_table('orders')",
+    "select ferry.capture_table('orders', condition => 'total > 0')",
+    "select ferry._capture_condition('orders', 'total > 0')",
+    "select ferry._record_expression(1, 'r')",
+    "select ferry._key_expression(1, 'r')",
     "select * from ferry.streams",
     "select ferry._unknown_streams(array['billing'])",
     "select ferry._catalog_streams()",

@@ -94,6 +94,12 @@ def _sections(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ..
     "(with --database-url it must already be in shared_preload_libraries; the extension is created "
     "in the URL's database).",
 )
+@click.option(
+    "--filtered",
+    is_flag=True,
+    help="Inserts: also a table captured with a condition every row meets and a column list "
+    "(variant 'filtered'), beside the unfiltered 'capture': what the filter machinery costs the writer.",
+)
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), help="Also write raw results here.")
 def capture(
     database_url: str | None,
@@ -108,6 +114,7 @@ def capture(
     publish_tasks: int,
     idle_seconds: float,
     stat_statements: bool,
+    filtered: bool,
     json_out: Path | None,
 ) -> None:
     """Measure capture: insert overhead vs outbox and per-row NOTIFY, end-to-end latency, producers, idle cost.
@@ -129,6 +136,7 @@ def capture(
         publish_tasks=publish_tasks,
         idle_seconds=idle_seconds,
         stat_statements=stat_statements,
+        filtered=filtered,
     )
     extra = {"shared_preload_libraries": "pg_stat_statements"} if stat_statements else None
     _run_bench(database_url, lambda url: run_capture_bench(settings, url, json_out), extra)

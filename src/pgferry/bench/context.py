@@ -38,6 +38,8 @@ class BenchSettings:
     idle_seconds: float = 10.0
     #: break idle queries down by statement (needs pg_stat_statements preloaded)
     stat_statements: bool = False
+    #: also insert into a table captured with a condition and a column list (inserts section)
+    filtered: bool = False
 
 
 @dataclass

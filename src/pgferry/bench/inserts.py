@@ -2,7 +2,10 @@
 
 The same inserts go into four tables that differ only in what fires on
 insert: nothing (the ceiling), pgferry's statement-level capture trigger, a
-per-row outbox trigger, and a per-row NOTIFY trigger. Variants run
+per-row outbox trigger, and a per-row NOTIFY trigger; with ``--filtered``
+also a fifth, captured with a condition every row meets and a column list
+(so it logs as many events as ``capture``, and the difference is what
+evaluating the condition and building the smaller record cost). Variants run
 interleaved (rotating order per cell) so slow drift of the machine hurts all
 of them alike; every cell starts from empty tables after a CHECKPOINT.
 """
@@ -25,6 +28,11 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "capture": ("bench_capture", "ferry.capture_table (statement trigger)"),
     "outbox": ("bench_outbox", "per-row trigger -> outbox row"),
     "notify": ("bench_notify", "per-row trigger -> pg_notify"),
+}
+
+#: --filtered: capture_table(condition => 'amount >= 0', columns => array['id', 'account', 'amount'])
+FILTERED: dict[str, tuple[str, str]] = {
+    "filtered": ("bench_filtered", "ferry.capture_table with condition + columns"),
 }
 
 CAPTURE_VS_OUTBOX_GOAL = 0.90
@@ -63,7 +71,8 @@ class Cell:
 async def run_inserts(ctx: BenchContext) -> None:
     s = ctx.settings
     configs = [(rows, clients) for rows in s.rows for clients in s.clients]
-    names = list(VARIANTS)
+    variants = _variants(ctx)
+    names = list(variants)
     runs: dict[tuple[int, int, str], list[PgbenchRun]] = defaultdict(list)
     total = s.rounds * len(configs) * len(names)
     done = 0
@@ -75,7 +84,7 @@ async def run_inserts(ctx: BenchContext) -> None:
                     await conn.execute(query("truncate_inserts"))
                     await ctx.checkpoint(conn)
                     script = pgbench_script(
-                        "insert_one" if rows == 1 else "insert_many", table=VARIANTS[variant][0], rows=str(rows)
+                        "insert_one" if rows == 1 else "insert_many", table=variants[variant][0], rows=str(rows)
                     )
                     run = await run_pgbench(ctx.url, script, clients=clients, seconds=s.seconds)
                     runs[(rows, clients, variant)].append(run)
@@ -91,18 +100,23 @@ async def run_inserts(ctx: BenchContext) -> None:
     _report(ctx, cells, configs)
 
 
+def _variants(ctx: BenchContext) -> dict[str, tuple[str, str]]:
+    return VARIANTS | FILTERED if ctx.settings.filtered else VARIANTS
+
+
 def _report(ctx: BenchContext, cells: dict[tuple[int, int, str], Cell], configs: list[tuple[int, int]]) -> None:
     s = ctx.settings
+    variants = _variants(ctx)
     click.echo(
         f"\n1. Insert throughput: pgbench -M prepared -j 2, {s.seconds:g} s per cell x {s.rounds} round(s), "
         "variants interleaved, CHECKPOINT before each cell"
     )
-    for variant, (tbl, what) in VARIANTS.items():
+    for variant, (tbl, what) in variants.items():
         click.echo(f"   {variant:<8} {tbl:<14} {what}")
     rows_out = []
     for rows, clients in configs:
         plain = cells[(rows, clients, "plain")]
-        for variant in VARIANTS:
+        for variant in variants:
             c = cells[(rows, clients, variant)]
             lat = c.latency
             rows_out.append([

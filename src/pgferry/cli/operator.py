@@ -47,13 +47,14 @@ def parse_since(text: str) -> datetime:
 @json_option
 def status(database_url: str | None, as_json: bool) -> None:
     """Per subscription: lag, rate, in flight, parked, dead, error rate, endpoint health, owning relay;
-    then every relay and what it owns. --json: the subscriptions (relays: `pgferry relays --json`)."""
+    then every relay and what it owns, and the captured tables with their filters.
+    --json: the subscriptions (relays: `pgferry relays --json`)."""
 
-    async def read(f: pgferry.Ferry) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    async def read(f: pgferry.Ferry) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
         async with f.pool.acquire() as conn:
-            return await inspect.subscription_status(conn), await inspect.relays(conn)
+            return await inspect.subscription_status(conn), await inspect.relays(conn), await inspect.captures(conn)
 
-    rows, relay_rows = with_ferry(database_url, read)
+    rows, relay_rows, capture_rows = with_ferry(database_url, read)
     if as_json:
         print_json(rows)
         return
@@ -63,6 +64,10 @@ def status(database_url: str | None, as_json: bool) -> None:
                ("owner", "relay")]  # fmt: skip
     table("delivery status", rows, columns, styles=_STATUS_STYLES)
     _relays_table(relay_rows)
+    if capture_rows:
+        capture_columns = [("table_name", "table"), ("stream", "stream"), ("operations", "operations"),
+                           ("captured", "captured")]  # fmt: skip
+        table("captured tables", capture_rows, capture_columns)
 
 
 @click.command()

@@ -133,6 +133,30 @@ async def relays(conn: asyncpg.Connection) -> list[dict[str, Any]]:
     return _rows(await conn.fetch(sql.query("relays_status")))
 
 
+async def captures(conn: asyncpg.Connection) -> list[dict[str, Any]]:
+    """The captured tables, each with ``captured``: which rows and columns reach the log, in words,
+    so an operator sees at a glance why a change did not show up (or a column is missing)."""
+    rows = _rows(await conn.fetch(sql.query("captures_current")))
+    for row in rows:
+        row["captured"] = capture_summary(row)
+    return rows
+
+
+def capture_summary(capture: dict[str, Any]) -> str:
+    """What a capture keeps, in words: "every row, whole" without filters, else e.g. "rows where
+    (status = 'paid'::text) (UPDATE: old or new row); columns id, status"."""
+    parts = []
+    if capture.get("condition"):
+        parts.append(f"rows where {capture['condition']} (UPDATE: old or new row)")
+    if capture.get("changed_columns"):
+        parts.append(f"UPDATE only when {', '.join(capture['changed_columns'])} changed")
+    if capture.get("columns"):
+        parts.append(f"columns {', '.join(capture['columns'])}")
+    if capture.get("exclude_columns"):
+        parts.append(f"all columns but {', '.join(capture['exclude_columns'])}")
+    return "; ".join(parts) or "every row, whole"
+
+
 @dataclass
 class Trace:
     event: dict[str, Any] | None

@@ -311,6 +311,15 @@ select r.id, r.hostname, r.pid, r.started_at, r.heartbeat_at,
 from ferry.relays r
 order by r.started_at
 
+-- name: captures_current
+-- The tables captured now (ferry.capture_table), with the stream and filters each was given,
+-- for pgferry status.
+select c.schema_name || '.' || c.table_name as table_name, c.stream, c.operations, c.condition, c.columns,
+       c.exclude_columns, c.changed_columns, c.created_at
+from ferry.captures c
+where c.uncaptured_at is null
+order by c.schema_name, c.table_name
+
 -- name: lookup_event
 select id, txid::text::bigint as txid, stream, key, payload, headers, created_at from ferry.lookup_event($1)
 

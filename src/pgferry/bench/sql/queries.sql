@@ -19,7 +19,7 @@ select current_setting('server_version') as version,
 checkpoint
 
 -- name: truncate_inserts
-truncate bench_plain, bench_capture, bench_outbox, bench_outbox_events, bench_notify, ferry.events
+truncate bench_plain, bench_capture, bench_filtered, bench_outbox, bench_outbox_events, bench_notify, ferry.events
 
 -- name: truncate_e2e
 truncate bench_e2e, ferry.events

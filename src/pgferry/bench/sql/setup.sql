@@ -19,6 +19,15 @@ create table bench_capture (
     note    text    not null
 );
 
+-- (a') ferry.capture_table with a condition every row meets and a column
+-- list (bench capture --filtered): as many events as (a), smaller records.
+create table bench_filtered (
+    id      bigserial primary key,
+    account integer not null,
+    amount  numeric not null,
+    note    text    not null
+);
+
 -- (b) the classic transactional outbox: a per-row trigger writes one row.
 create table bench_outbox (
     id      bigserial primary key,
@@ -72,4 +81,6 @@ create table bench_e2e (
 );
 
 select ferry.capture_table('public.bench_capture', stream => 'bench.capture', operations => array['insert']);
+select ferry.capture_table('public.bench_filtered', stream => 'bench.filtered', operations => array['insert'],
+                           condition => 'amount >= 0', columns => array['id', 'account', 'amount']);
 select ferry.capture_table('public.bench_e2e', stream => 'bench.e2e', operations => array['insert']);

@@ -1,21 +1,40 @@
--- ferry.capture_table( tbl regclass, stream text default null, key_columns text[] default null, operations text[] default array['insert', 'update', 'delete']) returns text
+-- ferry.capture_table( tbl regclass, stream text default null, key_columns text[] default null, operations text[] default array['insert', 'update', 'delete'], condition text default null, columns text[] default null, exclude_columns text[] default null, changed_columns text[] default null) returns text
 --
 -- Installs statement-level triggers with transition tables, one generated
 -- function per operation. Everything known at capture time is written into
 -- the function as a constant (stream, capture id, key expression, target
--- partition): the statement has no parameters, no per-row branching and no
--- TG_OP test, which measured faster than any generic function.
+-- partition, and the filters below): the statement has no parameters, no
+-- per-row branching and no TG_OP test, which measured faster than any
+-- generic function. Without condition, columns, exclude_columns and
+-- changed_columns the generated functions are exactly those of 0010.
 -- tbl: the table; stream: its stream (default schema.table); key_columns:
 -- the event key (default the primary key, refused without one); operations:
--- which of insert, update, delete to capture. Returns the stream. Calling it
--- again replaces the capture (new settings, current code).
+-- which of insert, update, delete to capture.
+-- condition: a boolean expression over the row's columns by name (no
+-- subqueries); only rows that match are captured, and an UPDATE when its
+-- old OR its new row matches (a row leaving the filter is seen leaving;
+-- one entering it, entering). Stored deparsed (ferry._capture_condition).
+-- columns / exclude_columns (not both): the columns record and old_record
+-- keep / leave out. The key is computed from the whole row, so key columns
+-- may be left out of the record and events still carry their key.
+-- changed_columns (needs update among operations): an UPDATE is captured
+-- only when one of these columns IS DISTINCT FROM before; old and new rows
+-- are paired by position, so an UPDATE that changes the primary key is
+-- compared row for row like any other (name the key columns here too to
+-- capture key changes). With condition as well, both must hold.
+-- Returns the stream. Calling it again replaces the capture (new settings,
+-- current code). Dropping or renaming a column a condition, columns or
+-- changed_columns names makes the table's writes fail until capture_table
+-- is called again (the generated code names it).
 -- The generated functions (ferry._capture_<oid>_<operation>, data rather
 -- than contract: not in these files) write ferry.events_0..2.
 --
--- Calls:   ferry._capture_function, ferry._check_stream, ferry._current_partition, ferry.uncapture_table
+-- Calls:   ferry._capture_condition, ferry._capture_function, ferry._check_columns, ferry._check_stream,
+--          ferry._current_partition, ferry._key_expression, ferry._record_expression, ferry.uncapture_table
 -- Reads:   -
 -- Writes:  ferry.captures
--- Raises:  22023, 42703, 42809, 42P10
+-- Raises:  22023, 42601, 42703, 42809, 42P10, 42883 (changed_columns of a type without equality);
+--          what the condition raises (ferry._capture_condition)
 -- Runs as: the caller (SECURITY INVOKER)
 -- Callers: PUBLIC (the default)
 
@@ -23,7 +42,11 @@ create or replace function ferry.capture_table(
     tbl regclass,
     stream text default null,
     key_columns text[] default null,
-    operations text[] default array['insert', 'update', 'delete'])
+    operations text[] default array['insert', 'update', 'delete'],
+    condition text default null,
+    columns text[] default null,
+    exclude_columns text[] default null,
+    changed_columns text[] default null)
 returns text language plpgsql as $$
 declare
     v_schema  text;
@@ -33,13 +56,20 @@ declare
     v_keys    text[];
     v_ops     text[];
     v_op      text;
-    v_missing text;
     v_key     text;
     v_capture integer;
     v_select  text;
     v_body    text;
     v_fn      text;
     v_p       integer;
+    v_cond    text;
+    v_filter  text;
+    v_changed text;
+    v_state   text;
+    v_message text;
+    v_r       text;
+    v_n       text;
+    v_o       text;
 begin
     select n.nspname, c.relname, c.relkind into v_schema, v_table, v_kind
     from pg_class c join pg_namespace n on n.oid = c.relnamespace where c.oid = tbl;
@@ -62,15 +92,7 @@ begin
                              || ''', key_columns => array[''col'']).';
         end if;
     else
-        if cardinality(key_columns) = 0 then
-            raise exception 'pgferry: key_columns must name at least one column' using errcode = '22023';
-        end if;
-        select string_agg(quote_ident(k), ', ') into v_missing from unnest(key_columns) k
-        where not exists (select 1 from pg_attribute a where a.attrelid = tbl and a.attname = k
-                          and a.attnum > 0 and not a.attisdropped);
-        if v_missing is not null then
-            raise exception 'pgferry: table % has no column(s) %', tbl, v_missing using errcode = '42703';
-        end if;
+        perform ferry._check_columns(tbl, key_columns, 'key_columns');
         v_keys := key_columns;
     end if;
 
@@ -85,19 +107,53 @@ begin
         raise exception 'pgferry: operations must name at least one of insert, update, delete' using errcode = '22023';
     end if;
 
-    -- The key of a row r: one column as text, several as a JSON array of values.
-    if cardinality(v_keys) = 1 then
-        v_key := format('(r.%I)::text', v_keys[1]);
-    else
-        v_key := format('jsonb_build_array(%s)::text',
-                        (select string_agg(format('r.%I', k), ', ' order by i)
-                         from unnest(v_keys) with ordinality x(k, i)));
+    -- Column choice and filters, all checked now rather than on a writer's first row.
+    if columns is not null and exclude_columns is not null then
+        raise exception 'pgferry: pass columns or exclude_columns, not both' using errcode = '22023',
+            hint = 'columns keeps only the columns named; exclude_columns keeps all but those named.';
     end if;
+    perform ferry._check_columns(tbl, columns, 'columns');
+    perform ferry._check_columns(tbl, exclude_columns, 'exclude_columns');
+    if not exists (select 1 from pg_attribute a where a.attrelid = tbl and a.attnum > 0 and not a.attisdropped
+                   and a.attname <> all(coalesce(exclude_columns, '{}'))) then
+        raise exception 'pgferry: exclude_columns leaves no column of % in the record', tbl using errcode = '22023',
+            hint = 'Leave at least one column in, or capture with columns => array[...] instead.';
+    end if;
+    perform ferry._check_columns(tbl, changed_columns, 'changed_columns');
+    if changed_columns is not null and 'update' <> all(v_ops) then
+        raise exception 'pgferry: changed_columns applies to UPDATE, which this capture leaves out' using errcode = '22023',
+            hint = 'Add ''update'' to operations, or leave changed_columns out.';
+    end if;
+    if changed_columns is not null then
+        v_changed := (select string_agg(format('(od.o).%1$I is distinct from (nw.n).%1$I', c), ' or ' order by i)
+                      from unnest(changed_columns) with ordinality x(c, i));
+        begin  -- a type without equality (json, point, ...) cannot be compared: say so now
+            execute format('select 1 from (select null::%1$s as o) od, (select null::%1$s as n) nw where %2$s limit 0',
+                           tbl, v_changed);
+        exception when others then
+            get stacked diagnostics v_state = returned_sqlstate, v_message = message_text;
+            raise exception 'pgferry: changed_columns cannot be compared: %', v_message using errcode = v_state,
+                hint = 'Name columns whose type has an equality operator (cast json to jsonb, for example).';
+        end;
+    end if;
+    v_cond := ferry._capture_condition(tbl, condition);
 
     perform ferry.uncapture_table(tbl);
-    insert into ferry.captures (relid, schema_name, table_name, stream, key_columns, operations)
-    values (tbl, v_schema, v_table, v_stream, v_keys, v_ops)
+    insert into ferry.captures (relid, schema_name, table_name, stream, key_columns, operations,
+                                condition, columns, exclude_columns, changed_columns)
+    values (tbl, v_schema, v_table, v_stream, v_keys, v_ops,
+            v_cond, capture_table.columns, capture_table.exclude_columns, capture_table.changed_columns)
     returning id into v_capture;
+    -- The generated statements name rows by the aliases r, n and o; a bare alias that is also a
+    -- column name means the column (to_jsonb(r) of a table with a column r logged that column
+    -- alone; (nw.n).* of one with a column n failed every UPDATE), so such a table gets the
+    -- aliases pgferry_r, pgferry_n or pgferry_o instead.
+    select coalesce(max(case when a.attname = 'r' then 'pgferry_r' end), 'r'),
+           coalesce(max(case when a.attname = 'n' then 'pgferry_n' end), 'n'),
+           coalesce(max(case when a.attname = 'o' then 'pgferry_o' end), 'o')
+    into v_r, v_n, v_o
+    from pg_attribute a where a.attrelid = tbl and a.attnum > 0 and not a.attisdropped;
+    v_key := ferry._key_expression(v_capture, v_r);
 
     foreach v_op in array v_ops loop
         -- The SELECT producing (key, payload, op, old_payload) for this operation.
@@ -106,17 +162,29 @@ begin
         -- before the partition pointer is read, as rotation requires. The
         -- UPDATE pairs old and new rows by position: transition tables are
         -- filled row by row in lockstep, so this holds even when the key changes.
+        -- Filters and column choice: without them, the text of 0010 exactly.
+        -- An UPDATE is captured when its old or its new row matches the
+        -- condition (m), and one of changed_columns changed.
+        v_filter := case when v_op = 'update' then concat_ws(' and ',
+                             case when v_cond is not null then '(nw.m or od.m)' end,
+                             case when v_changed is not null then '(' || v_changed || ')' end)
+                         else v_cond end;
         v_select := case v_op
             when 'insert' then format(
-                '%s, to_jsonb(r), ''I'', null::jsonb from pgferry_new r', v_key)
+                '%s, %s, ''I'', null::jsonb from pgferry_new %s', v_key, ferry._record_expression(v_capture, v_r), v_r)
             when 'delete' then format(
-                '%s, to_jsonb(r), ''D'', null::jsonb from pgferry_old r', v_key)
+                '%s, %s, ''D'', null::jsonb from pgferry_old %s', v_key, ferry._record_expression(v_capture, v_r), v_r)
             else format(
-                '%s, to_jsonb(r), ''U'', to_jsonb(od.o) '
-                'from (select row_number() over () as pos, n from pgferry_new n) nw '
-                'join (select row_number() over () as pos, o from pgferry_old o) od using (pos), '
-                'lateral (select (nw.n).*) r order by nw.pos', v_key)
-            end;
+                '%s, %s, ''U'', %s '
+                'from (select row_number() over () as pos, %s%s from pgferry_new %s) nw '
+                'join (select row_number() over () as pos, %s%s from pgferry_old %s) od using (pos), '
+                'lateral (select (nw.n).*) %s',
+                v_key, ferry._record_expression(v_capture, v_r), ferry._record_expression(v_capture, 'od.o'),
+                case v_n when 'n' then 'n' else v_n || ' as n' end, ', ' || v_cond || ' as m', v_n,
+                case v_o when 'o' then 'o' else v_o || ' as o' end, ', ' || v_cond || ' as m', v_o, v_r)
+            end
+            || coalesce(' where ' || nullif(v_filter, ''), '')
+            || case v_op when 'update' then ' order by nw.pos' else '' end;
         -- Straight into the current partition: routing through the parent
         -- costs a noticeable share of a single-row statement.
         v_body := '';
@@ -128,15 +196,18 @@ begin
                 case v_p when 0 then 'if' else 'elsif' end, v_p, v_p, v_p, v_stream, v_capture, v_select);
         end loop;
         v_fn := ferry._capture_function(tbl, v_op);
-        execute format($f$
-            create function %1$s() returns trigger language plpgsql as $body$
-            declare
-                v_part smallint := ferry._current_partition();
-            begin
-            %2$s    end if;
-                return null;
-            end $body$
-        $f$, v_fn, v_body);
+        -- Quoted as a literal (%L), so no text of a condition can end the body early.
+        execute format('create function %s() returns trigger language plpgsql as %L', v_fn, format(
+            E'%s\n'
+             '            declare\n'
+             '                v_part smallint := ferry._current_partition();\n'
+             '            begin\n'
+             '            %s    end if;\n'
+             '                return null;\n'
+             '            end ',
+            -- a column of the condition named like v_part is the column
+            case when v_cond is not null then E'\n            #variable_conflict use_column' else '' end,
+            v_body));
         execute format('comment on function %s() is %L', v_fn,
                        format('pgferry: capture of %s %s into stream %s', v_op, tbl, v_stream));
         execute format('create trigger pgferry_capture_%s after %s on %s referencing %s for each statement execute function %s()',

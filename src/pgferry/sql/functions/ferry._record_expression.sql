@@ -1,0 +1,53 @@
+-- ferry._record_expression(capture integer, row_expr text) returns text
+--
+-- The SQL expression that builds a capture's record (jsonb) from a row: the
+-- one place that applies its column choice (ferry.captures.columns or
+-- exclude_columns), used by ferry.capture_table for record and old_record,
+-- and by backfills, whose READ events must carry the same record a
+-- captured change would.
+-- capture: ferry.captures.id; row_expr: the row, an alias ('r') or a
+-- composite expression ('od.o').
+-- Returns: to_jsonb(<row>) when the capture keeps every column (the text
+-- capture generated before 0011); jsonb_build_object('a', <row>.a, ...) for
+-- columns, in their given order (in pieces of 50 pairs joined by ||, since
+-- a function takes at most 100 arguments); (to_jsonb(<row>) - '{...}')
+-- for exclude_columns. Column names are quoted, so the result is safe to
+-- splice into a statement. Example, the rows of a backfill of capture c
+-- (the condition is deparsed, with unqualified column names: read the
+-- table alone, so they can name nothing else):
+--   execute format('select %s as key, %s as record from only %s r where %s',
+--                  ferry._key_expression(c.id, 'r'), ferry._record_expression(c.id, 'r'),
+--                  c.relid::regclass, coalesce(c.condition, 'true'));
+--
+-- Calls:   -
+-- Reads:   ferry.captures
+-- Writes:  -
+-- Raises:  22023 (no such capture)
+-- Runs as: the caller (SECURITY INVOKER)
+-- Callers: PUBLIC (the default)
+
+create or replace function ferry._record_expression(capture integer, row_expr text) returns text
+language plpgsql stable as $$
+declare
+    v_columns text[];
+    v_exclude text[];
+    v_field   text;
+    v_parts   text;
+begin
+    select c.columns, c.exclude_columns into v_columns, v_exclude from ferry.captures c where c.id = capture;
+    if not found then
+        raise exception 'pgferry: no capture %', capture using errcode = '22023';
+    end if;
+    if v_exclude is not null then
+        return format('(to_jsonb(%s) - %L::text[])', row_expr, v_exclude);
+    end if;
+    if v_columns is null then
+        return format('to_jsonb(%s)', row_expr);
+    end if;
+    -- r.a for an alias, (od.o).a for a composite expression.
+    v_field := case when row_expr ~ '^[a-z_][a-z0-9_]*$' then row_expr || '.%I' else '(' || row_expr || ').%I' end;
+    select string_agg(format('jsonb_build_object(%s)', pairs), ' || ' order by chunk) into v_parts
+    from (select (i - 1) / 50 as chunk, string_agg(format('%L, ' || v_field, col, col), ', ' order by i) as pairs
+          from unnest(v_columns) with ordinality x(col, i) group by 1) chunks;
+    return case when v_columns[51] is null then v_parts else '(' || v_parts || ')' end;
+end $$;
