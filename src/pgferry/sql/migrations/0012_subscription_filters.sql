@@ -27,9 +27,10 @@
 --
 -- Stored as the text the user wrote (status, the dashboard and apply show
 -- and compare exactly that), parsed once per read. The CHECK keeps a direct
--- UPDATE from storing text that is not a jsonpath, which would fail every
--- read; ferry.subscribe checks more (a predicate, known variables) and says
--- why. Changing a filter applies to the batches the relay reads next: events
+-- UPDATE from storing what would fail every read: text that is not a
+-- jsonpath (the cast raises) or that names an unknown variable (evaluating
+-- it raises, even silently); ferry.subscribe checks more (a predicate) and
+-- says why in pgferry's words. Changing a filter applies to the batches the relay reads next: events
 -- the cursor already passed are not looked at again.
 --
 -- ferry.subscribe gains the parameter and ferry.subscription_status a
@@ -37,7 +38,10 @@
 -- new ones.
 
 alter table ferry.subscriptions
-    add column filter text check (filter is null or filter::jsonpath is not null);
+    add column filter text check (
+        filter is null
+        or coalesce(jsonb_path_exists_tz('{}', filter::jsonpath, '{"stream": "", "key": null, "headers": null}', true),
+                    true));
 
 comment on column ferry.subscriptions.filter is
     'pgferry: a jsonpath predicate over the event (payload at $, $stream, $key, $headers); only events '
