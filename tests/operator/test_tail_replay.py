@@ -213,9 +213,11 @@ _NO_SCHEMA_NEEDED = {
     ("subscription", "secret"),  # no database at all
     ("bench", "capture"),  # the benchmarks install into a scratch database of their own
     ("bench", "webhooks"),
+    ("bench", "filter"),
     ("bench", "soak"),
     ("bench", "outage"),
     ("bench", "stream-writes"),
+    ("bench", "streams"),
     ("bench", "http"),  # no database at all
 }
 

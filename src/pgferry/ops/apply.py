@@ -257,6 +257,8 @@ async def execute(conn: asyncpg.Connection, changes: list[Change]) -> None:
 
 async def _check_filter(conn: asyncpg.Connection, want: Desired) -> None:
     """A filter ferry.subscribe would refuse fails the plan, naming the subscription, before anything changes."""
+    if want.settings["filter"] is None:
+        return
     try:
         await conn.execute(sql.query("filter_check"), want.settings["filter"])
     except asyncpg.PostgresError as exc:

@@ -229,7 +229,7 @@ select ferry.subscribe($1, $2, $3, batch_size => $4, max_in_flight => $5, ordere
 
 -- name: filter_check
 -- Refuse a subscription filter that ferry.subscribe would refuse, with its reason (`pgferry apply` plans with it).
-select ferry._check_filter($1)
+select ferry._check_filter(filter => $1)
 
 -- name: unknown_streams
 -- Which of the streams $1 nothing has written yet (see migration 0008), in the order given.
