@@ -22,7 +22,8 @@ declare
     v_from bigint;
     v_to bigint;
 begin
-    select s.streams, s.filter::jsonpath into v_streams, v_filter from ferry.subscriptions s where s.name = p_subscription;
+    select s.streams, s.filter::jsonpath into v_streams, v_filter
+    from ferry.subscriptions s where s.name = p_subscription;
     if not found then
         raise exception 'pgferry: subscription % does not exist', quote_literal(p_subscription) using errcode = '42704';
     end if;

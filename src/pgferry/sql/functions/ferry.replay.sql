@@ -9,8 +9,9 @@
 -- the subscription's retry loop picks them up. Events already parked or
 -- dead-lettered for the subscription are skipped (dead letters come back with
 -- `pgferry dlq replay`), and so are events its filter (as it is now) does not
--- match: a replay sends what the subscription would deliver. Call it with after_tick and until_tick NULL first,
--- then with the last_tick and end_tick it returned, until last_tick is NULL.
+-- match: a replay sends what the subscription would deliver. Call it with
+-- after_tick and until_tick NULL first, then with the last_tick and end_tick
+-- it returned, until last_tick is NULL.
 -- If retention removed the range being walked in the meantime, the walk goes
 -- on from what is still retained.
 --
@@ -42,7 +43,8 @@ begin
         raise exception 'pgferry: replay needs exactly one of since (a time) or from_event (an event id)'
             using errcode = '22023';
     end if;
-    select s.streams, s.filter::jsonpath into v_streams, v_filter from ferry.subscriptions s where s.name = v_sub;
+    select s.streams, s.filter::jsonpath into v_streams, v_filter
+    from ferry.subscriptions s where s.name = v_sub;
     if not found then
         raise exception 'pgferry: subscription % does not exist', quote_literal(v_sub) using errcode = '42704';
     end if;
