@@ -40,12 +40,12 @@ async def test_only_captured_rows_the_filter_matches_reach_the_receiver(
     relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
 ) -> None:
     big, big_url = await receiver_factory()
-    everything, everything_url = await receiver_factory()
+    becoming_paid, paid_url = await receiver_factory()
     await conn.execute("create table orders (id int primary key, amount numeric, status text)")
     await conn.execute("select ferry.capture_table('orders')")
     await ferry.subscribe("big", ["public.orders"], big_url, filter="$.record.amount > 100")
     paid = '$.type == "UPDATE" && $.record.status == "paid" && $.old_record.status != "paid"'
-    await ferry.subscribe("paid-updates", ["public.orders"], everything_url, filter=paid)
+    await ferry.subscribe("paid-updates", ["public.orders"], paid_url, filter=paid)
     await conn.execute("insert into orders values (1, 50, 'new'), (2, 150, 'new'), (3, null, 'new'), (4, 100.5, 'new')")
     await conn.execute("update orders set status = 'paid' where id in (1, 2)")
     await conn.execute("update orders set amount = 10 where id = 1")  # still paid: not a transition
@@ -53,7 +53,7 @@ async def test_only_captured_rows_the_filter_matches_reach_the_receiver(
 
     assert sorted((b["type"], b["record"]["id"]) for b in bodies(big)) == [  # type: ignore[index]
         ("INSERT", 2), ("INSERT", 4), ("UPDATE", 2)]  # fmt: skip
-    assert sorted(b["record"]["id"] for b in bodies(everything)) == [1, 2]  # type: ignore[index]
+    assert sorted(b["record"]["id"] for b in bodies(becoming_paid)) == [1, 2]  # type: ignore[index]
     # Skipped events leave no attempt and no parked row: they were never sent.
     assert await conn.fetchval("select count(*) from ferry.attempts where subscription = 'big'") == 3
     assert await conn.fetchval("select count(*) from ferry.retries") == 0
