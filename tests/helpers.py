@@ -15,6 +15,10 @@ import asyncpg
 
 import pgferry
 from pgferry.delivery.model import Subscription
+from pgferry.receiver import Receiver
+
+#: The ``receiver_factory`` fixture: ``await make(behaviour)`` -> (receiver, its URL).
+MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 
 #: A fixed instant for tests of pure delivery logic.
 NOW = datetime(2026, 11, 30, tzinfo=UTC)

@@ -250,8 +250,14 @@ class Ferry:
         retry_max_ms: int = 600000,
         connect_timeout_ms: int = 5000,
         start_at: str = "now",
+        filter: str | None = None,
     ) -> list[str]:
         """Create or update a webhook subscription (see ``ferry.subscribe`` in SQL).
+
+        ``filter`` is a jsonpath predicate over the event, the payload at ``$``
+        plus ``$stream``, ``$key`` and ``$headers`` (``'$.record.amount > 100'``):
+        only events for which it is true are sent. Like every setting it is
+        declared whole on each call: ``None`` removes a filter set before.
 
         Returns the streams among ``streams`` that nothing has written yet (no
         captured table writes them and no event of them was ever seen): often a
@@ -261,7 +267,7 @@ class Ferry:
         args = (
             name, list(streams), url, batch_size, max_in_flight, ordered, secret,
             _json(dict(headers or {}), "headers"), timeout_ms, max_attempts, max_age, retry_base_ms, retry_max_ms,
-            connect_timeout_ms, start_at,
+            connect_timeout_ms, start_at, filter,
         )  # fmt: skip
         await self._admin("execute", "subscribe", *args)
         return list(await self._admin("fetchval", "unknown_streams", list(streams)))

@@ -71,10 +71,13 @@ async def catalog(conn: asyncpg.Connection) -> dict[str, Any]:
            where n.nspname = any($1) and p.proname !~ $3 order by 1""",
         schemas, roles, GENERATED,
     )  # fmt: skip
+    # Columns by name, not position: a column a core migration adds to a table an add-on also
+    # extends comes after the add-on's in an upgraded database and before it in a fresh one
+    # (ferry.subscriptions: pg_net's kind, 0012's filter). pgferry reads every column by name.
     columns = await conn.fetch(
         """select c.table_schema || '.' || c.table_name as t, c.column_name, c.data_type, c.is_nullable,
-                  c.column_default, c.ordinal_position
-           from information_schema.columns c where c.table_schema = any($1) order by 1, 6""",
+                  c.column_default
+           from information_schema.columns c where c.table_schema = any($1) order by 1, 2""",
         schemas,
     )
     constraints = await conn.fetch(

@@ -402,10 +402,29 @@ def streams(
     _run_bench(database_url, go, {"shared_preload_libraries": "pg_stat_statements"})
 
 
+@click.command("filter")
+@database_url_option
+@click.option("--rows", default=200_000, show_default=True, type=click.IntRange(1000), help="Captured rows in the log.")
+@click.option("--rounds", default=3, show_default=True, type=click.IntRange(1), help="Walks per variant (best kept).")
+def filter_(database_url: str | None, rows: int, rounds: int) -> None:
+    """What a subscription filter costs the relay's read: the read of every batch, per filter variant."""
+    from pgferry.bench.context import BenchSettings, scratch_database
+    from pgferry.bench.filter import print_table, run_filter_bench
+
+    async def go(admin_url: str) -> bool:
+        async with scratch_database(BenchSettings(), admin_url) as ctx:
+            results = await run_filter_bench(ctx, rows, rounds)
+        print_table(results)
+        return True
+
+    _run_bench(database_url, go)
+
+
 def register(group: click.Group) -> None:
     """Add the bench subcommands to ``group`` (the `pgferry bench` group)."""
     group.add_command(capture)
     group.add_command(webhooks)
+    group.add_command(filter_)
     group.add_command(soak)
     group.add_command(http)
     group.add_command(outage)

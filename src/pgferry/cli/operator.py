@@ -62,6 +62,8 @@ def status(database_url: str | None, as_json: bool) -> None:
                ("lag_seconds", "lag (s)"), ("rate", "delivered"), ("in_flight", "in flight"), ("parked", "parked"),
                ("dead", "dead"), ("error_rate", "errors (5m)"), ("health", "endpoint"),
                ("owner", "relay")]  # fmt: skip
+    if any(row["filter"] for row in rows):  # a column only when some subscription filters
+        columns.insert(1, ("filter", "filter"))
     table("delivery status", rows, columns, styles=_STATUS_STYLES)
     _relays_table(relay_rows)
     if capture_rows:
@@ -298,6 +300,8 @@ def _trace_style(value: str) -> str:
         return "green"
     if value in ("dead",) or value.startswith("passed (last attempt failed"):
         return "red"
+    if value.startswith("filtered out"):  # the subscription asked not to get it
+        return "dim"
     return "yellow"
 
 

@@ -41,6 +41,12 @@ def subscription() -> None:
 @click.option("--retry-base-ms", default=1000, show_default=True)
 @click.option("--retry-max-ms", default=600000, show_default=True)
 @click.option("--from-beginning", is_flag=True, help="Also deliver the retained history, not only new events.")
+@click.option(
+    "--filter",
+    metavar="JSONPATH",
+    help="Send only events for which this jsonpath predicate is true: the payload is $, and $stream, $key, "
+    "$headers the rest of the event (e.g. '$.record.amount > 100'). Leaving it out removes a filter set before.",
+)
 def add(database_url: str | None, name: str, url: str, streams: tuple[str, ...], headers: tuple[str, ...],
         from_beginning: bool, **options: Any) -> None:  # fmt: skip
     """Create or update subscription NAME."""
@@ -78,7 +84,8 @@ def list_(database_url: str | None, as_json: bool) -> None:
         return
     columns = [("name", "name"), ("state", "state"), ("streams", "streams"), ("url", "url"),
                ("batch_size", "batch"), ("max_in_flight", "in flight"), ("ordered", "ordered"),
-               ("secrets", "secrets"), ("max_attempts", "attempts"), ("state_reason", "reason")]  # fmt: skip
+               ("secrets", "secrets"), ("max_attempts", "attempts"), ("filter", "filter"),
+               ("state_reason", "reason")]  # fmt: skip
     table("subscriptions", rows, columns)
 
 

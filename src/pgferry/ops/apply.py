@@ -44,11 +44,13 @@ DEFAULTS: dict[str, Any] = {
     "max_age": "3 days",
     "retry_base_ms": 1000,
     "retry_max_ms": 600000,
+    "filter": None,  # a jsonpath predicate; None: every event of the streams
 }
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "streams": list, "url": str, "headers": dict, "headers_env": dict, "secret_env": (str, list),
     "from_beginning": bool, "batch_size": int, "max_in_flight": int, "ordered": bool, "timeout_ms": int,
     "connect_timeout_ms": int, "max_attempts": int, "max_age": str, "retry_base_ms": int, "retry_max_ms": int,
+    "filter": str,
 }  # fmt: skip
 
 
@@ -157,6 +159,8 @@ def _shown_url(url: str) -> str:
 
 
 async def plan(conn: asyncpg.Connection, desired: list[Desired], *, prune: bool = False) -> list[Change]:
+    for want in desired:
+        await _check_filter(conn, want)
     current = {r["name"]: dict(r) for r in await conn.fetch(sql.query("subscription_settings"))}
     changes: list[Change] = []
     for want in desired:
@@ -240,7 +244,7 @@ async def execute(conn: asyncpg.Connection, changes: list[Change]) -> None:
                         sql.query("subscribe"), want.name, want.streams, want.url, s["batch_size"],
                         s["max_in_flight"], s["ordered"], None, orjson.dumps(want.headers).decode(), s["timeout_ms"],
                         s["max_attempts"], s["max_age"], s["retry_base_ms"], s["retry_max_ms"],
-                        s["connect_timeout_ms"], "beginning" if want.from_beginning else "now",
+                        s["connect_timeout_ms"], "beginning" if want.from_beginning else "now", s["filter"],
                     )  # fmt: skip
                     if change.action == "create" or "secrets" in change.fields:
                         await conn.execute(sql.query("set_secrets"), want.name, want.secrets)
@@ -248,6 +252,18 @@ async def execute(conn: asyncpg.Connection, changes: list[Change]) -> None:
     except asyncpg.PostgresError as exc:
         if exc.sqlstate in ("22023", "22004", "42704", "22007", "22008"):
             raise PgferryError(str(exc)) from exc
+        raise
+
+
+async def _check_filter(conn: asyncpg.Connection, want: Desired) -> None:
+    """A filter ferry.subscribe would refuse fails the plan, naming the subscription, before anything changes."""
+    if want.settings["filter"] is None:
+        return
+    try:
+        await conn.execute(sql.query("filter_check"), want.settings["filter"])
+    except asyncpg.PostgresError as exc:
+        if exc.sqlstate == "22023":
+            raise PgferryError(f"[subscriptions.{want.name}]: {exc}") from exc
         raise
 
 

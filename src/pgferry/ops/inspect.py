@@ -17,6 +17,7 @@ import asyncpg
 import orjson
 
 from pgferry import sql
+from pgferry.db import RawJSON
 from pgferry.errors import PgferryError
 
 #: how much of a response body trace shows
@@ -188,8 +189,14 @@ async def trace(conn: asyncpg.Connection, event_id: int, snippet: int = RESPONSE
             )
         return Trace(None, False, [], attempts)
     event = dict(row)
-    subs = _rows(await conn.fetch(sql.query("trace_subscriptions"), event_id, event["stream"], event["txid"]))
+    args = (event["stream"], event["txid"], event["key"], _jsonb(event["payload"]), _jsonb(event["headers"]))
+    subs = _rows(await conn.fetch(sql.query("trace_subscriptions"), event_id, *args))
     return Trace(event, in_log, subs, attempts)
+
+
+def _jsonb(value: Any) -> Any:
+    """A jsonb value read back as a parameter: JSON too deep for orjson came as RawJSON text, sent back as is."""
+    return value.encode() if isinstance(value, RawJSON) else value
 
 
 async def dead_letter(conn: asyncpg.Connection, letter_id: int, snippet: int = RESPONSE_SNIPPET) -> dict[str, Any]:

@@ -250,7 +250,8 @@ def _subscriptions_table(
         health = row["health"]
         cls = "ok" if health == "ok" else "bad" if health.startswith("failing") or health == "disabled" else "warn"
         out.append(
-            f'<tr data-subscription="{esc(name)}"><td><a href="/subscriptions/{quote(name)}">{esc(name)}</a></td>'
+            f'<tr data-subscription="{esc(name)}"><td><a href="/subscriptions/{quote(name)}">{esc(name)}</a>'
+            f"{_filter_note(row)}</td>"
             f'<td>{_state(row["state"])}</td><td class="{cls} health">{esc(health)}</td>'
             f"<td>{esc(row['lag_events'])} {lag_chart}</td><td>{esc(row['lag_seconds'])}</td>"
             f"<td>{esc(row['rate'])} {rate_chart}</td><td>{esc(row['in_flight'])}</td>"
@@ -261,6 +262,11 @@ def _subscriptions_table(
         )
     out.append("</table>")
     return "".join(out) if rows else "<p>No subscriptions yet.</p>"
+
+
+def _filter_note(row: dict[str, Any]) -> str:
+    """Under a subscription's name: its filter as written, when it has one (only matching events are sent)."""
+    return f'<br><small class="filter">filter <code>{esc(row["filter"])}</code></small>' if row.get("filter") else ""
 
 
 def _state(state: str) -> str:

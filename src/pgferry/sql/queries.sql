@@ -221,9 +221,15 @@ select * from ferry.subscription_status()
 select max_body_bytes from ferry.config
 
 -- name: subscribe
+-- Create or update a webhook subscription (every setting; filter NULL: every event).
 select ferry.subscribe($1, $2, $3, batch_size => $4, max_in_flight => $5, ordered => $6, secret => $7,
                        headers => $8::text::jsonb, timeout_ms => $9, max_attempts => $10, max_age => $11::text::interval,
-                       retry_base_ms => $12, retry_max_ms => $13, connect_timeout_ms => $14, start_at => $15)
+                       retry_base_ms => $12, retry_max_ms => $13, connect_timeout_ms => $14, start_at => $15,
+                       filter => $16)
+
+-- name: filter_check
+-- Refuse a subscription filter that ferry.subscribe would refuse, with its reason (`pgferry apply` plans with it).
+select ferry._check_filter(filter => $1)
 
 -- name: unknown_streams
 -- Which of the streams $1 nothing has written yet (see migration 0008), in the order given.
@@ -245,8 +251,8 @@ select ferry.resume_subscription($1)
 
 -- name: list_subscriptions
 select name, streams, url, headers, cardinality(secrets) as secrets, batch_size, max_in_flight, ordered, timeout_ms,
-       connect_timeout_ms, max_attempts, max_age::text as max_age, retry_base_ms, retry_max_ms, state, state_reason,
-       created_at, updated_at
+       connect_timeout_ms, max_attempts, max_age::text as max_age, retry_base_ms, retry_max_ms, filter, state,
+       state_reason, created_at, updated_at
 from ferry.subscriptions order by name
 
 -- name: dlq_list
@@ -335,7 +341,10 @@ limit 1
 -- name: trace_subscriptions
 -- Per subscription that matched the event (or holds any trace of it): where the
 -- event is. $1 event id, $2 its stream, $3 its txid (NULL once retention
--- dropped it from the log, which only happens after every cursor passed it).
+-- dropped it from the log, which only happens after every cursor passed it),
+-- $4 its key, $5 its payload, $6 its headers: a passed event with no
+-- attempt that the subscription's filter (as it is now) does not match was
+-- filtered out by it.
 select s.name, s.state as subscription_state,
        case when d.id is not null then 'dead'
             when r.event_id is not null and r.attempts = 0 and r.last_error = 'replayed by an operator' then 'replay queued'
@@ -347,6 +356,8 @@ select s.name, s.state as subscription_state,
                  and not pg_visible_in_snapshot($3::text::xid8, t.snapshot) then 'pending'
             when la.attempted and la.error_class is null then 'delivered'
             when la.attempted then 'passed (last attempt failed)'
+            when not ferry._filter_match(s.filter::jsonpath, $2, $4, $6::jsonb, $5::jsonb)
+                 then 'filtered out by subscription ' || s.name
             else 'passed (no attempt recorded: subscribed later, or history pruned)'
        end as state,
        coalesce(r.attempts, d.attempts) as attempts_so_far, r.next_attempt_at, d.id as dead_letter_id, d.died_at,
@@ -387,7 +398,7 @@ select queued, skipped, last_tick, end_tick from ferry.replay($1, $2, $3, $4, $5
 -- name: subscription_settings
 -- What `pgferry apply` compares a file against; secrets only to compare, never shown.
 select s.name, s.streams, s.url, s.headers, s.secrets, s.batch_size, s.max_in_flight, s.ordered, s.timeout_ms,
-       s.connect_timeout_ms, s.max_attempts, s.max_age, s.retry_base_ms, s.retry_max_ms, s.managed_by
+       s.connect_timeout_ms, s.max_attempts, s.max_age, s.retry_base_ms, s.retry_max_ms, s.filter, s.managed_by
 from ferry.subscriptions s where coalesce(to_jsonb(s) ->> 'kind', 'webhook') = 'webhook'
 order by name
 

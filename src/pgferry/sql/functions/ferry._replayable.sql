@@ -3,9 +3,10 @@
 -- The retained events of a subscription's streams that its cursor has passed,
 -- i.e. committed after the opening tick of the oldest retained partition and
 -- visible at the subscription's cursor tick. Events after the cursor are not
--- replayed: the live stream delivers them anyway.
+-- replayed: the live stream delivers them anyway. Events the subscription's
+-- filter does not match (as it is now) are not replayable.
 --
--- Calls:   ferry.batch_events
+-- Calls:   ferry._filter_match, ferry.batch_events
 -- Reads:   ferry.consumers, ferry.partitions, ferry.subscriptions
 -- Writes:  -
 -- Raises:  22023, 42704
@@ -17,10 +18,12 @@ returns table (id bigint, stream text, key text, payload jsonb, headers jsonb, c
 language plpgsql stable as $$
 declare
     v_streams text[];
+    v_filter jsonpath;
     v_from bigint;
     v_to bigint;
 begin
-    select s.streams into v_streams from ferry.subscriptions s where s.name = p_subscription;
+    select s.streams, s.filter::jsonpath into v_streams, v_filter
+    from ferry.subscriptions s where s.name = p_subscription;
     if not found then
         raise exception 'pgferry: subscription % does not exist', quote_literal(p_subscription) using errcode = '42704';
     end if;
@@ -37,5 +40,6 @@ begin
         select e.id, e.stream, e.key, e.payload, e.headers, e.created_at
         from ferry.batch_events(v_from, v_to, v_streams) e
         where (p_from_event is null or e.id >= p_from_event)
-          and (p_since is null or e.created_at >= p_since);
+          and (p_since is null or e.created_at >= p_since)
+          and ferry._filter_match(v_filter, e.stream, e.key, e.headers, e.payload);
 end $$;

@@ -8,12 +8,14 @@
 -- are parked for immediate delivery (attempts 0, next_attempt_at now), where
 -- the subscription's retry loop picks them up. Events already parked or
 -- dead-lettered for the subscription are skipped (dead letters come back with
--- `pgferry dlq replay`). Call it with after_tick and until_tick NULL first,
--- then with the last_tick and end_tick it returned, until last_tick is NULL.
+-- `pgferry dlq replay`), and so are events its filter (as it is now) does not
+-- match: a replay sends what the subscription would deliver. Call it with
+-- after_tick and until_tick NULL first, then with the last_tick and end_tick
+-- it returned, until last_tick is NULL.
 -- If retention removed the range being walked in the meantime, the walk goes
 -- on from what is still retained.
 --
--- Calls:   ferry.batch_events
+-- Calls:   ferry._filter_match, ferry.batch_events
 -- Reads:   ferry.consumers, ferry.dead_letters, ferry.partitions, ferry.subscriptions, ferry.ticks
 -- Writes:  ferry.retries
 -- Raises:  22023, 42704
@@ -28,6 +30,7 @@ language plpgsql as $$
 declare
     v_sub text := replay.subscription;
     v_streams text[];
+    v_filter jsonpath;
     v_until bigint := replay.until_tick;
     v_start bigint := replay.after_tick;
     v_start_seq bigint;
@@ -40,7 +43,8 @@ begin
         raise exception 'pgferry: replay needs exactly one of since (a time) or from_event (an event id)'
             using errcode = '22023';
     end if;
-    select s.streams into v_streams from ferry.subscriptions s where s.name = v_sub;
+    select s.streams, s.filter::jsonpath into v_streams, v_filter
+    from ferry.subscriptions s where s.name = v_sub;
     if not found then
         raise exception 'pgferry: subscription % does not exist', quote_literal(v_sub) using errcode = '42704';
     end if;
@@ -69,6 +73,7 @@ begin
         select e.* from ferry.batch_events(v_start, v_end, v_streams) e
         where (from_event is null or e.id >= from_event)
           and (since is null or e.created_at >= since)
+          and ferry._filter_match(v_filter, e.stream, e.key, e.headers, e.payload)
     ), queued as (
         insert into ferry.retries (subscription, event_id, stream, key, payload, headers, event_created_at,
                                    attempts, first_failed_at, next_attempt_at, last_error)

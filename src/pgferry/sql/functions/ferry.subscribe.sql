@@ -1,10 +1,15 @@
--- ferry.subscribe( name text, streams text[], url text, batch_size integer default 1, max_in_flight integer default 32, ordered boolean default false, secret text default null, headers jsonb default '{}', timeout_ms integer default 10000, max_attempts integer default 12, max_age interval default '3 days', retry_base_ms integer default 1000, retry_max_ms integer default 600000, connect_timeout_ms integer default 5000, start_at text default 'now') returns void
+-- ferry.subscribe( name text, streams text[], url text, batch_size integer default 1, max_in_flight integer default 32, ordered boolean default false, secret text default null, headers jsonb default '{}', timeout_ms integer default 10000, max_attempts integer default 12, max_age interval default '3 days', retry_base_ms integer default 1000, retry_max_ms integer default 600000, connect_timeout_ms integer default 5000, start_at text default 'now', filter text default null) returns void
 --
 -- Creates or updates a webhook subscription and its consumer
 -- 'webhook:<name>'. Every setting is checked here, before the row exists (a
 -- table CHECK would report the whole row, secret included). New in 0008: a
 -- NOTICE (SQLSTATE 01PF1, a warning) for each stream nothing has written yet;
 -- the subscription is saved all the same and delivers once events arrive.
+-- New in 0012: filter, a jsonpath predicate over the event; only events for
+-- which it is true are delivered (ferry._filter_match says what it sees).
+-- Like every other setting it is declared whole on each call: subscribing
+-- again without one removes the filter. A change applies to the batches
+-- the relay reads from then on; events the cursor passed stay passed.
 --
 -- Parameters: name                subscription name, 1-100 of [A-Za-z0-9_.:-]
 --             streams             streams to deliver (non-empty, no control
@@ -20,12 +25,15 @@
 --             max_age             positive interval
 --             retry_base_ms, retry_max_ms      >= 0
 --             start_at            'now' or 'beginning' (new consumers only)
+--             filter              jsonpath predicate, e.g. '$.record.amount > 100'
+--                                 (ferry._check_filter); NULL delivers every event
 -- Returns:    nothing.
 -- Calls:      ferry._check_url, ferry._check_headers_map, ferry._check_secret,
---             ferry.register_consumer, ferry._unknown_streams.
+--             ferry._check_filter, ferry.register_consumer, ferry._unknown_streams.
 -- Tables:     writes ferry.subscriptions, ferry.consumers; reads those of
 --             ferry._unknown_streams.
--- Raises:     22023 on a bad argument (message says which); NOTICE 01PF1 per
+-- Raises:     22023 on a bad argument (message says which, for a filter also
+--             why: not a jsonpath, not a predicate, an unknown variable); NOTICE 01PF1 per
 --             unwritten stream.
 -- Roles:      ferry_relay (and the installer). ferry_writer may not (42501).
 
@@ -44,7 +52,8 @@ create or replace function ferry.subscribe(
     retry_base_ms integer default 1000,
     retry_max_ms integer default 600000,
     connect_timeout_ms integer default 5000,
-    start_at text default 'now')
+    start_at text default 'now',
+    filter text default null)
 returns void language plpgsql as $$
 declare
     v_stream text;
@@ -63,6 +72,7 @@ begin
     end if;
     perform ferry._check_url(url);
     perform ferry._check_headers_map(headers);
+    perform ferry._check_filter(subscribe.filter);
     if secret is not null then
         perform ferry._check_secret(secret);
     end if;
@@ -90,19 +100,21 @@ begin
     end if;
 
     insert into ferry.subscriptions as s (name, streams, url, headers, secrets, batch_size, max_in_flight, ordered,
-                                          timeout_ms, connect_timeout_ms, max_attempts, max_age, retry_base_ms, retry_max_ms)
+                                          timeout_ms, connect_timeout_ms, max_attempts, max_age, retry_base_ms, retry_max_ms,
+                                          filter)
     values (subscribe.name, subscribe.streams, subscribe.url, coalesce(subscribe.headers, '{}'),
             case when subscribe.secret is null then '{}' else array[subscribe.secret] end,
             subscribe.batch_size, subscribe.max_in_flight, subscribe.ordered, subscribe.timeout_ms,
             subscribe.connect_timeout_ms, subscribe.max_attempts, subscribe.max_age,
-            subscribe.retry_base_ms, subscribe.retry_max_ms)
+            subscribe.retry_base_ms, subscribe.retry_max_ms, subscribe.filter)
     on conflict on constraint subscriptions_pkey do update set
         streams = excluded.streams, url = excluded.url, headers = excluded.headers,
         secrets = case when subscribe.secret is null then s.secrets else excluded.secrets end,
         batch_size = excluded.batch_size, max_in_flight = excluded.max_in_flight, ordered = excluded.ordered,
         timeout_ms = excluded.timeout_ms, connect_timeout_ms = excluded.connect_timeout_ms,
         max_attempts = excluded.max_attempts, max_age = excluded.max_age,
-        retry_base_ms = excluded.retry_base_ms, retry_max_ms = excluded.retry_max_ms, updated_at = now();
+        retry_base_ms = excluded.retry_base_ms, retry_max_ms = excluded.retry_max_ms, filter = excluded.filter,
+        updated_at = now();
     perform ferry.register_consumer('webhook:' || subscribe.name, subscribe.streams, start_at);
 
     -- Saved: now say which streams nothing has written yet (a typo sits idle forever).
@@ -116,4 +128,4 @@ begin
 end $$;
 
 grant execute on function ferry.subscribe(text, text[], text, integer, integer, boolean, text, jsonb, integer,
-                                          integer, interval, integer, integer, integer, text) to ferry_relay;
+                                          integer, interval, integer, integer, integer, text, text) to ferry_relay;

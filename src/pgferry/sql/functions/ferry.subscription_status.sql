@@ -1,7 +1,8 @@
--- ferry.subscription_status() returns table (name text, state text, state_reason text, url text, streams text[], lag_events bigint, lag_seconds double precision, parked bigint, dead bigint, delivered_1m bigint, failed_5m bigint, attempts_5m bigint, owner text, in_flight integer)
+-- ferry.subscription_status() returns table (name text, state text, state_reason text, url text, streams text[], lag_events bigint, lag_seconds double precision, parked bigint, dead bigint, delivered_1m bigint, failed_5m bigint, attempts_5m bigint, owner text, in_flight integer, filter text)
 --
 -- Rates come from the owning relay's heartbeat (rolling in-memory counters),
--- so status stays cheap however many attempts are stored.
+-- so status stays cheap however many attempts are stored. filter is the
+-- subscription's filter as written (NULL: every event; migration 0012).
 --
 -- Calls:   -
 -- Reads:   ferry.consumers, ferry.dead_letters, ferry.relays, ferry.retries, ferry.subscriptions, ferry.ticks
@@ -13,7 +14,8 @@
 create or replace function ferry.subscription_status()
 returns table (name text, state text, state_reason text, url text, streams text[],
                lag_events bigint, lag_seconds double precision, parked bigint, dead bigint,
-               delivered_1m bigint, failed_5m bigint, attempts_5m bigint, owner text, in_flight integer)
+               delivered_1m bigint, failed_5m bigint, attempts_5m bigint, owner text, in_flight integer,
+               filter text)
 language sql stable as $$
     select s.name, s.state, s.state_reason,
            regexp_replace(s.url, '\?.*$', '?…'),
@@ -26,7 +28,8 @@ language sql stable as $$
            (r.stats -> 'failed_5m' ->> s.name)::bigint,
            (r.stats -> 'attempts_5m' ->> s.name)::bigint,
            r.id,
-           (r.stats -> 'in_flight' ->> s.name)::int
+           (r.stats -> 'in_flight' ->> s.name)::int,
+           s.filter
     from ferry.subscriptions s
     left join ferry.consumers c on c.name = 'webhook:' || s.name
     left join ferry.ticks t0 on t0.id = c.tick_id

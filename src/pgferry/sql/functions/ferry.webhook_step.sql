@@ -6,12 +6,16 @@
 --  2. when peek is true: returns the batch after peek_after (the consumer's
 --     cursor when NULL), without opening it, as rows (start_tick, end_tick,
 --     more: newer ticks exist beyond end_tick, event...), blocked = true on events of keys that have parked events
---     (an ordered subscription parks those behind them). A batch with no
---     events for the subscription comes back as one row with a NULL id, so
---     that its range can be acknowledged. No rows: nothing new.
+--     (an ordered subscription parks those behind them). Only events that
+--     pass the subscription's filter are returned (ferry._filter_match,
+--     migration 0012), read from the subscription at each call, so a changed
+--     filter applies from the next read. A batch with no events for the
+--     subscription (none on its streams, or every one filtered out) comes
+--     back as one row with a NULL id, so that its range can be acknowledged.
+--     No rows: nothing new.
 --
--- Calls:   ferry._batch_end, ferry.advance_consumer, ferry.batch_events
--- Reads:   ferry.consumers, ferry.retries, ferry.ticks
+-- Calls:   ferry._batch_end, ferry._filter_match, ferry.advance_consumer, ferry.batch_events
+-- Reads:   ferry.consumers, ferry.retries, ferry.subscriptions, ferry.ticks
 -- Writes:  ferry.attempts
 -- Raises:  42704, 55000, PF001
 -- Runs as: the caller (SECURITY INVOKER)
@@ -29,6 +33,7 @@ declare
     v_end bigint;
     v_more boolean;
     v_streams text[];
+    v_filter jsonpath;
 begin
     if ack_to is not null then
         insert into ferry.attempts (subscription, event_id, attempt, status, latency_ms)
@@ -39,8 +44,9 @@ begin
     if not peek then
         return;
     end if;
-    select coalesce(peek_after, c.tick_id), c.streams into v_start, v_streams
-    from ferry.consumers c where c.name = consumer;
+    select coalesce(peek_after, c.tick_id), c.streams, s.filter::jsonpath into v_start, v_streams, v_filter
+    from ferry.consumers c left join ferry.subscriptions s on s.name = webhook_step.subscription
+    where c.name = consumer;
     if not found then
         raise exception 'pgferry: consumer % does not exist', quote_literal(consumer) using errcode = '42704';
     end if;
@@ -53,7 +59,8 @@ begin
         select v_start, v_end, v_more, e.id, e.stream, e.key, e.payload::text, e.headers::text, e.created_at,
                ordered and e.key is not null
                and exists (select 1 from ferry.retries r where r.subscription = webhook_step.subscription and r.key = e.key)
-        from ferry.batch_events(v_start, v_end, v_streams) e;
+        from ferry.batch_events(v_start, v_end, v_streams) e
+        where ferry._filter_match(v_filter, e.stream, e.key, e.headers, e.payload);
     if not found then
         return query select v_start, v_end, v_more, null::bigint, null::text, null::text, null::text, null::text,
                             null::timestamptz, false;
