@@ -164,7 +164,11 @@ async def trace(conn: asyncpg.Connection, event_id: int, snippet: int = RESPONSE
             )
         return Trace(None, False, [], attempts)
     event = dict(row)
-    subs = _rows(await conn.fetch(sql.query("trace_subscriptions"), event_id, event["stream"], event["txid"]))
+    subs = _rows(
+        await conn.fetch(
+            sql.query("trace_subscriptions"), event_id, event["stream"], event["txid"], event.get("target")
+        )
+    )
     return Trace(event, in_log, subs, attempts)
 
 

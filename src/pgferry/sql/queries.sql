@@ -92,8 +92,9 @@ order by c.name
 select batch_id, start_tick, end_tick, streams from ferry.next_batch($1, $2)
 
 -- name: batch_events
+-- The events of a consumer's batch ($1, $2] on its streams $3, as consumer $4 reads them (backfills for others left out).
 select id, txid::text::bigint as txid, stream, key, payload, headers, created_at
-from ferry.batch_events($1, $2, $3)
+from ferry.batch_events(start_tick => $1, end_tick => $2, streams => $3, reader => $4)
 
 -- name: finish_batch
 select ferry.finish_batch($1, $2)
@@ -312,7 +313,9 @@ from ferry.relays r
 order by r.started_at
 
 -- name: lookup_event
-select id, txid::text::bigint as txid, stream, key, payload, headers, created_at from ferry.lookup_event($1)
+-- One event as readers see it, with the consumer it is targeted at (NULL: everyone).
+select id, txid::text::bigint as txid, stream, key, payload, headers, created_at, target
+from ferry.lookup_event(event_id => $1)
 
 -- name: parked_or_dead_copy
 -- An event that retention dropped from the log survives as the copy kept with a
@@ -326,9 +329,12 @@ limit 1
 -- name: trace_subscriptions
 -- Per subscription that matched the event (or holds any trace of it): where the
 -- event is. $1 event id, $2 its stream, $3 its txid (NULL once retention
--- dropped it from the log, which only happens after every cursor passed it).
+-- dropped it from the log, which only happens after every cursor passed it), $4 the
+-- consumer a backfill event is targeted at (NULL: everyone).
 select s.name, s.state as subscription_state,
        case when d.id is not null then 'dead'
+            when $4::text is not null and $4::text <> 'webhook:' || s.name
+                 then 'not for this subscription (a backfill for ' || $4::text || ')'
             when r.event_id is not null and r.attempts = 0 and r.last_error = 'replayed by an operator' then 'replay queued'
             when r.event_id is not null and r.last_status is null and r.last_error like 'in flight:%' then 'in flight (its batch moved on)'
             when r.event_id is not null and r.last_status is null and r.last_error like 'held:%' then 'held (endpoint down)'
