@@ -28,9 +28,14 @@ async def test_every_row_becomes_one_read_event_in_primary_key_order_in_chunks(
     assert await _run(conn, backfill) == "done"
     events = await read_all(ferry, conn, "c")
     assert [e.key for e in events] == [str(i) for i in range(1, 26)]
+    record = {"id": 1, "item": "item 1"}
     assert events[0].payload == {
-        "type": "READ", "schema": "public", "table": "orders", "record": {"id": 1, "item": "item 1"}, "old_record": None,
-    }  # fmt: skip
+        "type": "READ",
+        "schema": "public",
+        "table": "orders",
+        "record": record,
+        "old_record": None,
+    }
     row = await conn.fetchrow("select * from ferry.backfills where id = $1", backfill)
     assert (row["rows_done"], row["chunks_done"], row["last_key"], row["finished_at"] is not None) == (
         25, 3, {"id": 20}, True,
