@@ -15,8 +15,11 @@ import orjson
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 import pgferry
+from pgferry.capture import backfill as backfills
 from pgferry.cli.common import (
+    BACKFILL_COLUMNS,
     attempts_table,
+    backfill_rows,
     console,
     database_url_option,
     escape,
@@ -47,13 +50,16 @@ def parse_since(text: str) -> datetime:
 @json_option
 def status(database_url: str | None, as_json: bool) -> None:
     """Per subscription: lag, rate, in flight, parked, dead, error rate, endpoint health, owning relay;
-    then every relay and what it owns. --json: the subscriptions (relays: `pgferry relays --json`)."""
+    then every relay and what it owns, and backfills running, paused or finished in the last day.
+    --json: the subscriptions (relays: `pgferry relays --json`, backfills: `pgferry backfill --list --json`)."""
 
-    async def read(f: pgferry.Ferry) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    async def read(
+        f: pgferry.Ferry,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[backfills.Progress]]:
         async with f.pool.acquire() as conn:
-            return await inspect.subscription_status(conn), await inspect.relays(conn)
+            return await inspect.subscription_status(conn), await inspect.relays(conn), await backfills.listing(conn)
 
-    rows, relay_rows = with_ferry(database_url, read)
+    rows, relay_rows, backfill_list = with_ferry(database_url, read)
     if as_json:
         print_json(rows)
         return
@@ -63,6 +69,8 @@ def status(database_url: str | None, as_json: bool) -> None:
                ("owner", "relay")]  # fmt: skip
     table("delivery status", rows, columns, styles=_STATUS_STYLES)
     _relays_table(relay_rows)
+    if backfill_list:
+        table("backfills", backfill_rows(backfill_list), BACKFILL_COLUMNS)
 
 
 @click.command()

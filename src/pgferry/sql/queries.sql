@@ -490,3 +490,28 @@ from ferry.batch_events($1, $2, $3::text[])
 -- name: stream_end_event
 -- The id of a closed stream's end marker, or NULL while it is open.
 select end_event from ferry.closed_streams where stream = $1
+
+-- name: backfill_create
+-- Start a backfill of table $1 for subscription $2 or consumer $3 (neither: everyone), rows matching $4, $5 rows a chunk.
+select ferry.backfill(tbl => $1::text::regclass, subscription => $2, consumer => $3, condition => $4,
+                      chunk_size => coalesce($5, 10000))
+
+-- name: backfill_chunk
+-- One chunk of backfill $1, in its own transaction: the state after it ('busy': another runner has it right now).
+select state, rows_done, rows_estimate, chunk_rows from ferry.backfill_chunk(backfill => $1)
+
+-- name: backfill_set_state
+-- Cancel ($2 = 'cancel'), pause or resume backfill $1; the state afterwards.
+select case $2::text when 'cancel' then ferry.backfill_cancel(backfill => $1)
+                     when 'pause' then ferry.backfill_pause(backfill => $1)
+                     when 'resume' then ferry.backfill_resume(backfill => $1) end
+
+-- name: backfill_progress
+-- Backfills with their progress: $1 one id, or NULL for every one that is running or paused, or finished within $2.
+select b.id, format('%I.%I', b.schema_name, b.table_name) as table_name, b.target, b.condition, b.chunk_size,
+       b.rows_done, b.rows_estimate, b.state, b.reason, b.started_at, b.updated_at, b.finished_at,
+       clock_timestamp() as now
+from ferry.backfills b
+where case when $1::bigint is not null then b.id = $1
+           else b.state in ('running', 'paused') or b.finished_at > clock_timestamp() - $2::interval end
+order by b.id
