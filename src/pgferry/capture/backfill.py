@@ -174,12 +174,16 @@ class BackfillSettings:
     backfill: int
     #: pause before trying again when another runner holds the backfill (it is doing a chunk)
     busy_wait: float = 0.2
+    #: seconds to wait between chunks: a throttle that leaves the table's writers and the disk more room
+    throttle: float = 0.0
 
     def __post_init__(self) -> None:
         if self.backfill < 1:
             raise ValueError(f"backfill must be a backfill id (>= 1), not {self.backfill}")
         if self.busy_wait <= 0:
             raise ValueError(f"busy_wait must be > 0 seconds, not {self.busy_wait}")
+        if self.throttle < 0:
+            raise ValueError(f"throttle must be >= 0 seconds, not {self.throttle}")
 
 
 class BackfillRunner:
@@ -215,4 +219,6 @@ class BackfillRunner:
                 self.observe(int(row["rows_done"]), row["rows_estimate"], int(row["chunk_rows"]))
             if state != "running":
                 return state
+            if s.throttle:
+                await wait_for_event(stop, s.throttle)
         return "running"
