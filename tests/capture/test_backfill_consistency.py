@@ -61,10 +61,14 @@ async def test_random_writers_during_a_backfill_never_see_a_stale_read_after_a_n
 
     finished = asyncio.Event()
     rng = random.Random(seed)
-    writers = [asyncio.create_task(_writer(db_url, random.Random(rng.random()), near, finished)) for _ in range(WRITERS)]
+    writers = [
+        asyncio.create_task(_writer(db_url, random.Random(rng.random()), near, finished)) for _ in range(WRITERS)
+    ]
     runner_conn = await asyncpg.connect(db_url)
     try:
-        runner = backfills.BackfillRunner(runner_conn, backfills.BackfillSettings(backfill, throttle=0.02), observe=observe)
+        runner = backfills.BackfillRunner(
+            runner_conn, backfills.BackfillSettings(backfill, throttle=0.02), observe=observe
+        )
         assert await runner.run(asyncio.Event()) == "done"
     finally:
         finished.set()
@@ -76,6 +80,7 @@ async def test_random_writers_during_a_backfill_never_see_a_stale_read_after_a_n
     state: dict[str, dict[str, Any] | None] = {}
     reads = stale = 0
     for e in events:
+        assert e.key is not None
         kind, record = e.payload["type"], e.payload["record"]
         if kind == "READ":
             reads += 1

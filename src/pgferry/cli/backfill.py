@@ -18,6 +18,7 @@ from pgferry.cli.common import (
     json_option,
     print_json,
     require_url,
+    rows_text,
     run_coroutine,
     table,
 )
@@ -33,13 +34,16 @@ async def _drive(ferry: pgferry.Ferry, backfill: int, show: bool) -> backfills.P
         first = await backfills.progress(conn, backfill)
         with Progress(
             TextColumn(f"backfill {backfill} of {first.table}"), BarColumn(), TaskProgressColumn(),
-            TextColumn("{task.completed:,.0f} / ~{task.total:,.0f} rows"), TimeRemainingColumn(),
+            TextColumn("{task.fields[rows]} rows"), TimeRemainingColumn(),
             console=console, disable=not show, transient=False,
         ) as bar:  # fmt: skip
-            task = bar.add_task("rows", total=first.total, completed=first.rows_done)
+            task = bar.add_task(
+                "rows", total=first.total, completed=first.rows_done, rows=rows_text(first.rows_done, first.total)
+            )
 
             def observe(done: int, estimate: int | None, _chunk: int) -> None:
-                bar.update(task, completed=done, total=max(done, estimate) if estimate is not None else None)
+                total = max(done, estimate) if estimate is not None else None
+                bar.update(task, completed=done, total=total, rows=rows_text(done, total))
 
             runner = backfills.BackfillRunner(conn, backfills.BackfillSettings(backfill), observe=observe)
             state = await runner.run(stop)

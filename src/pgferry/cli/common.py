@@ -138,9 +138,9 @@ def attempts_table(rows: list[dict[str, Any]], title: str = "attempts") -> None:
     table(title, rows, columns, styles={"outcome": lambda v: "green" if v == "ok" else "red"})
 
 
-def _rows_text(p: BackfillProgress) -> str:
-    total = f"{p.total:,}" if p.total is not None else "?"
-    return f"{p.rows_done:,} / ~{total}"
+def rows_text(done: int, total: int | None) -> str:
+    """A backfill's rows done against its estimate ("?" for a table never analysed)."""
+    return f"{done:,} / ~{total:,}" if total is not None else f"{done:,} / ?"
 
 
 def backfill_rows(items: list[BackfillProgress]) -> list[dict[str, Any]]:
@@ -151,7 +151,7 @@ def backfill_rows(items: list[BackfillProgress]) -> list[dict[str, Any]]:
             "table": p.table,
             "for": p.target or "everyone",
             "state": p.state + (f": {p.reason}" if p.reason else ""),
-            "rows": _rows_text(p),
+            "rows": rows_text(p.rows_done, p.total),
             "rate": f"{p.rate:,.0f}/s" if p.rate is not None else "",
             "eta": str(p.eta).split(".")[0] if p.eta is not None else "",
         }
