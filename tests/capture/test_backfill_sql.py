@@ -117,6 +117,7 @@ async def test_cancel_and_pause_stop_the_next_chunk_and_resume_goes_on_after_the
     [
         ("ferry.backfill('nope')", "42P01", 'relation "nope" does not exist'),
         ("ferry.backfill('uncaptured')", "55000", "is not captured"),
+        ("ferry.backfill('nopk')", "42P10", "has no primary key"),
         ("ferry.backfill('t', condition => 'no_such_column > 1')", "42703", "not a valid boolean expression"),
         ("ferry.backfill('t', condition => 'id')", "42804", "not a valid boolean expression"),
         ("ferry.backfill('t', condition => 'true) or (true; drop table t')", "42601", "not a valid boolean expression"),
@@ -131,7 +132,8 @@ async def test_bad_input_is_refused_with_the_problem_named_and_nothing_recorded(
     ferry: pgferry.Ferry, conn: asyncpg.Connection, call: str, sqlstate: str, says: str
 ) -> None:
     await conn.execute("create table t (id int primary key); create table uncaptured (id int primary key)")
-    await conn.execute("select ferry.capture_table('t')")
+    await conn.execute("create table nopk (sku text)")
+    await conn.execute("select ferry.capture_table('t'), ferry.capture_table('nopk', key_columns => array['sku'])")
     await ferry.register_consumer("c")
     await ferry.register_consumer("elsewhere", ["other.stream"])
     with pytest.raises(asyncpg.PostgresError) as caught:
