@@ -61,7 +61,7 @@ def test_runner_settings_refuse_nonsense_with_the_reason() -> None:
             raise AssertionError(f"{bad} was accepted")
 
 
-async def test_status_and_metrics_show_a_running_backfill_with_rows_done_and_the_estimate(
+async def test_status_metrics_and_dashboard_show_a_running_backfill_with_rows_done_and_the_estimate(
     conn: asyncpg.Connection, db_url: str, pgferry_cmd: list[str]
 ) -> None:
     await conn.execute("create table t (id int primary key)")
@@ -78,21 +78,22 @@ async def test_status_and_metrics_show_a_running_backfill_with_rows_done_and_the
     line = next(ln for ln in status.stdout.splitlines() if "public.t" in ln)
     assert "reader" in line and "running" in line and "300 / ~1,000" in line
 
-    relay = RunningRelay(db_url, replace(FAST, metrics_port=0, deliver=False))
+    relay = RunningRelay(db_url, replace(FAST, metrics_port=0, dashboard_port=0, deliver=False))
     try:
 
         async def serving() -> bool:
-            return "metrics" in relay.relay.addresses
+            return {"metrics", "dashboard"} <= relay.relay.addresses.keys()
 
-        await eventually(serving, what="the metrics server")
+        await eventually(serving, what="the metrics and dashboard servers")
         url = relay.relay.addresses["metrics"]
-        done, estimate = (
-            await _gauges(url, "pgferry_backfill_rows_done"),
-            await _gauges(url, "pgferry_backfill_rows_estimate"),
-        )
+        done = await _gauges(url, "pgferry_backfill_rows_done")
+        estimate = await _gauges(url, "pgferry_backfill_rows_estimate")
+        async with aiohttp.ClientSession() as session, session.get(relay.relay.addresses["dashboard"]) as page:
+            html = await page.text()
     finally:
         await relay.stop()
     labels = tuple(
         sorted({"backfill": str(backfill), "table": "public.t", "target": "reader", "state": "running"}.items())
     )
     assert done == {labels: 300} and estimate == {labels: 1000}
+    assert "<h2>Backfills</h2>" in html and '<progress value="300" max="1000">' in html and "300 / ~1,000" in html
