@@ -317,7 +317,7 @@ def stream_writes(
 @click.command("backfill")
 @database_url_option
 @click.option("--rows", default=1_000_000, show_default=True, type=click.IntRange(1), help="Rows in the table.")
-@click.option("--chunk", default=10_000, show_default=True, type=click.IntRange(1), help="Rows per chunk.")
+@click.option("--chunk", default=2_000, show_default=True, type=click.IntRange(1), help="Rows per chunk.")
 @click.option("--clients", default=4, show_default=True, type=click.IntRange(1),
               help="pgbench clients doing single-row UPDATEs of the table.")  # fmt: skip
 @click.option("--seconds", default=10.0, show_default=True, type=click.FloatRange(1),

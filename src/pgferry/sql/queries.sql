@@ -494,7 +494,7 @@ select end_event from ferry.closed_streams where stream = $1
 -- name: backfill_create
 -- Start a backfill of table $1 for subscription $2 or consumer $3 (neither: everyone), rows matching $4, $5 rows a chunk.
 select ferry.backfill(tbl => $1::text::regclass, subscription => $2, consumer => $3, condition => $4,
-                      chunk_size => coalesce($5, 10000))
+                      chunk_size => coalesce($5, 2000))
 
 -- name: backfill_chunk
 -- One chunk of backfill $1, in its own transaction: the state after it ('busy': another runner has it right now).

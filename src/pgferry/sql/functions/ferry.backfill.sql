@@ -1,4 +1,4 @@
--- ferry.backfill(tbl regclass, subscription text default null, consumer text default null, condition text default null, chunk_size integer default 10000) returns bigint
+-- ferry.backfill(tbl regclass, subscription text default null, consumer text default null, condition text default null, chunk_size integer default 2000) returns bigint
 --
 -- Starts a backfill of a captured table: every row (matching condition)
 -- will become one READ event of the capture's stream, in primary-key
@@ -10,7 +10,8 @@
 -- most one): the only reader of the events, which must read the table's
 -- stream (neither: every reader); condition: a boolean SQL expression over
 -- the table's columns (not `where`: a reserved word cannot name an
--- argument), checked here; chunk_size: rows per chunk transaction.
+-- argument), checked here; chunk_size: rows per chunk transaction (the
+-- default, 2000, is docs/backfills.md's measured trade-off).
 -- Returns the backfill's id.
 --
 -- Calls:   -
@@ -25,7 +26,7 @@ create or replace function ferry.backfill(
     subscription text default null,
     consumer text default null,
     condition text default null,
-    chunk_size integer default 10000)
+    chunk_size integer default 2000)
 returns bigint language plpgsql as $$
 declare
     v_capture ferry.captures;
@@ -48,7 +49,7 @@ begin
     end if;
     if chunk_size is null or chunk_size < 1 or chunk_size > 1000000 then
         raise exception 'pgferry: chunk_size must be between 1 and 1000000, not %', coalesce(chunk_size::text, 'NULL')
-            using errcode = '22023', hint = 'Leave it out for the default of 10000.';
+            using errcode = '22023', hint = 'Leave it out for the default of 2000.';
     end if;
     if subscription is not null and consumer is not null then
         raise exception 'pgferry: a backfill is for one subscription or one consumer, not both'

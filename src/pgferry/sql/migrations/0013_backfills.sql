@@ -35,7 +35,7 @@
 -- argument needs the share lock: without it, a writer committing between
 -- T's read and T's commit lands before T's READ of the old version
 -- (tests/capture/test_backfill_consistency.py catches that at once). The
--- lock is held for one chunk (10,000 rows by default, well under a second)
+-- lock is held for one chunk (2,000 rows by default, a few hundredths of a second)
 -- and only blocks writers of those rows; inserts and other rows never wait.
 -- A chunk is picked in a separate statement so that a row whose key an
 -- update moved out of (last_key, upper] cannot push last_key past rows not
