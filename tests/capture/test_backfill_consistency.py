@@ -67,7 +67,7 @@ async def test_random_writers_during_a_backfill_never_see_a_stale_read_after_a_n
     runner_conn = await asyncpg.connect(db_url)
     try:
         runner = backfills.BackfillRunner(
-            runner_conn, backfills.BackfillSettings(backfill, throttle=0.02), observe=observe
+            runner_conn, backfills.BackfillSettings(backfill, max_rate=2500), observe=observe
         )
         assert await runner.run(asyncio.Event()) == "done"
     finally:

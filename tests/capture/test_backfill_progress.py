@@ -52,7 +52,7 @@ def test_an_estimate_below_the_rows_done_counts_as_the_rows_done_and_unknown_sta
 
 def test_runner_settings_refuse_nonsense_with_the_reason() -> None:
     for bad, says in (({"backfill": 0}, "backfill id"), ({"backfill": 1, "busy_wait": 0}, "busy_wait"),
-                      ({"backfill": 1, "throttle": -1}, "throttle")):  # fmt: skip
+                      ({"backfill": 1, "max_rate": 0}, "max_rate")):  # fmt: skip
         try:
             BackfillSettings(**bad)
         except ValueError as exc:

@@ -41,6 +41,8 @@ class BackfillBenchSettings:
     chunk: int = backfills.DEFAULT_CHUNK
     clients: int = 4
     seconds: float = 10.0
+    #: the backfills' --max-rate (None: as fast as they go)
+    max_rate: float | None = None
 
     def __post_init__(self) -> None:
         if self.rows < 1 or self.chunk < 1 or self.clients < 1 or self.seconds < 1:
@@ -51,13 +53,15 @@ def _q(name: str) -> str:
     return named("backfill.sql", name)
 
 
-async def _backfill(ctx: BenchContext, chunk: int) -> tuple[int, float, datetime, datetime]:
+async def _backfill(ctx: BenchContext, chunk: int, max_rate: float | None) -> tuple[int, float, datetime, datetime]:
     """One backfill of the whole table, driven here: rows, seconds, and its window (database clock)."""
     async with ctx.connect() as conn:
         backfill = await backfills.start(conn, "public.bench_orders", chunk_size=chunk)
         began = await conn.fetchval("select clock_timestamp()")
         started = time.perf_counter()
-        state = await backfills.BackfillRunner(conn, backfills.BackfillSettings(backfill)).run(asyncio.Event())
+        state = await backfills.BackfillRunner(conn, backfills.BackfillSettings(backfill, max_rate=max_rate)).run(
+            asyncio.Event()
+        )
         seconds = time.perf_counter() - started
         ended = await conn.fetchval("select clock_timestamp()")
         done = await backfills.progress(conn, backfill)
@@ -84,7 +88,7 @@ async def run_backfill_bench(ctx: BenchContext, s: BackfillBenchSettings) -> Non
     ctx.progress("backfill alone ...")
     async with ctx.connect() as conn:
         await ctx.checkpoint(conn)
-    rows_alone, secs_alone, _, _ = await _backfill(ctx, s.chunk)
+    rows_alone, secs_alone, _, _ = await _backfill(ctx, s.chunk, s.max_rate)
 
     side_seconds = 2 * secs_alone + 2
     ctx.progress(f"side by side: pgbench for {side_seconds:.0f} s, a backfill from 1 s in ...")
@@ -92,7 +96,7 @@ async def run_backfill_bench(ctx: BenchContext, s: BackfillBenchSettings) -> Non
         await ctx.checkpoint(conn)
     writers = asyncio.create_task(run_pgbench(ctx.url, script, clients=s.clients, seconds=side_seconds))
     await asyncio.sleep(1.0)
-    rows_side, secs_side, began, ended = await _backfill(ctx, s.chunk)
+    rows_side, secs_side, began, ended = await _backfill(ctx, s.chunk, s.max_rate)
     side = await writers
     async with ctx.connect() as conn:
         in_window = int(await conn.fetchval(_q("writes_between"), began, ended))
@@ -103,7 +107,8 @@ async def run_backfill_bench(ctx: BenchContext, s: BackfillBenchSettings) -> Non
     rate_alone, rate_side = rows_alone / secs_alone, rows_side / secs_side
 
     click.echo(
-        f"\nBackfill of {s.rows:,} rows ({s.chunk:,} a chunk) and {s.clients} single-row UPDATE writers "
+        f"\nBackfill of {s.rows:,} rows ({s.chunk:,} a chunk"
+        f"{f', at most {s.max_rate:,.0f} rows/s' if s.max_rate else ''}) and {s.clients} single-row UPDATE writers "
         f"(pgbench) on the same table, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
     )
     click.echo(

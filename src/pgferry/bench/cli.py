@@ -322,14 +322,18 @@ def stream_writes(
               help="pgbench clients doing single-row UPDATEs of the table.")  # fmt: skip
 @click.option("--seconds", default=10.0, show_default=True, type=click.FloatRange(1),
               help="Seconds of the writers-alone cell.")  # fmt: skip
-def backfill(database_url: str | None, rows: int, chunk: int, clients: int, seconds: float) -> None:
+@click.option("--max-rate", type=click.FloatRange(1), default=None, metavar="ROWS/S",
+              help="The backfills' cap on rows per second (default: none).")  # fmt: skip
+def backfill(
+    database_url: str | None, rows: int, chunk: int, clients: int, seconds: float, max_rate: float | None
+) -> None:
     """Backfill rows/s into the log, alone and with single-row writers on the same table, and the
     share of their throughput the writers keep (targets: 100,000 rows/s, 80%)."""
     from pgferry.bench.backfill import BackfillBenchSettings, run_backfill_bench
     from pgferry.bench.context import BenchSettings, scratch_database
     from pgferry.bench.report import table
 
-    settings = BackfillBenchSettings(rows=rows, chunk=chunk, clients=clients, seconds=seconds)
+    settings = BackfillBenchSettings(rows=rows, chunk=chunk, clients=clients, seconds=seconds, max_rate=max_rate)
 
     async def go(admin_url: str) -> bool:
         async with scratch_database(BenchSettings(), admin_url) as ctx:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -177,16 +178,17 @@ class BackfillSettings:
     backfill: int
     #: pause before trying again when another runner holds the backfill (it is doing a chunk)
     busy_wait: float = 0.2
-    #: seconds to wait between chunks: a throttle that leaves the table's writers and the disk more room
-    throttle: float = 0.0
+    #: rows per second at most, on average since this runner began (None: as fast as it goes): leaves
+    #: the table's writers more of a small machine's CPU and disk
+    max_rate: float | None = None
 
     def __post_init__(self) -> None:
         if self.backfill < 1:
             raise ValueError(f"backfill must be a backfill id (>= 1), not {self.backfill}")
         if self.busy_wait <= 0:
             raise ValueError(f"busy_wait must be > 0 seconds, not {self.busy_wait}")
-        if self.throttle < 0:
-            raise ValueError(f"throttle must be >= 0 seconds, not {self.throttle}")
+        if self.max_rate is not None and self.max_rate <= 0:
+            raise ValueError(f"max_rate must be > 0 rows per second, not {self.max_rate}")
 
 
 class BackfillRunner:
@@ -210,6 +212,7 @@ class BackfillRunner:
     async def run(self, stop: asyncio.Event) -> str:
         """Returns the backfill's state when it stopped running, or 'running' if ``stop`` came first."""
         s = self.settings
+        began, rows = time.monotonic(), 0
         while not stop.is_set():
             row = await self.conn.fetchrow(sql.query("backfill_chunk"), s.backfill)
             if row is None:  # pragma: no cover - the function always returns one row
@@ -222,6 +225,8 @@ class BackfillRunner:
                 self.observe(int(row["rows_done"]), row["rows_estimate"], int(row["chunk_rows"]))
             if state != "running":
                 return state
-            if s.throttle:
-                await wait_for_event(stop, s.throttle)
+            rows += int(row["chunk_rows"])
+            ahead = rows / s.max_rate - (time.monotonic() - began) if s.max_rate is not None else 0.0
+            if ahead > 0:
+                await wait_for_event(stop, ahead)
         return "running"

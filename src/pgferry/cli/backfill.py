@@ -24,7 +24,7 @@ from pgferry.cli.common import (
 )
 
 
-async def _drive(ferry: pgferry.Ferry, backfill: int, show: bool, throttle: float) -> backfills.Progress:
+async def _drive(ferry: pgferry.Ferry, backfill: int, show: bool, max_rate: float | None) -> backfills.Progress:
     """Run the backfill's chunks here until it ends; Ctrl-C or SIGTERM pauses it after the chunk in progress."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -46,7 +46,7 @@ async def _drive(ferry: pgferry.Ferry, backfill: int, show: bool, throttle: floa
                 bar.update(task, completed=done, total=total, rows=rows_text(done, total))
 
             runner = backfills.BackfillRunner(
-                conn, backfills.BackfillSettings(backfill, throttle=throttle), observe=observe
+                conn, backfills.BackfillSettings(backfill, max_rate=max_rate), observe=observe
             )
             state = await runner.run(stop)
         if state == "running":  # stopped by a signal
@@ -80,8 +80,8 @@ def _report(p: backfills.Progress, as_json: bool) -> None:
 @click.option(
     "--chunk", type=int, default=None, help=f"Rows per chunk transaction (default {backfills.DEFAULT_CHUNK:,})."
 )
-@click.option("--throttle", type=click.FloatRange(0), default=0.0, metavar="SECONDS",
-              help="Wait this long between chunks, to leave the table's writers more room.")  # fmt: skip
+@click.option("--max-rate", type=click.FloatRange(1), default=None, metavar="ROWS/S",
+              help="At most this many rows per second, to leave the table's writers more room.")  # fmt: skip
 @click.option("--detach", is_flag=True, help="Only record it; run it later with --resume ID.")
 @click.option("--list", "list_", is_flag=True, help="Backfills running, paused or finished in the last day.")
 @click.option("--resume", type=int, metavar="ID", help="Run a paused, failed or orphaned backfill from its last chunk.")
@@ -96,7 +96,7 @@ def backfill(
     consumer: str | None,
     condition: str | None,
     chunk: int | None,
-    throttle: float,
+    max_rate: float | None,
     detach: bool,
     list_: bool,
     resume: int | None,
@@ -137,7 +137,7 @@ def backfill(
                     )  # fmt: skip
                     if detach:
                         return await backfills.progress(conn, started)
-            return await _drive(ferry, started, show, throttle)
+            return await _drive(ferry, started, show, max_rate)
 
     result = run_coroutine(go())
     if isinstance(result, list):
