@@ -16,7 +16,7 @@ async def test_backfill_bench_prints_the_three_cells_and_checks_every_row_became
     out = result.stdout
     # The speed targets are not for a 20,000-row table on a busy test machine: exit 1 is allowed.
     assert result.returncode in (0, 1), out[-3000:] + result.stderr[-3000:]
-    for cell in ("writers alone", "backfill alone", "side by side"):
+    for cell in ("writers alone, first", "backfill alone", "side by side", "writers alone, last"):
         assert any(line.startswith(cell) for line in out.splitlines()), out
     line = next(ln for ln in out.splitlines() if ln.startswith("every row one READ event"))
     assert line.split()[-1] == "met" and "40,000" in line, out
