@@ -32,7 +32,6 @@ def _progress(**changes: object) -> Progress:
     base = Progress(
         id=1, table="public.t", target=None, condition=None, chunk_size=10, rows_done=300, rows_estimate=1000,
         state="running", reason=None, started_at=T0, updated_at=T0 + timedelta(seconds=3), finished_at=None,
-        now=T0 + timedelta(seconds=3),
     )  # fmt: skip
     return replace(base, **changes)  # type: ignore[arg-type]
 

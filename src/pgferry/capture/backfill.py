@@ -58,7 +58,6 @@ class Progress:
     started_at: datetime
     updated_at: datetime
     finished_at: datetime | None
-    now: datetime
 
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> Progress:
@@ -75,7 +74,6 @@ class Progress:
             started_at=row["started_at"],
             updated_at=row["updated_at"],
             finished_at=row["finished_at"],
-            now=row["now"],
         )
 
     @property
@@ -141,7 +139,14 @@ async def start(
     """Record a backfill (state running) and return its id; refused input raises InvalidBackfill."""
     try:
         return int(
-            await conn.fetchval(sql.query("backfill_create"), table, subscription, consumer, condition, chunk_size)
+            await conn.fetchval(
+                sql.query("backfill_create"),
+                table,
+                subscription,
+                consumer,
+                condition,
+                DEFAULT_CHUNK if chunk_size is None else chunk_size,
+            )
         )
     except asyncpg.PostgresError as exc:
         if (refused := _refused(exc)) is not None:

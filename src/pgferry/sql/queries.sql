@@ -494,7 +494,7 @@ select end_event from ferry.closed_streams where stream = $1
 -- name: backfill_create
 -- Start a backfill of table $1 for subscription $2 or consumer $3 (neither: everyone), rows matching $4, $5 rows a chunk.
 select ferry.backfill(tbl => $1::text::regclass, subscription => $2, consumer => $3, condition => $4,
-                      chunk_size => coalesce($5, 2000))
+                      chunk_size => $5)
 
 -- name: backfill_chunk
 -- One chunk of backfill $1, in its own transaction: the state after it ('busy': another runner has it right now).
@@ -509,8 +509,7 @@ select case $2::text when 'cancel' then ferry.backfill_cancel(backfill => $1)
 -- name: backfill_progress
 -- Backfills with their progress: $1 one id, or NULL for every one that is running or paused, or finished within $2.
 select b.id, format('%I.%I', b.schema_name, b.table_name) as table_name, b.target, b.condition, b.chunk_size,
-       b.rows_done, b.rows_estimate, b.state, b.reason, b.started_at, b.updated_at, b.finished_at,
-       clock_timestamp() as now
+       b.rows_done, b.rows_estimate, b.state, b.reason, b.started_at, b.updated_at, b.finished_at
 from ferry.backfills b
 where case when $1::bigint is not null then b.id = $1
            else b.state in ('running', 'paused') or b.finished_at > clock_timestamp() - $2::interval end
