@@ -18,7 +18,7 @@ from pathlib import Path
 import pgferry
 
 PACKAGE = Path(pgferry.__file__).parent
-ENGINE = ("pgferry.log", "pgferry.delivery", "pgferry.relay")
+ENGINE = ("pgferry.log", "pgferry.delivery", "pgferry.relay", "pgferry.capture")
 ABOVE_ENGINE = ("pgferry.ops", "pgferry.cli", "pgferry.bench")
 #: Engine -> operator imports there are, each with its reason. Only inside a function.
 ON_DEMAND = {

@@ -29,3 +29,7 @@ class InvalidTokenPattern(PgferryError, ValueError):
 
 class TokenStoreUnavailable(PgferryError):
     """The API tokens could not be loaded from the database: no request can be authorized (answer 503)."""
+
+
+class InvalidBackfill(PgferryError, ValueError):
+    """A backfill cannot be started or changed as asked (table not captured, bad condition, unknown target...)."""

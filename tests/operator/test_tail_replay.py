@@ -218,6 +218,7 @@ _NO_SCHEMA_NEEDED = {
     ("bench", "outage"),
     ("bench", "stream-writes"),
     ("bench", "streams"),
+    ("bench", "backfill"),
     ("bench", "http"),  # no database at all
 }
 
@@ -231,6 +232,7 @@ async def test_tail_and_every_other_command_say_in_one_line_that_the_schema_is_m
     plan.write_text('[subscriptions.x]\nstreams = ["s"]\nurl = "http://127.0.0.1:9/"\n')
     args = {
         ("apply",): [str(plan)],
+        ("backfill",): ["--list"],
         ("consumers",): [],
         ("dlq", "discard"): ["x"],
         ("dlq", "list"): [],

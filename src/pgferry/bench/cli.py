@@ -322,6 +322,38 @@ def stream_writes(
     _run_bench(database_url, go)
 
 
+@click.command("backfill")
+@database_url_option
+@click.option("--rows", default=1_000_000, show_default=True, type=click.IntRange(1), help="Rows in the table.")
+@click.option("--chunk", default=2_000, show_default=True, type=click.IntRange(1), help="Rows per chunk.")
+@click.option("--clients", default=4, show_default=True, type=click.IntRange(1),
+              help="pgbench clients doing single-row UPDATEs of the table.")  # fmt: skip
+@click.option("--seconds", default=10.0, show_default=True, type=click.FloatRange(1),
+              help="Seconds of the writers-alone cell.")  # fmt: skip
+@click.option("--max-rate", type=click.FloatRange(1), default=None, metavar="ROWS/S",
+              help="The backfills' cap on rows per second (default: none).")  # fmt: skip
+def backfill(
+    database_url: str | None, rows: int, chunk: int, clients: int, seconds: float, max_rate: float | None
+) -> None:
+    """Backfill rows/s into the log, alone and with single-row writers on the same table, and the
+    share of their throughput the writers keep (targets: 100,000 rows/s, 80%)."""
+    from pgferry.bench.backfill import BackfillBenchSettings, run_backfill_bench
+    from pgferry.bench.context import BenchSettings, scratch_database
+    from pgferry.bench.report import table
+
+    settings = BackfillBenchSettings(rows=rows, chunk=chunk, clients=clients, seconds=seconds, max_rate=max_rate)
+
+    async def go(admin_url: str) -> bool:
+        async with scratch_database(BenchSettings(), admin_url) as ctx:
+            await run_backfill_bench(ctx, settings)
+        click.echo("\nTargets (preliminary on a shared machine)")
+        rows = [[t.what, t.goal, t.measured, "met" if t.met else "MISSED"] for t in ctx.targets]
+        click.echo(table(["what", "goal", "measured", "result"], rows))
+        return all(t.met for t in ctx.targets)
+
+    _run_bench(database_url, go)
+
+
 def _scenarios(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
     from pgferry.bench.streams.common import SCENARIOS
 
@@ -429,4 +461,5 @@ def register(group: click.Group) -> None:
     group.add_command(http)
     group.add_command(outage)
     group.add_command(stream_writes)
+    group.add_command(backfill)
     group.add_command(streams)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import click
 
-from pgferry.cli import core, dlq, operator, tokens, webhooks
+from pgferry.cli import backfill, core, dlq, operator, tokens, webhooks
 from pgferry.cli.bench import bench
 from pgferry.cli.common import setup_logging
 
@@ -34,6 +34,7 @@ for command in (
     core.install,
     core.run,
     core.consumers,
+    backfill.backfill,
     webhooks.subscription,
     dlq.dlq,
     operator.status,

@@ -20,6 +20,7 @@ from rich.text import Text
 
 import pgferry
 from pgferry import db
+from pgferry.capture.backfill import Progress as BackfillProgress
 from pgferry.delivery.signing import redact_secrets
 from pgferry.errors import PgferryError
 from pgferry.ops.logs import configure
@@ -135,3 +136,28 @@ def attempts_table(rows: list[dict[str, Any]], title: str = "attempts") -> None:
     columns = [("subscription", "subscription"), ("attempt", "#"), ("created_at", "at"), ("status", "status"),
                ("outcome", "outcome"), ("latency_ms", "ms"), ("error", "error"), ("response", "response")]  # fmt: skip
     table(title, rows, columns, styles={"outcome": lambda v: "green" if v == "ok" else "red"})
+
+
+def rows_text(done: int, total: int | None) -> str:
+    """A backfill's rows done against its estimate ("?" for a table never analysed)."""
+    return f"{done:,} / ~{total:,}" if total is not None else f"{done:,} / ?"
+
+
+def backfill_rows(items: list[BackfillProgress]) -> list[dict[str, Any]]:
+    """Backfills as `pgferry backfill --list` and `pgferry status` print them."""
+    return [
+        {
+            "id": p.id,
+            "table": p.table,
+            "for": p.target or "everyone",
+            "state": p.state + (f": {p.reason}" if p.reason else ""),
+            "rows": rows_text(p.rows_done, p.total),
+            "rate": f"{p.rate:,.0f}/s" if p.rate is not None else "",
+            "eta": str(p.eta).split(".")[0] if p.eta is not None else "",
+        }
+        for p in items
+    ]
+
+
+BACKFILL_COLUMNS = [("id", "id"), ("table", "table"), ("for", "for"), ("state", "state"), ("rows", "rows done"),
+                   ("rate", "rate"), ("eta", "ETA")]  # fmt: skip

@@ -15,8 +15,11 @@ import orjson
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 import pgferry
+from pgferry.capture import backfill as backfills
 from pgferry.cli.common import (
+    BACKFILL_COLUMNS,
     attempts_table,
+    backfill_rows,
     console,
     database_url_option,
     escape,
@@ -47,14 +50,18 @@ def parse_since(text: str) -> datetime:
 @json_option
 def status(database_url: str | None, as_json: bool) -> None:
     """Per subscription: lag, rate, in flight, parked, dead, error rate, endpoint health, owning relay;
-    then every relay and what it owns, and the captured tables with their filters.
-    --json: the subscriptions (relays: `pgferry relays --json`)."""
+    then every relay and what it owns, the captured tables with their filters, and backfills running,
+    paused or finished in the last day.
+    --json: the subscriptions (relays: `pgferry relays --json`, backfills: `pgferry backfill --list --json`)."""
 
-    async def read(f: pgferry.Ferry) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    async def read(
+        f: pgferry.Ferry,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[backfills.Progress]]:
         async with f.pool.acquire() as conn:
-            return await inspect.subscription_status(conn), await inspect.relays(conn), await inspect.captures(conn)
+            return (await inspect.subscription_status(conn), await inspect.relays(conn), await inspect.captures(conn),
+                    await backfills.listing(conn))  # fmt: skip
 
-    rows, relay_rows, capture_rows = with_ferry(database_url, read)
+    rows, relay_rows, capture_rows, backfill_list = with_ferry(database_url, read)
     if as_json:
         print_json(rows)
         return
@@ -70,6 +77,8 @@ def status(database_url: str | None, as_json: bool) -> None:
         capture_columns = [("table_name", "table"), ("stream", "stream"), ("operations", "operations"),
                            ("captured", "captured")]  # fmt: skip
         table("captured tables", capture_rows, capture_columns)
+    if backfill_list:
+        table("backfills", backfill_rows(backfill_list), BACKFILL_COLUMNS)
 
 
 @click.command()

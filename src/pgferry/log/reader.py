@@ -149,7 +149,9 @@ class StreamReader:
             row = await conn.fetchrow(sql.query("next_batch"), s.consumer, s.max_events)
             if row is None:
                 return None
-            rows = await conn.fetch(sql.query("batch_events"), row["start_tick"], row["end_tick"], row["streams"])
+            rows = await conn.fetch(
+                sql.query("batch_events"), row["start_tick"], row["end_tick"], row["streams"], s.consumer
+            )
             batch = Batch(
                 id=row["batch_id"],
                 consumer=s.consumer,

@@ -30,6 +30,7 @@ import asyncpg
 from aiohttp import web
 
 from pgferry import sql
+from pgferry.capture import backfill as backfills
 from pgferry.db import CONNECTION_ERRORS
 from pgferry.errors import PgferryError
 from pgferry.ops import inspect, pages
@@ -141,7 +142,10 @@ class Dashboard:
             rows = await inspect.subscription_status(conn)
             relays = await inspect.relays(conn)
             failures = await inspect.recent_failures(conn, None, 20)
-        return _html(pages.overview_page(self._flash(request), rows, failures, relays, self.samples, self._controls()))
+            active = await backfills.listing(conn)
+        return _html(
+            pages.overview_page(self._flash(request), rows, failures, relays, self.samples, self._controls(), active)
+        )
 
     async def subscription(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]

@@ -189,7 +189,14 @@ async def trace(conn: asyncpg.Connection, event_id: int, snippet: int = RESPONSE
             )
         return Trace(None, False, [], attempts)
     event = dict(row)
-    args = (event["stream"], event["txid"], event["key"], _jsonb(event["payload"]), _jsonb(event["headers"]))
+    args = (
+        event["stream"],
+        event["txid"],
+        event["key"],
+        _jsonb(event["payload"]),
+        _jsonb(event["headers"]),
+        event.get("target"),
+    )
     subs = _rows(await conn.fetch(sql.query("trace_subscriptions"), event_id, *args))
     return Trace(event, in_log, subs, attempts)
 

@@ -3,7 +3,7 @@
 Counters and histograms are fed by the relay as it works (deliveries,
 failures by error class, request durations, commit-to-delivery lag, batch
 sizes, ticks, database round trips). Gauges that describe the database
-(lag, parked, dead per subscription) are read from PostgreSQL when scraped,
+(lag, parked, dead per subscription; backfills' progress) are read from PostgreSQL when scraped,
 at most once a second, so an idle relay that nobody scrapes does no extra
 work. Every relay reports those database gauges, so aggregate them with
 ``max by (subscription)``; the counters are per relay, so ``sum`` them.
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from pgferry.capture.backfill import Progress as BackfillProgress
 from pgferry.delivery.http import HttpResult
 
 if TYPE_CHECKING:
@@ -100,6 +101,15 @@ class RelayMetrics:
             "and since start hub_reads, hub_events, events_sent_live, let_go_slow, let_go_stalled.",
             ["what"], registry=r,
         )  # fmt: skip
+        backfill_labels = ["backfill", "table", "target", "state"]
+        self.backfill_rows = Gauge(
+            "pgferry_backfill_rows_done", "Rows a running or paused backfill has written as READ events "
+            "(target: the consumer it is for, empty for everyone).", backfill_labels, registry=r,
+        )  # fmt: skip
+        self.backfill_estimate = Gauge(
+            "pgferry_backfill_rows_estimate", "Estimate of the rows a running or paused backfill will write "
+            "(pg_class.reltuples at its start; -1: the table was never analysed).", backfill_labels, registry=r,
+        )  # fmt: skip
         self._refreshed = 0.0
 
     # -- fed by the relay ----------------------------------------------------
@@ -157,6 +167,15 @@ class RelayMetrics:
             self.dead.labels(name).set(row["dead"] or 0)
             self.active.labels(name, row["state"]).set(1 if row["state"] == "active" else 0)
         self._refreshed = time.monotonic()
+
+    def set_backfills(self, backfills: Sequence[BackfillProgress]) -> None:
+        """Replace the backfill gauges with the backfills running or paused now (finished ones vanish)."""
+        self.backfill_rows.clear()
+        self.backfill_estimate.clear()
+        for b in backfills:
+            labels = (str(b.id), b.table, b.target or "", b.state)
+            self.backfill_rows.labels(*labels).set(b.rows_done)
+            self.backfill_estimate.labels(*labels).set(b.total if b.total is not None else -1)
 
     def set_relay(self, is_ticker: bool, in_flight: dict[str, int], streams: dict[str, float] | None = None) -> None:
         for what, value in (streams or {}).items():

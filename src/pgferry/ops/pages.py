@@ -17,6 +17,8 @@ from urllib.parse import quote
 
 import orjson
 
+from pgferry.capture.backfill import Progress as BackfillProgress
+
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
 header{background:#1d2330;color:#fff;padding:.6em 1.2em;display:flex;gap:1.5em;align-items:center}
@@ -120,9 +122,13 @@ def overview_page(
     relays: list[dict[str, Any]],
     samples: Mapping[str, Sequence[Sample]],
     controls: Controls,
+    backfills: Sequence[BackfillProgress] = (),
 ) -> str:
     body = [_flash(flash), _search_form(), '<div id="live">', "<h2>Subscriptions</h2>"]
     body.append(_subscriptions_table(rows, samples, controls))
+    if backfills:
+        body.append("<h2>Backfills</h2>")
+        body.append(_backfills_table(backfills))
     body.append("<h2>Recent failures</h2>")
     body.append(_failures_table(failures))
     body.append("<h2>Relays</h2>")
@@ -330,6 +336,27 @@ def _relays_table(rows: list[dict[str, Any]]) -> str:
             f"<tr><td>{esc(r['id'])}</td><td>{esc(r['hostname'])}</td><td>{esc(r['pid'])}</td>"
             f'<td>{esc(r["started_at"])}</td><td class="{"ok" if r["live"] else "warn"}">{esc(live)}</td>'
             f"<td>{esc(r['owned'])}</td></tr>"
+        )
+    out.append("</table>")
+    return "".join(out)
+
+
+def _backfills_table(items: Sequence[BackfillProgress]) -> str:
+    """Backfills running, paused or finished in the last day, with a progress bar against the estimate."""
+    out = ["<table><tr><th>id</th><th>table</th><th>for</th><th>state</th><th>progress</th><th>rows done</th>"
+           "<th>rate</th><th>ETA</th></tr>"]  # fmt: skip
+    for b in items:
+        total = b.total
+        bar = (f'<progress value="{b.rows_done}" max="{total}"></progress>' if total
+               else "<progress></progress>" if b.state == "running" else "")  # fmt: skip
+        state = b.state + (f": {b.reason}" if b.reason else "")
+        css = "warn" if b.state == "failed" else "ok" if b.state == "done" else ""
+        out.append(
+            f"<tr><td>{esc(b.id)}</td><td>{esc(b.table)}</td><td>{esc(b.target or 'everyone')}</td>"
+            f'<td class="{css}">{esc(state)}</td><td>{bar}</td>'
+            f"<td>{esc(f'{b.rows_done:,}')} / {esc(f'~{total:,}' if total is not None else '?')}</td>"
+            f"<td>{esc(f'{b.rate:,.0f}/s' if b.rate is not None else '')}</td>"
+            f"<td>{esc(str(b.eta).split('.')[0] if b.eta is not None else '')}</td></tr>"
         )
     out.append("</table>")
     return "".join(out)

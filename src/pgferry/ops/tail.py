@@ -61,7 +61,7 @@ async def tail(
                     log.warning("tail fell behind retention; skipping to the newest events")
                     position = newest
                     continue
-                rows = await conn.fetch(sql.query("batch_events"), position, newest, stream_list)
+                rows = await conn.fetch(sql.query("batch_events"), position, newest, stream_list, None)
                 for row in rows:
                     yield Event.from_row(row)
                 position = newest

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import timedelta
 
 import asyncpg
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pgferry import db
+from pgferry.capture import backfill as backfills
 from pgferry.db import CONNECTION_ERRORS
 from pgferry.errors import PgferryError
 from pgferry.ops import inspect
@@ -103,8 +105,10 @@ class OperatorWeb:
                     async with self.pool.acquire() as conn:
                         started = asyncio.get_running_loop().time()
                         rows = await inspect.subscription_status(conn)
+                        active = await backfills.listing(conn, finished_within=timedelta(0))
                         metrics.db_roundtrip.labels("status").observe(asyncio.get_running_loop().time() - started)
                     metrics.set_status(rows)
+                    metrics.set_backfills(active)
                 except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
                     # Serve what the relay itself counted; the database gauges keep their last values.
                     log.warning("metrics: cannot read subscription status: %s", exc)

@@ -92,8 +92,9 @@ order by c.name
 select batch_id, start_tick, end_tick, streams from ferry.next_batch($1, $2)
 
 -- name: batch_events
+-- The events of a consumer's batch ($1, $2] on its streams $3, as consumer $4 reads them (backfills for others left out).
 select id, txid::text::bigint as txid, stream, key, payload, headers, created_at
-from ferry.batch_events($1, $2, $3)
+from ferry.batch_events(start_tick => $1, end_tick => $2, streams => $3, reader => $4)
 
 -- name: finish_batch
 select ferry.finish_batch($1, $2)
@@ -327,7 +328,9 @@ where c.uncaptured_at is null
 order by c.schema_name, c.table_name
 
 -- name: lookup_event
-select id, txid::text::bigint as txid, stream, key, payload, headers, created_at from ferry.lookup_event($1)
+-- One event as readers see it, with the consumer it is targeted at (NULL: everyone).
+select id, txid::text::bigint as txid, stream, key, payload, headers, created_at, target
+from ferry.lookup_event(event_id => $1)
 
 -- name: parked_or_dead_copy
 -- An event that retention dropped from the log survives as the copy kept with a
@@ -344,9 +347,12 @@ limit 1
 -- dropped it from the log, which only happens after every cursor passed it),
 -- $4 its key, $5 its payload, $6 its headers: a passed event with no
 -- attempt that the subscription's filter (as it is now) does not match was
--- filtered out by it.
+-- filtered out by it;
+-- $7 the consumer a backfill event is targeted at (NULL: everyone).
 select s.name, s.state as subscription_state,
        case when d.id is not null then 'dead'
+            when $7::text is not null and $7::text <> 'webhook:' || s.name
+                 then 'not for this subscription (a backfill for ' || $7::text || ')'
             when r.event_id is not null and r.attempts = 0 and r.last_error = 'replayed by an operator' then 'replay queued'
             when r.event_id is not null and r.last_status is null and r.last_error like 'in flight:%' then 'in flight (its batch moved on)'
             when r.event_id is not null and r.last_status is null and r.last_error like 'held:%' then 'held (endpoint down)'
@@ -502,3 +508,26 @@ select ferry.close_stream($1)
 select id, txid::text::bigint as txid, stream, key, payload, headers, created_at
 from ferry.batch_events($1, $2, $3::text[])
 
+-- name: backfill_create
+-- Start a backfill of table $1 for subscription $2 or consumer $3 (neither: everyone), rows matching $4, $5 rows a chunk.
+select ferry.backfill(tbl => $1::text::regclass, subscription => $2, consumer => $3, condition => $4,
+                      chunk_size => $5)
+
+-- name: backfill_chunk
+-- One chunk of backfill $1, in its own transaction: the state after it ('busy': another runner has it right now).
+select state, rows_done, rows_estimate, chunk_rows from ferry.backfill_chunk(backfill => $1)
+
+-- name: backfill_set_state
+-- Cancel ($2 = 'cancel'), pause or resume backfill $1; the state afterwards.
+select case $2::text when 'cancel' then ferry.backfill_cancel(backfill => $1)
+                     when 'pause' then ferry.backfill_pause(backfill => $1)
+                     when 'resume' then ferry.backfill_resume(backfill => $1) end
+
+-- name: backfill_progress
+-- Backfills with their progress: $1 one id, or NULL for every one that is running or paused, or finished within $2.
+select b.id, format('%I.%I', b.schema_name, b.table_name) as table_name, b.target, b.condition, b.chunk_size,
+       b.rows_done, b.rows_estimate, b.state, b.reason, b.started_at, b.updated_at, b.finished_at
+from ferry.backfills b
+where case when $1::bigint is not null then b.id = $1
+           else b.state in ('running', 'paused') or b.finished_at > clock_timestamp() - $2::interval end
+order by b.id

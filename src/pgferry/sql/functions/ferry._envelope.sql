@@ -1,7 +1,8 @@
 -- ferry._envelope(op "char", payload jsonb, old_payload jsonb, schema_name text, table_name text) returns jsonb
 --
 -- The payload readers see: a captured row (op set) in its Supabase envelope,
--- a published event as stored. STABLE like jsonb_build_object, so that it is
+-- a published event as stored. op 'R' is a backfilled row (type READ,
+-- old_record null, migration 0013). STABLE like jsonb_build_object, so that it is
 -- inlined into the queries that call it (an IMMUTABLE one would not be).
 --
 -- Calls:   -
@@ -15,7 +16,7 @@ create or replace function ferry._envelope(op "char", payload jsonb, old_payload
 returns jsonb language sql stable as $$
     select case when op is null then payload
                 else jsonb_build_object(
-                    'type', case op when 'I' then 'INSERT' when 'U' then 'UPDATE' else 'DELETE' end,
+                    'type', case op when 'I' then 'INSERT' when 'U' then 'UPDATE' when 'R' then 'READ' else 'DELETE' end,
                     'schema', schema_name,
                     'table', table_name,
                     'record', case when op = 'D' then null else payload end,

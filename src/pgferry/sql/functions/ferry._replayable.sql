@@ -38,7 +38,7 @@ begin
     end if;
     return query
         select e.id, e.stream, e.key, e.payload, e.headers, e.created_at
-        from ferry.batch_events(v_from, v_to, v_streams) e
+        from ferry.batch_events(v_from, v_to, v_streams, 'webhook:' || p_subscription) e
         where (p_from_event is null or e.id >= p_from_event)
           and (p_since is null or e.created_at >= p_since)
           and ferry._filter_match(v_filter, e.stream, e.key, e.headers, e.payload);

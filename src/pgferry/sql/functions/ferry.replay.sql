@@ -70,7 +70,7 @@ begin
     end if;
     return query
     with picked as (
-        select e.* from ferry.batch_events(v_start, v_end, v_streams) e
+        select e.* from ferry.batch_events(v_start, v_end, v_streams, 'webhook:' || v_sub) e
         where (from_event is null or e.id >= from_event)
           and (since is null or e.created_at >= since)
           and ferry._filter_match(v_filter, e.stream, e.key, e.headers, e.payload)

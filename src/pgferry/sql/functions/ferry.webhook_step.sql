@@ -59,7 +59,7 @@ begin
         select v_start, v_end, v_more, e.id, e.stream, e.key, e.payload::text, e.headers::text, e.created_at,
                ordered and e.key is not null
                and exists (select 1 from ferry.retries r where r.subscription = webhook_step.subscription and r.key = e.key)
-        from ferry.batch_events(v_start, v_end, v_streams) e
+        from ferry.batch_events(v_start, v_end, v_streams, consumer) e
         where ferry._filter_match(v_filter, e.stream, e.key, e.headers, e.payload);
     if not found then
         return query select v_start, v_end, v_more, null::bigint, null::text, null::text, null::text, null::text,

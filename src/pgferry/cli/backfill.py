@@ -1,0 +1,149 @@
+"""`pgferry backfill`: start, drive (with a progress bar), list, pause, resume and cancel backfills."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import click
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+
+import pgferry
+from pgferry.capture import backfill as backfills
+from pgferry.cli.common import (
+    BACKFILL_COLUMNS,
+    backfill_rows,
+    console,
+    database_url_option,
+    json_option,
+    print_json,
+    require_url,
+    rows_text,
+    run_coroutine,
+    table,
+)
+
+
+async def _drive(ferry: pgferry.Ferry, backfill: int, show: bool, max_rate: float | None) -> backfills.Progress:
+    """Run the backfill's chunks here until it ends; Ctrl-C or SIGTERM pauses it after the chunk in progress."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    async with ferry.pool.acquire() as conn:
+        first = await backfills.progress(conn, backfill)
+        with Progress(
+            TextColumn(f"backfill {backfill} of {first.table}"), BarColumn(), TaskProgressColumn(),
+            TextColumn("{task.fields[rows]} rows"), TimeRemainingColumn(),
+            console=console, disable=not show, transient=False,
+        ) as bar:  # fmt: skip
+            task = bar.add_task(
+                "rows", total=first.total, completed=first.rows_done, rows=rows_text(first.rows_done, first.total)
+            )
+
+            def observe(done: int, estimate: int | None, _chunk: int) -> None:
+                total = max(done, estimate) if estimate is not None else None
+                bar.update(task, completed=done, total=total, rows=rows_text(done, total))
+
+            runner = backfills.BackfillRunner(
+                conn, backfills.BackfillSettings(backfill, max_rate=max_rate), observe=observe
+            )
+            state = await runner.run(stop)
+        if state == "running":  # stopped by a signal
+            await backfills.set_state(conn, backfill, "pause")
+        return await backfills.progress(conn, backfill)
+
+
+def _report(p: backfills.Progress, as_json: bool) -> None:
+    if as_json:
+        print_json(p.as_dict())
+    elif p.state == "done":
+        rate = f" ({p.rate:,.0f} rows/s)" if p.rate is not None else ""
+        click.echo(f"backfill {p.id} of {p.table}: done, {p.rows_done:,} rows{rate}")
+    elif p.state == "paused":
+        click.echo(f"backfill {p.id} of {p.table}: paused after {p.rows_done:,} rows; "
+                   f"go on with `pgferry backfill --resume {p.id}`")  # fmt: skip
+    else:
+        click.echo(f"backfill {p.id} of {p.table}: {p.state} after {p.rows_done:,} rows")
+    if p.state == "failed":
+        raise click.ClickException(
+            f"backfill {p.id} failed: {p.reason}; fix the cause, then `pgferry backfill --resume {p.id}`"
+        )
+
+
+@click.command()
+@database_url_option
+@click.argument("table_name", metavar="TABLE", required=False)
+@click.option("--subscription", help="Send the rows to this subscription only (default: every reader).")
+@click.option("--consumer", help="Send the rows to this consumer (stream reader) only.")
+@click.option("--where", "condition", metavar="SQL", help='Only rows matching this SQL condition, e.g. "paid".')
+@click.option(
+    "--chunk", type=int, default=None, help=f"Rows per chunk transaction (default {backfills.DEFAULT_CHUNK:,})."
+)
+@click.option("--max-rate", type=click.FloatRange(1), default=None, metavar="ROWS/S",
+              help="At most this many rows per second, to leave the table's writers more room.")  # fmt: skip
+@click.option("--detach", is_flag=True, help="Only record it; run it later with --resume ID.")
+@click.option("--list", "list_", is_flag=True, help="Backfills running, paused or finished in the last day.")
+@click.option("--resume", type=int, metavar="ID", help="Run a paused, failed or orphaned backfill from its last chunk.")
+@click.option("--pause", type=int, metavar="ID", help="Pause a backfill after the chunk in progress.")
+@click.option("--cancel", type=int, metavar="ID", help="Cancel a backfill after the chunk in progress.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@json_option
+def backfill(
+    database_url: str | None,
+    table_name: str | None,
+    subscription: str | None,
+    consumer: str | None,
+    condition: str | None,
+    chunk: int | None,
+    max_rate: float | None,
+    detach: bool,
+    list_: bool,
+    resume: int | None,
+    pause: int | None,
+    cancel: int | None,
+    quiet: bool,
+    as_json: bool,
+) -> None:
+    """Send the rows TABLE holds now as READ events of its capture's stream, in primary-key order,
+    in short chunk transactions ordered against live writes (docs/backfills.md). This process runs
+    the chunks and shows progress; if it dies, `--resume ID` goes on from the last chunk."""
+    actions = [a for a in (table_name, list_ or None, resume, pause, cancel) if a is not None]
+    if len(actions) != 1:
+        raise click.UsageError("give one of TABLE, --list, --resume ID, --pause ID or --cancel ID")
+    if table_name is None and (subscription or consumer or condition or chunk is not None or detach):
+        raise click.UsageError("--subscription, --consumer, --where, --chunk and --detach go with TABLE")
+    url = require_url(database_url)
+    show = not (quiet or as_json)
+
+    async def go() -> backfills.Progress | list[backfills.Progress]:
+        async with pgferry.connect(url, pool_size=2) as ferry:
+            async with ferry.pool.acquire() as conn:
+                if list_:
+                    return await backfills.listing(conn)
+                if pause is not None or cancel is not None:
+                    action, target = ("pause", pause) if pause is not None else ("cancel", cancel)
+                    assert target is not None
+                    await backfills.set_state(conn, target, action)
+                    return await backfills.progress(conn, target)
+                if resume is not None:
+                    await backfills.set_state(conn, resume, "resume")
+                    started = resume
+                else:
+                    assert table_name is not None
+                    started = await backfills.start(
+                        conn, table_name, subscription=subscription, consumer=consumer,
+                        condition=condition, chunk_size=chunk,
+                    )  # fmt: skip
+                    if detach:
+                        return await backfills.progress(conn, started)
+            return await _drive(ferry, started, show, max_rate)
+
+    result = run_coroutine(go())
+    if isinstance(result, list):
+        if as_json:
+            print_json([p.as_dict() for p in result])
+        else:
+            table("backfills", backfill_rows(result), BACKFILL_COLUMNS)
+        return
+    _report(result, as_json)

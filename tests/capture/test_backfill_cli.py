@@ -1,0 +1,139 @@
+"""`pgferry backfill` as a real process: killed with SIGKILL mid-way and resumed, targeted at one
+subscription through a real relay and receivers, cancelled, listed, and refusing bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+import pytest
+
+import pgferry
+from pgferry.receiver import Receiver
+from tests.delivery.conftest import RunningRelay
+from tests.helpers import cli, eventually, pgferry_env, tick
+
+MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
+
+
+async def test_a_backfill_killed_with_sigkill_resumes_at_its_last_chunk_with_no_row_missing_or_repeated(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str, pgferry_cmd: list[str]
+) -> None:
+    await conn.execute("create table t (id bigint primary key, v text)")
+    await conn.execute("insert into t select g, md5(g::text) from generate_series(1, 60000) g")
+    await conn.execute("analyze t")
+    await conn.execute("select ferry.capture_table('t')")
+    await ferry.register_consumer("c")
+    proc = await asyncio.create_subprocess_exec(
+        *pgferry_cmd, "backfill", "public.t", "--chunk", "300", "--quiet",
+        env=pgferry_env(db_url), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+
+        async def some_chunks_done() -> bool:
+            return bool(await conn.fetchval("select rows_done >= 3000 from ferry.backfills"))
+
+        await eventually(some_chunks_done, timeout=60, what="the backfill to be under way")
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        await asyncio.wait_for(proc.wait(), 10)
+    row = await conn.fetchrow("select id, state, rows_done from ferry.backfills")
+    assert row["state"] == "running" and 0 < row["rows_done"] < 60000
+
+    resumed = await cli(pgferry_cmd, db_url, "backfill", "--resume", str(row["id"]), "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"backfill {row['id']} of public.t: done, 60,000 rows" in resumed.stdout
+
+    await tick(conn)
+    reads: Counter[str | None] = Counter()
+    async for batch in ferry.read("c", poll_interval=0.05):
+        reads.update(e.key for e in batch.events if e.payload["type"] == "READ")
+        await batch.ack()
+        if reads.total() >= 60000:
+            break
+    assert set(reads) == {str(i) for i in range(1, 60001)}
+    assert max(reads.values()) == 1, "a READ was written twice"
+    assert await conn.fetchval("select count(*) from ferry.events where op = 'R'") == 60000
+
+
+async def test_a_backfill_for_one_subscription_reaches_only_its_receiver_and_trace_says_why(
+    conn: asyncpg.Connection, db_url: str, pgferry_cmd: list[str], receiver_factory: MakeReceiver
+) -> None:
+    await conn.execute("create table t (id int primary key, v text)")
+    await conn.execute("insert into t select g, 'v' from generate_series(1, 50) g")
+    await conn.execute("select ferry.capture_table('t')")
+    mine, mine_url = await receiver_factory()
+    other, other_url = await receiver_factory()
+    await conn.execute("select ferry.subscribe('mine', array['public.t'], $1)", mine_url)
+    await conn.execute("select ferry.subscribe('other', array['public.t'], $1)", other_url)
+    relay = RunningRelay(db_url)
+    try:
+        done = await cli(pgferry_cmd, db_url, "backfill", "public.t", "--subscription", "mine", "--chunk", "20")
+        assert done.returncode == 0, done.stderr
+        await conn.execute("insert into t values (51, 'live')")
+
+        async def delivered() -> bool:
+            return len(mine.received) >= 51 and len(other.received) >= 1
+
+        await eventually(delivered, timeout=30, what="the backfill and the live row to arrive")
+        await asyncio.sleep(0.5)  # anything still on its way to the other receiver would arrive now
+    finally:
+        await relay.stop()
+    mine_events = sorted((json.loads(r.body) for r in mine.received), key=lambda e: e["record"]["id"])
+    assert [(e["record"]["id"], e["type"]) for e in mine_events] == [(i, "READ") for i in range(1, 51)] + [
+        (51, "INSERT")
+    ]
+    assert [json.loads(r.body)["type"] for r in other.received] == ["INSERT"]
+
+    first_read = await conn.fetchval("select min(id) from ferry.events where op = 'R'")
+    traced = await cli(pgferry_cmd, db_url, "trace", str(first_read), "--json")
+    states = {s["name"]: s["state"] for s in json.loads(traced.stdout)["subscriptions"]}
+    assert states == {"mine": "delivered", "other": "not for this subscription (a backfill for webhook:mine)"}
+
+
+async def test_cancel_stops_a_detached_backfill_and_list_shows_it(
+    conn: asyncpg.Connection, db_url: str, pgferry_cmd: list[str]
+) -> None:
+    await conn.execute("create table t (id int primary key)")
+    await conn.execute("insert into t select generate_series(1, 10)")
+    await conn.execute("select ferry.capture_table('t')")
+    started = await cli(pgferry_cmd, db_url, "backfill", "public.t", "--detach", "--json")
+    assert started.returncode == 0, started.stderr
+    backfill = json.loads(started.stdout)
+    assert (backfill["state"], backfill["rows_done"], backfill["target"]) == ("running", 0, None)
+    cancelled = await cli(pgferry_cmd, db_url, "backfill", "--cancel", str(backfill["id"]))
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert f"backfill {backfill['id']} of public.t: cancelled after 0 rows" in cancelled.stdout
+    listed = await cli(pgferry_cmd, db_url, "backfill", "--list")
+    assert "cancelled" in listed.stdout and "public.t" in listed.stdout
+    again = await cli(pgferry_cmd, db_url, "backfill", "--resume", str(backfill["id"]))
+    assert again.returncode == 1
+    assert "cannot be made running" in again.stderr and "Traceback" not in again.stderr
+    assert await conn.fetchval("select count(*) from ferry.events") == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["public.nope"], 'Error: relation "public.nope" does not exist'),
+        (["public.plain"], "Error: table plain is not captured"),
+        (["public.t", "--where", "nonsense ="], "Error: condition 'nonsense =' is not a valid boolean expression"),
+        (["public.t", "--chunk", "0"], "Error: chunk_size must be between 1 and 1000000, not 0"),
+        (["public.t", "--subscription", "ghost"], "Error: subscription 'ghost' does not exist"),
+        (["public.t", "--list"], "Error: give one of TABLE, --list"),
+        (["--cancel", "99"], "Error: backfill 99 does not exist"),
+    ],
+)
+async def test_bad_input_gets_one_clear_line_and_starts_nothing(
+    conn: asyncpg.Connection, db_url: str, pgferry_cmd: list[str], args: list[str], says: str
+) -> None:
+    await conn.execute("create table t (id int primary key); create table plain (id int primary key)")
+    await conn.execute("select ferry.capture_table('t')")
+    result = await cli(pgferry_cmd, db_url, "backfill", *args)
+    assert result.returncode != 0
+    assert says in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert await conn.fetchval("select count(*) from ferry.backfills") == 0

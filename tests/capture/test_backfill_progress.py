@@ -1,0 +1,98 @@
+"""A backfill's progress where operators look: Progress (rate, ETA), `pgferry status`, Prometheus."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import aiohttp
+import asyncpg
+from prometheus_client.parser import text_string_to_metric_families
+
+from pgferry.capture.backfill import BackfillSettings, Progress
+from tests.delivery.conftest import FAST, RunningRelay
+from tests.helpers import cli, eventually
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+async def _gauges(url: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The samples of one metric the relay serves, by their labels."""
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        text = await response.text()
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    }
+
+
+def _progress(**changes: object) -> Progress:
+    base = Progress(
+        id=1, table="public.t", target=None, condition=None, chunk_size=10, rows_done=300, rows_estimate=1000,
+        state="running", reason=None, started_at=T0, updated_at=T0 + timedelta(seconds=3), finished_at=None,
+    )  # fmt: skip
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_rate_and_eta_come_from_rows_done_since_the_start_and_the_estimate() -> None:
+    p = _progress()
+    assert p.rate == 100.0 and p.eta == timedelta(seconds=7) and p.total == 1000
+
+
+def test_an_estimate_below_the_rows_done_counts_as_the_rows_done_and_unknown_stays_unknown() -> None:
+    assert _progress(rows_estimate=200).total == 300
+    assert _progress(rows_estimate=200).eta == timedelta(0)
+    assert _progress(rows_estimate=None).eta is None and _progress(rows_estimate=None).total is None
+    assert _progress(state="paused").eta is None
+    assert _progress(rows_done=0).rate is None
+
+
+def test_runner_settings_refuse_nonsense_with_the_reason() -> None:
+    for bad, says in (({"backfill": 0}, "backfill id"), ({"backfill": 1, "busy_wait": 0}, "busy_wait"),
+                      ({"backfill": 1, "max_rate": 0}, "max_rate")):  # fmt: skip
+        try:
+            BackfillSettings(**bad)
+        except ValueError as exc:
+            assert says in str(exc)
+        else:
+            raise AssertionError(f"{bad} was accepted")
+
+
+async def test_status_metrics_and_dashboard_show_a_running_backfill_with_rows_done_and_the_estimate(
+    conn: asyncpg.Connection, db_url: str, pgferry_cmd: list[str]
+) -> None:
+    await conn.execute("create table t (id int primary key)")
+    await conn.execute("insert into t select generate_series(1, 1000)")
+    await conn.execute("analyze t")
+    await conn.execute("select ferry.capture_table('t')")
+    await conn.execute("select ferry.register_consumer('reader')")
+    backfill = await conn.fetchval("select ferry.backfill('t', consumer => 'reader', chunk_size => 100)")
+    for _ in range(3):
+        await conn.fetch("select * from ferry.backfill_chunk($1)", backfill)
+
+    status = await cli(pgferry_cmd, db_url, "status")
+    assert status.returncode == 0, status.stderr
+    line = next(ln for ln in status.stdout.splitlines() if "public.t" in ln)
+    assert "reader" in line and "running" in line and "300 / ~1,000" in line
+
+    relay = RunningRelay(db_url, replace(FAST, metrics_port=0, dashboard_port=0, deliver=False))
+    try:
+
+        async def serving() -> bool:
+            return {"metrics", "dashboard"} <= relay.relay.addresses.keys()
+
+        await eventually(serving, what="the metrics and dashboard servers")
+        url = relay.relay.addresses["metrics"]
+        done = await _gauges(url, "pgferry_backfill_rows_done")
+        estimate = await _gauges(url, "pgferry_backfill_rows_estimate")
+        async with aiohttp.ClientSession() as session, session.get(relay.relay.addresses["dashboard"]) as page:
+            html = await page.text()
+    finally:
+        await relay.stop()
+    labels = tuple(
+        sorted({"backfill": str(backfill), "table": "public.t", "target": "reader", "state": "running"}.items())
+    )
+    assert done == {labels: 300} and estimate == {labels: 1000}
+    assert "<h2>Backfills</h2>" in html and '<progress value="300" max="1000">' in html and "300 / ~1,000" in html

@@ -1,0 +1,155 @@
+"""ferry.backfill and ferry.backfill_chunk in SQL: READ events, chunks, keys, targets, bad input."""
+
+import asyncpg
+import pytest
+
+import pgferry
+from tests.helpers import read_all
+
+
+async def _run(conn: asyncpg.Connection, backfill: int) -> str:
+    """Drive a backfill to its end from SQL, one chunk per transaction, as a runner does."""
+    while True:
+        row = await conn.fetchrow("select * from ferry.backfill_chunk($1)", backfill)
+        assert row is not None
+        if row["state"] != "running":
+            reason = await conn.fetchval("select reason from ferry.backfills where id = $1", backfill)
+            return str(row["state"]) + (f": {reason}" if reason else "")
+
+
+async def test_every_row_becomes_one_read_event_in_primary_key_order_in_chunks(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    await conn.execute("create table orders (id int primary key, item text)")
+    await conn.execute("insert into orders select g, 'item ' || g from generate_series(1, 25) g")
+    await conn.execute("select ferry.capture_table('orders')")
+    await ferry.register_consumer("c")
+    backfill = await conn.fetchval("select ferry.backfill('orders', chunk_size => 10)")
+    assert await _run(conn, backfill) == "done"
+    events = await read_all(ferry, conn, "c")
+    assert [e.key for e in events] == [str(i) for i in range(1, 26)]
+    record = {"id": 1, "item": "item 1"}
+    assert events[0].payload == {
+        "type": "READ",
+        "schema": "public",
+        "table": "orders",
+        "record": record,
+        "old_record": None,
+    }
+    row = await conn.fetchrow("select * from ferry.backfills where id = $1", backfill)
+    assert (row["rows_done"], row["chunks_done"], row["last_key"], row["finished_at"] is not None) == (
+        25, 3, {"id": 20}, True,
+    )  # fmt: skip
+
+
+async def test_composite_primary_keys_are_walked_in_order_and_keyed_like_captured_rows(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    await conn.execute("create table lines (order_id int, line text, qty int, primary key (order_id, line))")
+    await conn.execute(
+        "insert into lines select o, 'l' || l, o * l from generate_series(1, 5) o, generate_series(1, 3) l"
+    )
+    await conn.execute("select ferry.capture_table('lines')")
+    await ferry.register_consumer("c")
+    backfill = await conn.fetchval("select ferry.backfill('lines', chunk_size => 4)")
+    assert await _run(conn, backfill) == "done"
+    events = await read_all(ferry, conn, "c")
+    assert [e.key for e in events] == [f'[{o}, "l{line}"]' for o in range(1, 6) for line in range(1, 4)]
+    assert {e.payload["type"] for e in events} == {"READ"}
+
+
+async def test_an_empty_table_is_done_after_one_chunk_with_no_event(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    await conn.execute("create table t (id int primary key)")
+    await conn.execute("select ferry.capture_table('t')")
+    await ferry.register_consumer("c")
+    backfill = await conn.fetchval("select ferry.backfill('t')")
+    row = await conn.fetchrow("select * from ferry.backfill_chunk($1)", backfill)
+    assert (row["state"], row["rows_done"], row["chunk_rows"]) == ("done", 0, 0)
+    assert await read_all(ferry, conn, "c") == []
+
+
+async def test_a_condition_picks_the_rows_and_a_consumer_target_reaches_only_that_consumer(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    await conn.execute("create table t (id int primary key, paid boolean)")
+    await conn.execute("insert into t select g, g % 2 = 0 from generate_series(1, 10) g")
+    await conn.execute("select ferry.capture_table('t')")
+    await ferry.register_consumer("mine")
+    await ferry.register_consumer("other")
+    backfill = await conn.fetchval(
+        "select ferry.backfill('t', consumer => 'mine', condition => 'paid', chunk_size => 2)"
+    )
+    assert await _run(conn, backfill) == "done"
+    await conn.execute("insert into t values (11, true)")
+    assert [e.key for e in await read_all(ferry, conn, "mine")] == ["2", "4", "6", "8", "10", "11"]
+    assert [e.key for e in await read_all(ferry, conn, "other")] == ["11"]
+
+
+async def test_cancel_and_pause_stop_the_next_chunk_and_resume_goes_on_after_the_last_one(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    await conn.execute("create table t (id int primary key)")
+    await conn.execute("insert into t select generate_series(1, 10)")
+    await conn.execute("select ferry.capture_table('t')")
+    await ferry.register_consumer("c")
+    backfill = await conn.fetchval("select ferry.backfill('t', chunk_size => 3)")
+    await conn.fetch("select * from ferry.backfill_chunk($1)", backfill)
+    assert await conn.fetchval("select ferry.backfill_pause($1)", backfill) == "paused"
+    row = await conn.fetchrow("select * from ferry.backfill_chunk($1)", backfill)
+    assert (row["state"], row["chunk_rows"]) == ("paused", 0)
+    assert await conn.fetchval("select ferry.backfill_resume($1)", backfill) == "running"
+    await conn.fetch("select * from ferry.backfill_chunk($1)", backfill)
+    assert await conn.fetchval("select ferry.backfill_cancel($1)", backfill) == "cancelled"
+    assert await _run(conn, backfill) == "cancelled"
+    assert [e.key for e in await read_all(ferry, conn, "c")] == ["1", "2", "3", "4", "5", "6"]
+    with pytest.raises(asyncpg.PostgresError) as caught:
+        await conn.fetchval("select ferry.backfill_resume($1)", backfill)
+    assert caught.value.sqlstate == "55000" and "cancelled" in str(caught.value)
+    with pytest.raises(asyncpg.PostgresError) as caught:
+        await conn.fetchval("select ferry.backfill_cancel(12345)")
+    assert caught.value.sqlstate == "42704"
+
+
+@pytest.mark.parametrize(
+    ("call", "sqlstate", "says"),
+    [
+        ("ferry.backfill('nope')", "42P01", 'relation "nope" does not exist'),
+        ("ferry.backfill('uncaptured')", "55000", "is not captured"),
+        ("ferry.backfill('nopk')", "42P10", "has no primary key"),
+        ("ferry.backfill('t', condition => 'no_such_column > 1')", "42703", "not a valid boolean expression"),
+        ("ferry.backfill('t', condition => 'id')", "42804", "not a valid boolean expression"),
+        ("ferry.backfill('t', condition => 'true) or (true; drop table t')", "42601", "not a valid boolean expression"),
+        ("ferry.backfill('t', chunk_size => 0)", "22023", "chunk_size must be between 1 and 1000000"),
+        ("ferry.backfill('t', subscription => 'nobody')", "42704", "subscription 'nobody' does not exist"),
+        ("ferry.backfill('t', consumer => 'nobody')", "42704", "consumer 'nobody' does not exist"),
+        ("ferry.backfill('t', consumer => 'elsewhere')", "22023", "does not read stream 'public.t'"),
+        ("ferry.backfill('t', consumer => 'c', subscription => 's')", "22023", "not both"),
+    ],
+)
+async def test_bad_input_is_refused_with_the_problem_named_and_nothing_recorded(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, call: str, sqlstate: str, says: str
+) -> None:
+    await conn.execute("create table t (id int primary key); create table uncaptured (id int primary key)")
+    await conn.execute("create table nopk (sku text)")
+    await conn.execute("select ferry.capture_table('t'), ferry.capture_table('nopk', key_columns => array['sku'])")
+    await ferry.register_consumer("c")
+    await ferry.register_consumer("elsewhere", ["other.stream"])
+    with pytest.raises(asyncpg.PostgresError) as caught:
+        await conn.fetchval(f"select {call}")
+    assert caught.value.sqlstate == sqlstate and says in str(caught.value)
+    assert await conn.fetchval("select count(*) from ferry.backfills") == 0
+    assert await conn.fetchval("select count(*) from t") == 0
+
+
+async def test_a_table_uncaptured_midway_fails_the_backfill_with_the_reason(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    await conn.execute("create table t (id int primary key)")
+    await conn.execute("insert into t select generate_series(1, 10)")
+    await conn.execute("select ferry.capture_table('t')")
+    backfill = await conn.fetchval("select ferry.backfill('t', chunk_size => 3)")
+    await conn.fetch("select * from ferry.backfill_chunk($1)", backfill)
+    await conn.execute("select ferry.uncapture_table('t')")
+    assert await _run(conn, backfill) == "failed: table public.t is no longer captured (SQLSTATE 55000)"
