@@ -74,7 +74,8 @@ async def test_status_metrics_and_dashboard_show_a_running_backfill_with_rows_do
 
     status = await cli(pgferry_cmd, db_url, "status")
     assert status.returncode == 0, status.stderr
-    line = next(ln for ln in status.stdout.splitlines() if "public.t" in ln)
+    backfills = status.stdout[status.stdout.index("backfills") :]  # after the captured tables
+    line = next(ln for ln in backfills.splitlines() if "public.t" in ln)
     assert "reader" in line and "running" in line and "300 / ~1,000" in line
 
     relay = RunningRelay(db_url, replace(FAST, metrics_port=0, dashboard_port=0, deliver=False))
