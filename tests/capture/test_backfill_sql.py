@@ -153,3 +153,28 @@ async def test_a_table_uncaptured_midway_fails_the_backfill_with_the_reason(
     await conn.fetch("select * from ferry.backfill_chunk($1)", backfill)
     await conn.execute("select ferry.uncapture_table('t')")
     assert await _run(conn, backfill) == "failed: table public.t is no longer captured (SQLSTATE 55000)"
+
+
+async def test_read_events_follow_the_captures_condition_and_column_choice_like_captured_rows(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """A READ carries what an INSERT of the row would have: only rows the capture's condition keeps,
+    without the excluded columns (PII never reaches the log through a backfill either)."""
+    await conn.execute("create table orders (id int primary key, status text, card_token text)")
+    await conn.execute(
+        "insert into orders select g, case when g % 3 = 0 then 'paid' else 'open' end, 'tok' || g"
+        " from generate_series(1, 30) g"
+    )
+    await conn.execute(
+        "select ferry.capture_table('orders', condition => $$status = 'paid'$$, exclude_columns => array['card_token'])"
+    )
+    await ferry.register_consumer("c")
+    backfill = await conn.fetchval("select ferry.backfill('orders', condition => 'id > 10', chunk_size => 4)")
+    assert await _run(conn, backfill) == "done"
+    await conn.execute("insert into orders values (31, 'open', 'x'), (33, 'paid', 'y')")  # live, for comparison
+    events = await read_all(ferry, conn, "c")
+    reads = [e for e in events if e.payload["type"] == "READ"]
+    assert [e.key for e in reads] == [str(i) for i in range(12, 31, 3)]  # paid, and id > 10
+    assert reads[0].payload["record"] == {"id": 12, "status": "paid"}
+    (insert,) = [e for e in events if e.payload["type"] == "INSERT"]
+    assert insert.key == "33" and insert.payload["record"].keys() == reads[0].payload["record"].keys()

@@ -20,7 +20,7 @@
 -- transient errors (deadlock, serialization, cancel, resources) are raised
 -- and leave it running.
 --
--- Calls:   ferry._backfill_key_literal, ferry._current_partition
+-- Calls:   ferry._backfill_key_literal, ferry._current_partition, ferry._key_expression, ferry._record_expression
 -- Reads:   ferry.backfills, ferry.captures, pg_index, pg_attribute, the backfilled table
 -- Writes:  ferry.backfills, ferry.events_0..2
 -- Raises:  42704, and transient errors (08, 40, 53, 57)
@@ -83,15 +83,13 @@ begin
                         else format('(%s) > (%s)', v_cols, ferry._backfill_key_literal(b.last_key, v_names, v_types)) end
                    || case when b.condition is null then '' else format(' and (%s)', b.condition) end;
 
-        -- The event of a row r: as capture_table builds it.
-        if cardinality(v_capture.key_columns) = 1 then
-            v_key := format('(r.%I)::text', v_capture.key_columns[1]);
-        else
-            v_key := format('jsonb_build_array(%s)::text',
-                            (select string_agg(format('r.%I', k), ', ' order by i)
-                             from unnest(v_capture.key_columns) with ordinality x(k, i)));
+        -- The event of a row r: as capture_table builds it (the capture's key and column choice),
+        -- and only for rows its condition keeps.
+        v_key := ferry._key_expression(v_capture.id, 'r');
+        v_record := ferry._record_expression(v_capture.id, 'r');
+        if v_capture.condition is not null then
+            v_where := v_where || format(' and (%s)', v_capture.condition);
         end if;
-        v_record := 'to_jsonb(r)';
 
         -- 1. The chunk's last key, as the snapshot of this statement orders them (no lock).
         execute format('select jsonb_build_object(%s) from %s r where %s order by %s offset %s limit 1',
