@@ -1,6 +1,8 @@
 """The embedded demo behind `pgferry run` with no database URL.
 
-It captures a small table, writes a few rows and published events, prints
+It captures a small table, backfills the 100,000 orders it held before
+capture as READ events for one consumer (with the progress bar of `pgferry
+backfill`), writes a few rows and published events, prints
 them as a stream reader receives them, and delivers the table's changes as
 signed webhooks to a demo receiver that fails now and then, so a new user
 sees the whole path (capture -> log -> tick -> reader / webhook with
@@ -24,6 +26,8 @@ from aiohttp import web
 import pgferry
 from pgferry import db
 from pgferry.aio import wait_for_event
+from pgferry.capture import backfill as backfills
+from pgferry.cli.backfill import drive
 from pgferry.delivery.signing import new_secret
 from pgferry.receiver import Action, Received, Receiver, Respond
 
@@ -40,20 +44,28 @@ QUESTIONS = {
 
 log = logging.getLogger(__name__)
 
+#: Orders the table held before capture began: a backfill turns them into READ events.
+EXISTING_ORDERS = 100_000
+
 SETUP_SQL = """
 create table if not exists public.demo_orders (
     id bigserial primary key,
     item text not null,
     quantity int not null
 );
-select ferry.capture_table('public.demo_orders');
+"""
+
+#: $1 rows, only into a table that is still empty (a demo run against an existing database adds none).
+SEED_SQL = """
+insert into public.demo_orders (item, quantity)
+select (array['spice', 'water', 'stillsuit', 'thumper'])[1 + g % 4], 1 + g % 9 from generate_series(1, $1) g
+where not exists (select 1 from public.demo_orders)
 """
 
 
 async def _writer(url: str, stop: asyncio.Event, interval: float) -> None:
     conn = await db.connect(url)
     try:
-        await conn.execute(SETUP_SQL)
         items = itertools.cycle(["spice", "water", "stillsuit", "thumper"])
         for n in itertools.count(1):
             if stop.is_set():
@@ -144,6 +156,22 @@ async def _serve_page(port: int, api_url: Callable[[], str | None], stop: asynci
         await runner.cleanup()
 
 
+async def _backfill_existing_orders(ferry: pgferry.Ferry, stop: asyncio.Event) -> None:
+    """The orders placed before capture began, as READ events for one consumer (an archive nobody
+    reads in the demo), with the progress bar `pgferry backfill` shows: the live subscription and
+    reader are not sent them (a targeted backfill)."""
+    async with ferry.pool.acquire() as conn:
+        await conn.execute(SETUP_SQL)
+        await conn.execute(SEED_SQL, EXISTING_ORDERS)
+        await conn.execute("analyze public.demo_orders")  # the estimate the progress bar shows
+        await conn.execute("select ferry.capture_table('public.demo_orders')")
+        await ferry.register_consumer("demo-archive", streams=["public.demo_orders"])
+        backfill = await backfills.start(conn, "public.demo_orders", consumer="demo-archive")
+    click.echo("demo: the table's existing orders, backfilled as READ events for the consumer demo-archive:")
+    done = await drive(ferry, backfill, show=True, max_rate=None, stop=stop)
+    click.echo(f"demo: backfill {backfill}: {done.state}, {done.rows_done:,} rows")
+
+
 async def run_demo(
     url: str, stop: asyncio.Event, interval: float = 2.0, *, page_port: int | None = None,
     api_url: Callable[[], str | None] = lambda: None,
@@ -152,6 +180,7 @@ async def run_demo(
     receiver = _demo_receiver()
     hook_url = await receiver.start()
     async with pgferry.connect(url) as ferry:
+        await _backfill_existing_orders(ferry, stop)
         await ferry.subscribe(
             "demo-hook", ["public.demo_orders"], hook_url, secret=new_secret(), retry_base_ms=500, retry_max_ms=2000
         )

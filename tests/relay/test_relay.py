@@ -151,7 +151,7 @@ async def test_run_explains_unreachable_database_and_missing_schema(pgferry_cmd:
 
 async def test_run_without_url_starts_a_throwaway_postgres_and_demo(pgferry_cmd: list[str]) -> None:
     proc = await asyncio.create_subprocess_exec(
-        *pgferry_cmd, "run", "--exit-after", "8", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        *pgferry_cmd, "run", "--exit-after", "10", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
     assert proc.stdout is not None
     lines: list[str] = []
@@ -174,5 +174,6 @@ async def test_run_without_url_starts_a_throwaway_postgres_and_demo(pgferry_cmd:
     assert proc.returncode == 0, err.decode()
     stdout = "".join(lines) + out.decode()
     assert "throwaway PostgreSQL" in stdout
+    assert "demo: backfill 1: done, 100,000 rows" in stdout  # the orders there before capture, as READ events
     assert "read event" in stdout and "public.demo_orders" in stdout and "demo.greetings" in stdout
     assert "webhook evt_" in stdout and "received:" in stdout

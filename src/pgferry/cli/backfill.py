@@ -24,12 +24,16 @@ from pgferry.cli.common import (
 )
 
 
-async def _drive(ferry: pgferry.Ferry, backfill: int, show: bool, max_rate: float | None) -> backfills.Progress:
-    """Run the backfill's chunks here until it ends; Ctrl-C or SIGTERM pauses it after the chunk in progress."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+async def drive(
+    ferry: pgferry.Ferry, backfill: int, show: bool, max_rate: float | None, stop: asyncio.Event | None = None
+) -> backfills.Progress:
+    """Run the backfill's chunks here, with a progress bar if ``show``, until it ends or ``stop`` is set
+    (then it is paused after the chunk in progress). Without ``stop``: Ctrl-C or SIGTERM."""
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
     async with ferry.pool.acquire() as conn:
         first = await backfills.progress(conn, backfill)
         with Progress(
@@ -137,7 +141,7 @@ def backfill(
                     )  # fmt: skip
                     if detach:
                         return await backfills.progress(conn, started)
-            return await _drive(ferry, started, show, max_rate)
+            return await drive(ferry, started, show, max_rate)
 
     result = run_coroutine(go())
     if isinstance(result, list):
