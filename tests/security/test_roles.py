@@ -137,6 +137,12 @@ FORBIDDEN_TO_WRITERS = [
     "select ferry._capture_condition('orders', 'total > 0')",
     "select ferry._record_expression(1, 'r')",
     "select ferry._key_expression(1, 'r')",
+    # a backfill's condition runs with its runner's rights: a writer must not be able to plant one
+    "select ferry.backfill('orders', condition => 'true')",
+    "select * from ferry.backfill_chunk(1)",
+    "select ferry.backfill_cancel(1)",
+    "select * from ferry.backfills",
+    "update ferry.backfills set condition = 'true'",
     "select * from ferry.streams",
     "select ferry._unknown_streams(array['billing'])",
     "select ferry._catalog_streams()",
