@@ -2,16 +2,16 @@
 --
 -- Does the next chunk of a running backfill, in the caller's transaction,
 -- which should hold nothing else and commit right after: a chunk's rows stay
--- share-locked until then. In one statement it reads the next chunk_size
--- rows after last_key (matching the conditions) in primary-key order, FOR
--- SHARE, writes a READ event for each, and records the last one's key as
--- last_key: progress commits with the events, so a runner killed at any
--- point resumes after the last chunk that committed.
+-- share-locked until then. Picks the chunk_size-th primary key after
+-- last_key (matching the condition), then in one INSERT ... SELECT ... FOR
+-- SHARE writes a READ event for every row in (last_key, that key], and
+-- records that key as last_key: progress commits with the events, so a
+-- runner killed at any point resumes after the last chunk that committed.
 -- Fewer rows than chunk_size left: the rest is read and the backfill is
 -- done. Migration 0013 proves the order against live writes.
 -- The event of a row is built in this one function: key as the capture's
--- and record expressions (its column choice), type READ from op 'R'
--- (ferry._envelope).
+-- key expression, record as `v_record` below (where a capture's column
+-- choice belongs), type READ from op 'R' (ferry._envelope).
 -- Returns one row: the backfill's state after the chunk ('busy' when
 -- another runner holds it right now: try again shortly), rows done so far,
 -- the estimate of the total and the rows this chunk wrote. An error while
@@ -35,9 +35,6 @@ declare
     v_capture ferry.captures;
     v_cols    text;   -- r.a, r.b: the primary key, in index order
     v_object  text;   -- 'a', r.a, 'b', r.b: the primary key as a JSON object
-    v_ordered text;   -- r.a as k1, r.b as k2: the primary key carried out of the chunk
-    v_by      text;   -- c.k1, c.k2: the chunk's rows in primary-key order
-    v_by_desc text;   -- c.k1 desc, c.k2 desc
     v_names   text[]; -- the primary key's columns
     v_types   text[]; -- and their types
     v_where   text;
@@ -75,10 +72,8 @@ begin
         cross join lateral unnest(i.indkey) with ordinality as k(attnum, ord)
         join pg_attribute a on a.attrelid = i.indrelid and a.attnum = k.attnum
         where i.indrelid = b.relid and i.indisprimary;
-        select string_agg(format('r.%I', n), ', ' order by o), string_agg(format('%L, r.%I', n, n), ', ' order by o),
-               string_agg(format('r.%I as k%s', n, o), ', ' order by o), string_agg(format('c.k%s', o), ', ' order by o),
-               string_agg(format('c.k%s desc', o), ', ' order by o)
-          into v_cols, v_object, v_ordered, v_by, v_by_desc
+        select string_agg(format('r.%I', n), ', ' order by o), string_agg(format('%L, r.%I', n, n), ', ' order by o)
+          into v_cols, v_object
         from unnest(v_names) with ordinality x(n, o);
         if v_cols is null then
             raise exception 'table %.% has no primary key any more', quote_ident(b.schema_name), quote_ident(b.table_name)
@@ -96,25 +91,23 @@ begin
             v_where := v_where || format(' and (%s)', v_capture.condition);
         end if;
 
-        -- The chunk's rows, share-locked as they are read, become READ events in one statement that
-        -- also gives the chunk's last key (the next chunk starts after it) when the chunk is full.
-        -- The txid is taken before the partition pointer is read, as rotation requires.
+        -- 1. The chunk's last key, as the snapshot of this statement orders them (no lock).
+        execute format('select jsonb_build_object(%s) from %s r where %s order by %s offset %s limit 1',
+                       v_object, b.relid::regclass, v_where, v_cols, b.chunk_size - 1)
+            into v_upper;
+        -- 2. Its rows, share-locked as they are read, as READ events. The txid is taken before the
+        -- partition pointer is read, as rotation requires (it is this transaction's: the row lock above).
         v_txid := pg_current_xact_id();
         v_part := ferry._current_partition();
         execute format(
-            'with chunk as (select %s as key, %s as record, jsonb_build_object(%s) as pk, %s from %s r '
-            '               where %s order by %s limit %s for share of r), '
-            '     ins as (insert into ferry.events_%s (part, txid, stream, capture, key, payload, op, target) '
-            '             select %s, %L::xid8, %L, %s, c.key, c.record, ''R'', %L from chunk c order by %s '
-            '             returning 1) '
-            'select (select count(*) from ins)::integer, '
-            '       (select c.pk from chunk c order by %s limit 1)',
-            v_key, v_record, v_object, v_ordered, b.relid::regclass, v_where, v_cols, b.chunk_size,
-            v_part, v_part, v_txid, v_capture.stream, v_capture.id, b.target, v_by, v_by_desc)
-            into v_n, v_upper;
-        if v_n < b.chunk_size then
-            v_upper := null;  -- the rest of the table fitted: done
-        end if;
+            'insert into ferry.events_%s (part, txid, stream, capture, key, payload, op, target) '
+            'select %s, %L::xid8, %L, %s, %s, %s, ''R'', %L from %s r where %s%s order by %s for share of r',
+            v_part, v_part, v_txid, v_capture.stream, v_capture.id, v_key, v_record, b.target,
+            b.relid::regclass, v_where,
+            case when v_upper is null then ''
+                 else format(' and (%s) <= (%s)', v_cols, ferry._backfill_key_literal(v_upper, v_names, v_types)) end,
+            v_cols);
+        get diagnostics v_n = row_count;
     exception when others then
         v_sqlstate := sqlstate;
         if left(v_sqlstate, 2) in ('08', '40', '53', '57') then
