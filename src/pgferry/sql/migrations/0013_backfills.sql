@@ -7,7 +7,7 @@
 -- been updated at 10:00:00.020; the subscriber then receives the UPDATE and,
 -- after it, the stale READ, and keeps the stale row for good.
 --
--- How a chunk is ordered against live changes (ferry._backfill_chunk). One
+-- How a chunk is ordered against live changes (ferry.backfill_chunk). One
 -- transaction per chunk, READ COMMITTED:
 --   1. pick the chunk's upper key: the chunk_size-th key after last_key in
 --      primary-key order (a plain read, no lock);
