@@ -304,11 +304,16 @@ class TokenStore:
         """Return once a load that started at or after ``since`` has succeeded. Joins the load under
         way, or starts one, never sooner than ``gap`` (miss_refresh_gap) after the previous start."""
         gap = self.settings.miss_refresh_gap if gap is None else gap
+        called = time.monotonic()
         while self._fresh_at < since:
             loading = self._loading
             if loading is not None and not loading.done():
                 await asyncio.shield(loading)  # a request given up on does not cancel the load
                 continue
+            if loading is not None and self._tried_at >= called and (failure := loading.exception()) is not None:
+                # A load that began while this request waited has failed: that was its attempt (the
+                # requests of a flood share one), even if it woke only after the load had ended.
+                raise failure
             wait = self._tried_at + gap - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
