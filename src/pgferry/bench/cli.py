@@ -346,7 +346,7 @@ def backfill(
     async def go(admin_url: str) -> bool:
         async with scratch_database(BenchSettings(), admin_url) as ctx:
             await run_backfill_bench(ctx, settings)
-        click.echo("\nTargets (preliminary on a shared machine)")
+        click.echo("\nTargets")
         rows = [[t.what, t.goal, t.measured, "met" if t.met else "MISSED"] for t in ctx.targets]
         click.echo(table(["what", "goal", "measured", "result"], rows))
         return all(t.met for t in ctx.targets)
