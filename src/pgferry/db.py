@@ -188,15 +188,14 @@ async def create_pool(
     min_size: int = 1,
     max_size: int = 10,
     server_settings: dict[str, str] | None = None,
-    stateless: bool = False,
     reset: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
     command_timeout: float | None = None,
 ) -> asyncpg.Pool:
     """Open a connection pool, or raise DatabaseUnreachable saying why not.
 
-    ``stateless``: the caller promises not to leave session state on pooled
-    connections, so releasing one skips asyncpg's reset round trip. ``reset``:
-    what releasing a connection runs instead of asyncpg's reset."""
+    ``reset``: what releasing a connection runs instead of asyncpg's reset
+    round trip (``rollback_if_open`` for a caller that never leaves session
+    state on pooled connections)."""
     check_url(url)
     try:
         pool = await asyncpg.create_pool(
@@ -206,7 +205,7 @@ async def create_pool(
             timeout=CONNECT_TIMEOUT_S,
             init=init_connection,
             server_settings=server_settings,
-            reset=rollback_if_open if stateless else reset,
+            reset=reset,
             command_timeout=command_timeout,
         )
     except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:

@@ -201,7 +201,7 @@ class Relay:
                 max_size=self.settings.db_pool_size,
                 server_settings={**pool_kwargs["server_settings"], "synchronous_commit": "off"},
                 command_timeout=pool_kwargs["command_timeout"],
-                stateless=True,
+                reset=db.rollback_if_open,
             )
             policy = self.settings.addresses
             log.info("delivery: %s", policy.describe())

@@ -113,7 +113,7 @@ class StreamsApi:
     async def open(self) -> None:
         # stateless: nothing here leaves session state on a connection, so releasing one needs no reset
         # round trip (a connecting client took 7 round trips, 2 of them resets)
-        self.pool = await db.create_pool(self.url, min_size=1, max_size=8, stateless=True,
+        self.pool = await db.create_pool(self.url, min_size=1, max_size=8, reset=db.rollback_if_open,
                                          server_settings={"application_name": "pgferry streams api"})  # fmt: skip
         if self.authorizer is None:
             store = TokenStore(self.pool)
