@@ -29,8 +29,8 @@ from pgferry import db, sql
 from pgferry.aio import wait_for_event
 from pgferry.db import CONNECTION_ERRORS
 from pgferry.log.reader import TICK_CHANNEL
-from pgferry.streams.offsets import Offset, Snapshot, commit_ticks
-from pgferry.streams.reader import StreamEvent, is_end, setter
+from pgferry.streams.offsets import Offset, Snapshot
+from pgferry.streams.reader import StreamEvent, events_of, is_end, range_ticks, setter
 
 log = logging.getLogger(__name__)
 
@@ -154,17 +154,14 @@ class StreamHub:
                 streams |= late
                 rows += await conn.fetch(sql.query("streams_events"), lower, end, list(late))
             elif rows and ticks is None:
-                ticks = [(t["id"], Snapshot.parse(t["snapshot"])) for t in await conn.fetch(
-                    sql.query("stream_ticks"), lower, end)]  # fmt: skip
+                ticks = await range_ticks(conn, lower, end)
             else:
                 break
             reads += 1
         events: dict[str, list[StreamEvent]] = defaultdict(list)
         if rows:
             assert ticks is not None
-            for row, tick in zip(rows, commit_ticks([r["txid"] for r in rows], ticks), strict=True):
-                event = StreamEvent(Offset(tick or end, row["id"]), row["stream"], row["key"], row["payload"],
-                                    row["headers"], row["created_at"])  # fmt: skip
+            for event in events_of(rows, ticks, end):
                 events[event.stream].append(event)
         self.stats.ranges_read += 1
         self.stats.events_read += len(rows)

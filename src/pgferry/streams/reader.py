@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -128,15 +128,31 @@ async def read_range(
     rows = await conn.fetch(sql.query("stream_events"), position.lower, end, stream)
     events: list[StreamEvent] = []
     if rows:
-        ticks = [(t["id"], Snapshot.parse(t["snapshot"])) for t in await conn.fetch(
-            sql.query("stream_ticks"), position.lower, end)]  # fmt: skip
-        for row, tick in zip(rows, commit_ticks([r["txid"] for r in rows], ticks), strict=True):
-            offset = Offset(tick if tick is not None else end, row["id"])
-            if offset > position.floor:
-                events.append(StreamEvent(offset, row["stream"], row["key"], row["payload"], row["headers"],
-                                          row["created_at"]))  # fmt: skip
-        events.sort(key=lambda e: e.offset)
+        read = events_of(rows, await range_ticks(conn, position.lower, end), end)
+        events = sorted((e for e in read if e.offset > position.floor), key=lambda e: e.offset)
     return events, Position(end, position.floor)
+
+
+async def range_ticks(conn: asyncpg.Connection, lower: int, end: int) -> list[tuple[int, Snapshot]]:
+    """The ticks of the range (lower, end] with their snapshots, to find each event's commit tick."""
+    return [(t["id"], Snapshot.parse(t["snapshot"])) for t in await conn.fetch(sql.query("stream_ticks"), lower, end)]
+
+
+def events_of(rows: Sequence[asyncpg.Record], ticks: list[tuple[int, Snapshot]], end: int) -> list[StreamEvent]:
+    """The log rows of a range ending at tick ``end`` as events, each offset at the tick its
+    transaction committed in (in the rows' order)."""
+    commits = commit_ticks([r["txid"] for r in rows], ticks)
+    return [
+        StreamEvent(
+            Offset(end if tick is None else tick, r["id"]),
+            r["stream"],
+            r["key"],
+            r["payload"],
+            r["headers"],
+            r["created_at"],
+        )
+        for r, tick in zip(rows, commits, strict=True)
+    ]
 
 
 async def read_stream(
