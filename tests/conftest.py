@@ -22,6 +22,11 @@ from pgferry.schema import install
 TEMPLATE = "pgferry_template"
 _counter = itertools.count()
 
+# `pgferry run` runs one relay process per usable core by default. The suite's relays are one
+# process each: tests SIGKILL a relay's pid, count relays and read their log as one process's, and
+# the machine running them is shared. Tests of the supervisor pass --processes themselves.
+os.environ["PGFERRY_PROCESSES"] = "1"
+
 
 def pytest_asyncio_loop_factories() -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
     """Run the tests on uvloop, like `pgferry run` does."""

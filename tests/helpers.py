@@ -89,5 +89,6 @@ async def cli(
 
 
 def pgferry_env(url: str) -> dict[str, str]:
-    """The environment a `pgferry` subprocess of the tests gets: the database URL and PATH, nothing else."""
-    return {"PGFERRY_DATABASE_URL": url, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    """The environment a `pgferry` subprocess of the tests gets: the database URL and PATH, and one relay
+    process per `pgferry run` (see tests/conftest.py), nothing else."""
+    return {"PGFERRY_DATABASE_URL": url, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PGFERRY_PROCESSES": "1"}

@@ -46,6 +46,7 @@ async def running_relay(
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """Run `pgferry run --database-url URL [ARGS]` until the block ends (and never longer than
     ``max_seconds``); the block gets the process (the soak samples its memory and sockets).
+    One relay process unless ARGS give --processes (the last one given wins).
 
     The block starts once the relay ticks and delivers every active subscription, so that
     a benchmark measures delivery, not the relay starting up."""
@@ -53,7 +54,8 @@ async def running_relay(
         log_path = Path(tmp) / "relay.log"
         with log_path.open("wb") as log_file:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "pgferry", "run", "--database-url", url, "--exit-after", str(max_seconds), *args,
+                sys.executable, "-m", "pgferry", "run", "--database-url", url, "--exit-after", str(max_seconds),
+                "--processes", "1", *args,
                 stdout=log_file, stderr=log_file,
             )  # fmt: skip
             try:

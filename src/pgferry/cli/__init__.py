@@ -33,6 +33,7 @@ def main(verbose: bool) -> None:
 for command in (
     core.install,
     core.run,
+    core.run_child,
     core.consumers,
     backfill.backfill,
     webhooks.subscription,

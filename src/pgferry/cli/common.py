@@ -39,8 +39,8 @@ database_url_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 
-def setup_logging(verbose: bool, fmt: str = "human") -> None:
-    configure(verbose=verbose, fmt=fmt)
+def setup_logging(verbose: bool, fmt: str = "human", process: str | None = None) -> None:
+    configure(verbose=verbose, fmt=fmt, process=process)
 
 
 def run_coroutine(coro: Coroutine[Any, Any, Any]) -> Any:

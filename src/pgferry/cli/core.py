@@ -6,7 +6,10 @@ import asyncio
 import gc
 import logging
 import signal
+import sys
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -28,15 +31,23 @@ from pgferry.relay.surface import check_dashboard_binding
 from pgferry.schema import install_at
 from pgferry.streams.settings import ApiSettings
 
+if TYPE_CHECKING:
+    from pgferry.relay.process import Relay
+
 log = logging.getLogger("pgferry")
 
 
-def _stop_on_signals(stop: asyncio.Event) -> None:
-    """SIGTERM/SIGINT set ``stop``; a second one exits at once."""
+def _stop_on_signals(stop: asyncio.Event, again: Callable[[], None] | None = None) -> None:
+    """SIGTERM/SIGINT set ``stop``; a second one exits at once (or calls ``again``: the supervisor
+    passes it on to its children, which then exit at once, and waits for them)."""
     loop = asyncio.get_running_loop()
 
     def request_stop(signame: str) -> None:
         if stop.is_set():
+            if again is not None:
+                log.warning("second %s: telling every relay process to exit now", signame)
+                again()
+                return
             log.warning("second %s: exiting now", signame)
             raise SystemExit(130)
         log.info("%s received: shutting down (again to force)", signame)
@@ -136,6 +147,14 @@ def install(database_url: str | None, pg_net: bool) -> None:
     help="Serve requests from loopback addresses without an API token (never behind a proxy on this host).",
 )
 @click.option(
+    "--processes",
+    type=int,
+    envvar="PGFERRY_PROCESSES",
+    metavar="N",
+    help="Relay processes to run under one supervisor (or set PGFERRY_PROCESSES) [default: the usable cores; "
+    "1 for the demo]. 1 runs the relay in this process, with no supervisor.",
+)
+@click.option(
     "--db-command-timeout",
     default=db.Liveness.command_timeout,
     show_default=True,
@@ -169,14 +188,19 @@ def run(
     strict_addresses: bool,
     allow_addresses: tuple[str, ...],
     ca_file: str | None,
+    processes: int | None,
     db_command_timeout: float,
     db_session_timeout: float,
 ) -> None:
     """Run the relay. Without a database URL: a throwaway PostgreSQL and a demo."""
     # The relay (delivery, HTTP client, ownership) is loaded by the one command that runs it.
     from pgferry.relay.process import Relay, RelaySettings
+    from pgferry.relay.supervisor import Supervisor, SupervisorSettings, usable_cores
 
-    setup_logging(bool(ctx.find_root().params.get("verbose")), log_format)
+    verbose = bool(ctx.find_root().params.get("verbose"))
+    setup_logging(verbose, log_format)
+    if processes is not None and processes < 1:
+        raise click.BadParameter(f"must be at least 1 (got {processes})", param_hint="--processes")
     try:
         policy = AddressPolicy(strict=strict_addresses, allow=parse_networks(allow_addresses))
     except ValueError as exc:
@@ -207,31 +231,43 @@ def run(
             raise click.UsageError(str(exc)) from exc
 
     async def go(url: str, demo: bool, page_port: int | None = None) -> None:
-        # Long-lived objects made at startup never need collecting; freezing them
-        # and collecting less often trims GC pauses from delivery latency.
-        gc.freeze()
-        gc.set_threshold(50_000, 50, 100)
-        stop = asyncio.Event()
-        _stop_on_signals(stop)
-        if exit_after is not None:
-            asyncio.get_running_loop().call_later(exit_after, stop.set)
         relay = Relay(url, settings)
-        tasks = [asyncio.create_task(relay.run(stop))]
+        extra = None
         if demo:
             from pgferry.demo import run_demo
 
-            demo_run = run_demo(url, stop, page_port=page_port, api_url=lambda: relay.addresses.get("api"))
-            tasks.append(asyncio.create_task(demo_run))
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            def extra(stop: asyncio.Event) -> Coroutine[Any, Any, None]:
+                return run_demo(url, stop, page_port=page_port, api_url=lambda: relay.addresses.get("api"))
+
+        await _run_relay(relay, exit_after, extra)
+
+    async def supervise(url: str, how_many: int) -> None:
+        stop = asyncio.Event()
+        supervisor = Supervisor(
+            url,
+            settings,
+            SupervisorSettings(processes=how_many),
+            child_command=[
+                sys.executable, "-m", "pgferry", *(["-v"] if verbose else []), "run-child", "--log-format", log_format,
+            ],
+        )  # fmt: skip
+        _stop_on_signals(stop, again=lambda: supervisor.forward(signal.SIGTERM))
+        if exit_after is not None:
+            asyncio.get_running_loop().call_later(exit_after, stop.set)
+        await supervisor.run(stop)
 
     if database_url:
-        run_coroutine(go(database_url, demo=False))
+        # The demo below runs in this process beside its relay; a relay of a database given
+        # by URL runs on every usable core unless told otherwise (docs/operations.md).
+        how_many = processes if processes is not None else usable_cores()
+        if how_many == 1:
+            run_coroutine(go(database_url, demo=False))
+        else:
+            run_coroutine(supervise(database_url, how_many))
         return
+    if processes is not None and processes != 1:
+        raise click.UsageError("the demo (no --database-url) runs one relay process; give --database-url "
+                               "to run several")  # fmt: skip
 
     click.echo("no --database-url given: starting a throwaway PostgreSQL for a demo ...")
     # The demo shows its streams in a browser: the API serves the demo page's origin, and
@@ -246,6 +282,42 @@ def run(
             run_coroutine(go(pg.url, demo=True, page_port=page_port))
     except PgferryError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+async def _run_relay(
+    relay: Relay, exit_after: float | None, extra: Callable[[asyncio.Event], Coroutine[Any, Any, None]] | None = None
+) -> None:
+    """Run one relay in this process until SIGTERM/SIGINT (or ``exit_after``), with ``extra`` beside it."""
+    # Long-lived objects made at startup never need collecting; freezing them
+    # and collecting less often trims GC pauses from delivery latency.
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 100)
+    stop = asyncio.Event()
+    _stop_on_signals(stop)
+    if exit_after is not None:
+        asyncio.get_running_loop().call_later(exit_after, stop.set)
+    tasks = [asyncio.create_task(relay.run(stop))]
+    if extra is not None:
+        tasks.append(asyncio.create_task(extra(stop)))
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@click.command("run-child", hidden=True)
+@click.option("--log-format", type=click.Choice(["human", "json"]), default="human")
+@click.pass_context
+def run_child(ctx: click.Context, log_format: str) -> None:
+    """One relay process of `pgferry run --processes N`, started by its supervisor (not by hand):
+    its settings come as a pickle on stdin, and the end of stdin means the supervisor is gone."""
+    from pgferry.relay.supervisor import child_relay, read_order
+
+    order = read_order(sys.stdin.buffer)
+    setup_logging(bool(ctx.find_root().params.get("verbose")), log_format, process=str(order.slot))
+    run_coroutine(_run_relay(child_relay(order), exit_after=None))
 
 
 @click.command()

@@ -37,15 +37,21 @@ def redact(text: str) -> str:
 
 
 class HumanFormatter(logging.Formatter):
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    def __init__(self, process: str | None = None) -> None:
+        tag = f"[process {process}] " if process is not None else ""
+        super().__init__(f"%(asctime)s %(levelname)-7s {tag}%(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
         return redact(super().format(record))
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts (UTC, ISO 8601), level, logger, msg, and exc when there is one."""
+    """One JSON object per line: ts (UTC, ISO 8601), level, logger, msg, pid, process (the slot of a
+    `pgferry run --processes N` child) and exc when there is one."""
+
+    def __init__(self, process: str | None = None) -> None:
+        super().__init__()
+        self.process = process
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -55,17 +61,22 @@ class JsonFormatter(logging.Formatter):
             "msg": redact(record.getMessage()),
             "pid": record.process,
         }
+        if self.process is not None:
+            entry["process"] = self.process
         if record.exc_info:
             entry["exc"] = redact(self.formatException(record.exc_info))
         return orjson.dumps(entry).decode()
 
 
-def configure(*, verbose: bool = False, fmt: str = "human") -> None:
-    """(Re)configure the root logger: pgferry's commands call this once their options are known."""
+def configure(*, verbose: bool = False, fmt: str = "human", process: str | None = None) -> None:
+    """(Re)configure the root logger: pgferry's commands call this once their options are known.
+
+    ``process``: the slot of a child of `pgferry run --processes N`, shown on each line, since
+    the children share the supervisor's stderr."""
     if fmt not in FORMATS:
         raise ValueError(f"log format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else HumanFormatter())
+    handler.setFormatter(JsonFormatter(process) if fmt == "json" else HumanFormatter(process))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -15,10 +15,12 @@ several relays in one process, as in the tests, keep separate numbers.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from pgferry.capture.backfill import Progress as BackfillProgress
 from pgferry.delivery.http import HttpResult
@@ -185,3 +187,46 @@ class RelayMetrics:
         self.in_flight.clear()
         for name, n in in_flight.items():
             self.in_flight.labels(name).set(n)
+
+
+class _Gathered:
+    """A collector of metric families already made (prometheus_client renders them as usual)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
+def gather_processes(texts: Mapping[str, str], counts: Mapping[str, float]) -> bytes:
+    """The metrics of every process of `pgferry run --processes N` as one exposition.
+
+    ``texts``: each running child's /metrics text by slot; every series gets a
+    ``process`` label with the slot (counters of a restarted child start over,
+    which Prometheus' rate() handles as any restart). ``counts``: the
+    supervisor's own numbers (processes, running, restarts). Aggregate as for
+    several relays: ``sum`` the counters, ``max`` the database gauges.
+    """
+    families: dict[str, Metric] = {}
+    for slot, text in texts.items():
+        for family in text_string_to_metric_families(text):
+            merged = families.get(family.name)
+            if merged is None:
+                merged = families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+            for sample in family.samples:
+                labels = {**sample.labels, "process": slot}
+                merged.add_sample(sample.name, labels, sample.value, sample.timestamp, sample.exemplar)
+    processes = GaugeMetricFamily(
+        "pgferry_relay_processes", "Relay processes under this supervisor: wanted (--processes) and running.",
+        labels=["state"],
+    )  # fmt: skip
+    processes.add_metric(["wanted"], counts.get("processes", 0))
+    processes.add_metric(["running"], counts.get("running", 0))
+    restarts = CounterMetricFamily(
+        "pgferry_relay_process_restarts", "Relay processes the supervisor restarted after they died unasked."
+    )
+    restarts.add_metric([], counts.get("restarts", 0))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Gathered([*families.values(), processes, restarts]))
+    return generate_latest(registry)

@@ -17,7 +17,7 @@ import logging
 from datetime import timedelta
 
 import asyncpg
-from aiohttp import web
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pgferry import db
@@ -26,10 +26,14 @@ from pgferry.db import CONNECTION_ERRORS
 from pgferry.errors import PgferryError
 from pgferry.ops import inspect
 from pgferry.ops.dashboard import Dashboard
-from pgferry.ops.metrics import RelayMetrics
-from pgferry.relay.surface import RelayHooks, RelayView
+from pgferry.ops.metrics import RelayMetrics, gather_processes
+from pgferry.relay.surface import RelayHooks, RelayView, SupervisorView
 
 log = logging.getLogger(__name__)
+
+#: seconds the supervisor's /metrics waits for a child's (each child answers from memory, or
+#: from a status query of at most a command timeout; Prometheus' default scrape timeout is 10 s)
+GATHER_TIMEOUT = 5.0
 
 
 class OperatorWeb:
@@ -73,17 +77,7 @@ class OperatorWeb:
             log.info("dashboard: serving at %s/%s", url, " (token required)" if s.dashboard_token else "")
 
     async def _serve(self, app: web.Application, host: str, port: int) -> str:
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        self.runners.append(runner)
-        site = web.TCPSite(runner, host, port, reuse_address=True)
-        try:
-            await site.start()
-        except OSError as exc:
-            raise PgferryError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-        bound = runner.addresses[0]
-        shown = f"[{bound[0]}]" if ":" in str(bound[0]) else bound[0]
-        return f"http://{shown}:{bound[1]}"
+        return await _serve(self.runners, app, host, port)
 
     async def stop(self) -> None:
         if self.dashboard is not None:
@@ -115,3 +109,87 @@ class OperatorWeb:
         metrics.set_relay(self.relay.is_ticker(), self.relay.in_flight(), self.relay.streams())
         body = generate_latest(metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _serve(runners: list[web.AppRunner], app: web.Application, host: str, port: int) -> str:
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    runners.append(runner)
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        raise PgferryError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    bound = runner.addresses[0]
+    shown = f"[{bound[0]}]" if ":" in str(bound[0]) else bound[0]
+    return f"http://{shown}:{bound[1]}"
+
+
+class SupervisorWeb:
+    """The metrics and dashboard servers of `pgferry run --processes N`, in the supervisor.
+
+    The dashboard is the same as a relay's: it reads PostgreSQL, where every child
+    heartbeats, so it shows the whole set. /metrics asks every running child for its
+    metrics (each serves them on a private loopback port) and serves them together,
+    each series labelled ``process="SLOT"``, with the supervisor's own counts.
+    """
+
+    def __init__(self, supervisor: SupervisorView) -> None:
+        self.supervisor = supervisor
+        self.runners: list[web.AppRunner] = []
+        self.pool: asyncpg.Pool | None = None
+        self.dashboard: Dashboard | None = None
+        self.session: ClientSession | None = None
+
+    async def start(self) -> None:
+        s = self.supervisor.web
+        if s.metrics_port is not None:
+            self.session = ClientSession(timeout=ClientTimeout(total=GATHER_TIMEOUT))
+            app = web.Application()
+            app.router.add_get("/metrics", self._metrics)
+            url = await _serve(self.runners, app, s.metrics_host, s.metrics_port)
+            self.supervisor.announce("metrics", url + "/metrics")
+            log.info("metrics: serving the metrics of every relay process at %s/metrics", url)
+        if s.dashboard_port is not None:
+            self.pool = await db.create_pool(
+                self.supervisor.url, min_size=1, max_size=3,
+                server_settings={"application_name": "pgferry operator web"},
+            )  # fmt: skip
+            dashboard = Dashboard(self.pool, host=s.dashboard_host, token=s.dashboard_token)
+            self.dashboard = dashboard
+            url = await _serve(self.runners, dashboard.app(), s.dashboard_host, s.dashboard_port)
+            dashboard.start_sampling()
+            self.supervisor.announce("dashboard", url + "/")
+            log.info("dashboard: serving at %s/%s", url, " (token required)" if s.dashboard_token else "")
+
+    async def stop(self) -> None:
+        if self.dashboard is not None:
+            await self.dashboard.stop_sampling()
+            self.dashboard = None
+        for runner in self.runners:
+            await runner.cleanup()
+        self.runners.clear()
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+        if self.pool is not None:
+            await self.pool.close()
+            self.pool = None
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        children = self.supervisor.children()
+        texts = await asyncio.gather(*(self._scrape(url) for url in children.values()))
+        gathered = {slot: text for slot, text in zip(children, texts, strict=True) if text is not None}
+        body = gather_processes(gathered, self.supervisor.counts())
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _scrape(self, url: str) -> str | None:
+        """One child's metrics; None (and a log line) if it does not answer: it may be restarting."""
+        assert self.session is not None
+        try:
+            async with self.session.get(url) as response:
+                response.raise_for_status()
+                return await response.text()
+        except (ClientError, TimeoutError) as exc:
+            log.warning("metrics: relay process at %s did not answer (%s); left out of this scrape", url, exc)
+            return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -65,6 +66,9 @@ class RelaySettings:
     liveness: db.Liveness = field(default_factory=db.Liveness)
     #: the streams HTTP API (None: not served)
     api: ApiSettings | None = None
+    #: set in a child of `pgferry run --processes N`: "SUPERVISOR_PID.SLOT", written into its relay
+    #: id (host:pid:SUPERVISOR_PID.SLOT:random) so `pgferry status` shows which set a relay belongs to
+    group: str | None = None
 
     def __post_init__(self) -> None:
         live = self.liveness
@@ -133,6 +137,8 @@ class Relay:
             check_dashboard_binding(web.dashboard_host, web.dashboard_token)
         #: the streams HTTP API, once served
         self.api: StreamsApi | None = None
+        #: also told where a server listens (a supervised child passes its metrics address on)
+        self.on_announce: Callable[[str, str], None] | None = None
         self.operator = operator if operator is not None else operator_web() if web.wanted else None
 
     def in_flight(self) -> dict[str, int]:
@@ -150,9 +156,14 @@ class Relay:
             web=self.settings.web,
             is_ticker=is_ticker,
             in_flight=self.in_flight,
-            announce=self.addresses.__setitem__,
+            announce=self._announce,
             streams=lambda: self.api.counts() if self.api is not None else {},
         )
+
+    def _announce(self, kind: str, url: str) -> None:
+        self.addresses[kind] = url
+        if self.on_announce is not None:
+            self.on_announce(kind, url)
 
     async def check(self) -> int:
         """Fail fast, with the fix in the message, if the database is unusable."""
@@ -215,6 +226,9 @@ class Relay:
                 observe=hooks.observe_outcomes,
             )
             self.ownership = Ownership(self.url, ctx, self.settings.ownership, self.settings.liveness)
+            if self.settings.group is not None:
+                host, pid, rest = self.ownership.relay_id.rsplit(":", 2)
+                self.ownership.relay_id = f"{host}:{pid}:{self.settings.group}:{rest}"
             self.ownership.observe_round = hooks.observe_round
             jobs.append(self.ownership.run(stop))
         if self.settings.api is not None:
@@ -249,4 +263,4 @@ class Relay:
 
         api = StreamsApi(self.url, settings)
         self.api = api
-        await serve(api, stop, announce=lambda url: self.addresses.__setitem__("api", url))
+        await serve(api, stop, announce=lambda url: self._announce("api", url))

@@ -77,6 +77,21 @@ class RelayView:
 
 
 @dataclass(frozen=True, slots=True)
+class SupervisorView:
+    """The supervisor of `pgferry run --processes N` as its operator web servers see it: they serve
+    the dashboard and gather the children's metrics into one /metrics."""
+
+    url: str
+    web: WebSettings
+    #: where each running child serves its metrics (slot -> URL on loopback)
+    children: Callable[[], dict[str, str]]
+    #: processes (asked for), running, restarts (since start)
+    counts: Callable[[], dict[str, float]]
+    #: tell the supervisor where a server listens: ("metrics" or "dashboard", its URL)
+    announce: Callable[[str, str], None]
+
+
+@dataclass(frozen=True, slots=True)
 class RelayHooks:
     """Metrics hooks the relay calls as it works; None costs nothing (metrics not served)."""
 

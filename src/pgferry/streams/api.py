@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -458,7 +459,12 @@ async def serve(api: StreamsApi, stop: asyncio.Event, announce: Callable[[str], 
     hub = asyncio.create_task(api.hub.run(stop))
     try:
         await runner.setup()
-        site = web.TCPSite(runner, api.settings.host, api.settings.port, reuse_address=True, backlog=4096)
+        site: web.BaseSite
+        if api.settings.listen_fd is not None:
+            # The supervisor's socket, inherited: closing this process's copy leaves the others listening.
+            site = web.SockSite(runner, socket.socket(fileno=api.settings.listen_fd))
+        else:
+            site = web.TCPSite(runner, api.settings.host, api.settings.port, reuse_address=True, backlog=4096)
         try:
             await site.start()
         except OSError as exc:

@@ -31,6 +31,9 @@ class ApiSettings:
     max_clients: int = 20_000
     #: events of the whole log read per history range
     range_events: int = 10_000
+    #: a listening socket's file descriptor to accept on instead of binding host:port (a child of
+    #: `pgferry run --processes N`: the supervisor listens once and every child accepts)
+    listen_fd: int | None = None
 
     def __post_init__(self) -> None:
         if self.client_buffer < 1 or self.max_clients < 1 or self.range_events < 1:
