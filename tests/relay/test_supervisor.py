@@ -101,8 +101,9 @@ async def test_two_processes_share_the_subscriptions_serve_one_metrics_port_and_
 ) -> None:  # fmt: skip
     receiver, url = await receiver_factory()
     names = await subscribe_many(conn, url, 4)
-    port = free_port()
-    s = Supervised(pgferry_cmd, db_url, "--processes", "2", "--metrics-port", str(port))
+    port, dashboard, api = free_port(), free_port(), free_port()
+    s = Supervised(pgferry_cmd, db_url, "--processes", "2", "--metrics-port", str(port),
+                   "--dashboard-port", str(dashboard), "--api-port", str(api))  # fmt: skip
     supervised.append(s)
 
     async def spread() -> bool:  # fair share: 2 subscriptions each
@@ -123,6 +124,12 @@ async def test_two_processes_share_the_subscriptions_serve_one_metrics_port_and_
         await eventually(both_scraped, timeout=15, what="the metrics of both processes on one port")
         async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
             text = await response.text()
+        async with http.get(f"http://127.0.0.1:{dashboard}/") as response:
+            page = await response.text()
+        assert response.status == 200 and all(f":{pid}:{s.proc.pid}." in page for pid in pids)
+        for _ in range(4):  # the streams API: the supervisor's socket, answered by the children
+            async with http.get(f"http://127.0.0.1:{api}/v1/streams/orders") as response:
+                assert response.status == 401
     assert 'pgferry_relay_processes{state="running"} 2.0' in text
     assert sum(float(line.split()[-1]) for line in text.splitlines()
                if line.startswith("pgferry_relay_owned_subscriptions{")) == 4  # fmt: skip
