@@ -276,7 +276,8 @@ from ferry.gaps where ($1::text is null or consumer = $1) order by id desc limit
 
 -- name: gaps_of_event
 -- The gaps whose event id range holds event $1: the subscriptions and consumers that never got it.
-select g.id, g.consumer, g.subscription, g.events, g.from_tick, g.to_tick, g.cause, g.reason, g.recorded_at
+select g.id, g.consumer, g.subscription, g.events, g.from_tick, g.to_tick, g.first_event_id, g.last_event_id,
+       g.cause, g.reason, g.recorded_at
 from ferry.gaps g where $1 between g.first_event_id and g.last_event_id order by g.id
 
 -- name: list_subscriptions
