@@ -14,7 +14,11 @@ from pgferry.ops import inspect
 from pgferry.ops.metrics import RelayMetrics
 from tests.helpers import cli, tick
 
-PEEK = "select id from ferry.webhook_step($1, 'webhook:' || $1, 1000, false, null, null, null, null, null, null, true, null)"
+#: what a webhook worker reads next for subscription $1 (ferry.webhook_step peeking, acknowledging nothing)
+PEEK = (
+    "select id from ferry.webhook_step($1, 'webhook:' || $1, 1000, false, null, null, null, null, null, null, "
+    "true, null)"
+)
 
 
 async def stall_with_a_gap(ferry: pgferry.Ferry, conn: asyncpg.Connection) -> tuple[list[int], list[int]]:
