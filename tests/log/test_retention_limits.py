@@ -107,7 +107,7 @@ async def test_warnings_at_half_and_four_fifths_of_the_limit_name_the_consumer_o
     await ferry.register_consumer("fine")
     await ferry.publish("s", {})
     await tick(conn)
-    assert await maintain(conn) == []
+    assert not [m for m in await maintain(conn) if m.startswith("warning")]
     await read_all(ferry, conn, "fine")
     await age_ticks(conn, "5 hours 30 minutes")
     said = await maintain(conn)
