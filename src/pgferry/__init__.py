@@ -2,7 +2,7 @@
 
 from pgferry.api import Ferry, connect
 from pgferry.db import RawJSON
-from pgferry.errors import DatabaseUnreachable, InvalidEvent, PgferryError, SchemaMissing
+from pgferry.errors import ConsumerStalled, DatabaseUnreachable, InvalidEvent, PgferryError, SchemaMissing
 from pgferry.log.events import Batch, Event
 from pgferry.streams.offsets import BadOffset, Offset
 from pgferry.streams.reader import OffsetExpired, StreamEvent
@@ -10,6 +10,7 @@ from pgferry.streams.reader import OffsetExpired, StreamEvent
 __all__ = [
     "BadOffset",
     "Batch",
+    "ConsumerStalled",
     "DatabaseUnreachable",
     "Event",
     "Ferry",

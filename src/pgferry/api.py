@@ -213,11 +213,15 @@ class Ferry:
         start_at: str = "now",
         max_events: int | None = None,
         poll_interval: float = 1.0,
+        liveness: db.Liveness | None = None,
     ) -> StreamReader:
         """Iterate over the consumer's batches; create the consumer if needed.
 
         ``start_at`` applies only when the consumer is created: 'now' reads
         what commits from now on, 'beginning' everything still retained.
+        ``liveness``: the deadlines of the reader's connection (it holds the
+        consumer's lock; see ``db.Liveness``). A consumer that lost events to
+        the retention limit raises ``ConsumerStalled``: see ``resume_consumer``.
         """
         return StreamReader(
             self.url,
@@ -227,8 +231,29 @@ class Ferry:
                 start_at=start_at,
                 max_events=max_events,
                 poll_interval=poll_interval,
+                liveness=liveness or db.Liveness(),
             ),
         )
+
+    async def resume_consumer(self, name: str, from_position: str) -> int:
+        """End a consumer's stall (it fell behind the retention limit) and read on from ``from_position``:
+        'retained' (the oldest events still in the log) or 'now' (the backlog skipped, recorded as a gap).
+        Returns the events skipped by this call."""
+        return int(await self._admin("fetchval", "resume_consumer", name, from_position))
+
+    # -- retention ---------------------------------------------------------
+
+    async def retention(self) -> list[dict[str, Any]]:
+        """Per consumer: cursor age, bytes it holds back, share of the retention limit, stall, gaps."""
+        return [dict(r) for r in await self._admin("fetch", "retention_status")]
+
+    async def gaps(self, consumer: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Recorded gaps (events a stalled consumer never got), newest first."""
+        return [dict(r) for r in await self._admin("fetch", "gaps_list", consumer, limit)]
+
+    async def set_retention(self, max_retention: str, max_retention_bytes: int | None = None) -> None:
+        """Set the retention limit whole: a time ('7 days') and a size cap in bytes (None: none)."""
+        await self._admin("execute", "retention_set", max_retention, max_retention_bytes)
 
     # -- webhooks ----------------------------------------------------------
 
@@ -278,8 +303,10 @@ class Ferry:
     async def pause(self, name: str) -> None:
         await self._admin("execute", "pause_subscription", name)
 
-    async def resume(self, name: str) -> None:
-        await self._admin("execute", "resume_subscription", name)
+    async def resume(self, name: str, from_position: str | None = None) -> None:
+        """Resume a paused, disabled or stalled subscription. A stalled one (retention skipped events
+        for it) needs ``from_position``: 'retained' (every event still in the log) or 'now'."""
+        await self._admin("execute", "resume_subscription", name, from_position)
 
     async def subscriptions(self) -> list[dict[str, Any]]:
         return [dict(r) for r in await self._admin("fetch", "list_subscriptions")]
@@ -307,7 +334,7 @@ class Ferry:
             try:
                 return await getattr(conn, method)(sql.query(query), *args)
             except asyncpg.PostgresError as exc:
-                if exc.sqlstate in _BAD_INPUT or exc.sqlstate == "42704":
+                if exc.sqlstate in _BAD_INPUT or exc.sqlstate in ("42704", "55000", "22007", "22008"):
                     raise PgferryError(redact_secrets(str(exc))) from None
                 raise
 

@@ -33,3 +33,15 @@ class TokenStoreUnavailable(PgferryError):
 
 class InvalidBackfill(PgferryError, ValueError):
     """A backfill cannot be started or changed as asked (table not captured, bad condition, unknown target...)."""
+
+
+class ConsumerStalled(PgferryError):
+    """Retention dropped events this consumer had not read (it fell behind ``ferry.config.max_retention``
+    or the size cap): reading on means acknowledging the gap with ``Ferry.resume_consumer``."""
+
+    #: SQLSTATE of ferry.next_batch for a stalled consumer with a gap (migration 0014)
+    SQLSTATE = "PF002"
+
+    def __init__(self, consumer: str, message: str) -> None:
+        super().__init__(message)
+        self.consumer = consumer

@@ -241,6 +241,8 @@ async def test_tail_and_every_other_command_say_in_one_line_that_the_schema_is_m
         ("dlq", "show"): ["1"],
         ("relays",): [],
         ("replay",): ["x", "--since", "1h", "--yes"],
+        ("retention", "set"): ["--max-age", "7 days"],
+        ("retention", "show"): [],
         ("run",): ["--exit-after", "20"],
         ("status",): [],
         ("subscription", "add"): ["x", "--url", "http://127.0.0.1:9/", "--stream", "s"],

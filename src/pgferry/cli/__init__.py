@@ -6,7 +6,7 @@ One module per command group, all over one shared leaf of helpers:
 - ``core``: ``install``, ``run``, ``consumers``;
 - ``webhooks``: ``subscription ...``;
 - ``dlq``: ``dlq ...``;
-- ``operator``: ``status``, ``relays``, ``trace``, ``tail``, ``replay``, ``apply``;
+- ``operator``: ``status``, ``relays``, ``trace``, ``tail``, ``replay``, ``apply``, ``retention``;
 - ``tokens``: ``token ...`` (the streams HTTP API's bearer tokens);
 - ``bench``: ``bench ...`` (its subcommands are in pgferry.bench.cli).
 
@@ -44,6 +44,7 @@ for command in (
     operator.tail,
     operator.replay,
     operator.apply,
+    operator.retention,
     tokens.token,
     bench,
 ):

@@ -15,6 +15,7 @@ import orjson
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 import pgferry
+from pgferry import sql
 from pgferry.capture import backfill as backfills
 from pgferry.cli.common import (
     BACKFILL_COLUMNS,
@@ -56,12 +57,14 @@ def status(database_url: str | None, as_json: bool) -> None:
 
     async def read(
         f: pgferry.Ferry,
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[backfills.Progress]]:
+    ) -> tuple[
+        list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[backfills.Progress], list[dict[str, Any]]
+    ]:
         async with f.pool.acquire() as conn:
             return (await inspect.subscription_status(conn), await inspect.relays(conn), await inspect.captures(conn),
-                    await backfills.listing(conn))  # fmt: skip
+                    await backfills.listing(conn), await inspect.retention_status(conn))  # fmt: skip
 
-    rows, relay_rows, capture_rows, backfill_list = with_ferry(database_url, read)
+    rows, relay_rows, capture_rows, backfill_list, retention_rows = with_ferry(database_url, read)
     if as_json:
         print_json(rows)
         return
@@ -71,7 +74,10 @@ def status(database_url: str | None, as_json: bool) -> None:
                ("owner", "relay")]  # fmt: skip
     if any(row["filter"] for row in rows):  # a column only when some subscription filters
         columns.insert(1, ("filter", "filter"))
+    if any(row["retention"] not in ("ok", "-") for row in rows):
+        columns.insert(-1, ("retention", "retention"))
     table("delivery status", rows, columns, styles=_STATUS_STYLES)
+    _retention_table(inspect.holding_back(retention_rows))
     _relays_table(relay_rows)
     if capture_rows:
         capture_columns = [("table_name", "table"), ("stream", "stream"), ("operations", "operations"),
@@ -105,7 +111,11 @@ def trace(database_url: str | None, event_id: int, as_json: bool) -> None:
         print_json(result.as_dict())
         return
     event = result.event
-    if event is None:
+    if event is None and result.gaps:
+        console.print(f"event {event_id} is no longer retained, and falls into a recorded gap:", markup=False)
+        columns = [("name", "subscription / consumer"), ("state", "where the event is")]
+        table("subscriptions", result.subscriptions, columns, styles={"state": _trace_style})
+    elif event is None:
         console.print(f"event {event_id} is no longer retained; its attempt history:", markup=False)
     else:
         where = (
@@ -264,8 +274,21 @@ def _relays_table(rows: list[dict[str, Any]]) -> None:
     table("relays", rows, columns, styles={"liveness": lambda v: "green" if v == "live" else "yellow"})
 
 
+def _retention_table(rows: list[dict[str, Any]]) -> None:
+    """The consumers holding the log back (50% or 80% of the retention limit), stalled, or with gaps."""
+    if not rows:
+        return
+    columns = [("consumer", "consumer"), ("level", "retention"), ("cursor_age", "cursor age"), ("held", "holds"),
+               ("limit_pct", "of limit"), ("gap_events", "events lost"), ("stalled_reason", "why")]  # fmt: skip
+    table("retention: consumers holding the log back", rows, columns, styles={"level": _level_style})
+
+
+def _level_style(value: str) -> str:
+    return {"50%": "yellow", "80%": "red", "stalled": "red"}.get(value, "")
+
+
 def _state_style(value: str) -> str:
-    return {"active": "green", "paused": "yellow", "disabled": "red"}.get(value, "")
+    return {"active": "green", "paused": "yellow", "disabled": "red", "stalled": "red"}.get(value, "")
 
 
 def _health_style(value: str) -> str:
@@ -307,7 +330,7 @@ def _print_plan(changes: list[Any]) -> None:
 def _trace_style(value: str) -> str:
     if value == "delivered":
         return "green"
-    if value in ("dead",) or value.startswith("passed (last attempt failed"):
+    if value in ("dead",) or value.startswith(("passed (last attempt failed", "skipped: in gap")):
         return "red"
     if value.startswith("filtered out"):  # the subscription asked not to get it
         return "dim"
@@ -335,3 +358,55 @@ def _print_event(event: pgferry.Event, as_json: bool) -> None:
         highlight=False,
         soft_wrap=True,
     )
+
+
+@click.group()
+def retention() -> None:
+    """The retention limit: how far behind a consumer may fall before it stops holding the log back."""
+
+
+@retention.command("show")
+@database_url_option
+@json_option
+def retention_show(database_url: str | None, as_json: bool) -> None:
+    """The limit, every consumer against it (cursor age, bytes it holds back, stalled or not, events
+    lost) and the recorded gaps."""
+
+    async def read(f: pgferry.Ferry) -> dict[str, Any]:
+        async with f.pool.acquire() as conn:
+            config = dict(await conn.fetchrow(sql.query("retention_config")))
+            return {"config": config, "consumers": await inspect.retention_status(conn),
+                    "gaps": await inspect.gaps(conn)}  # fmt: skip
+
+    result = with_ferry(database_url, read)
+    if as_json:
+        print_json(result)
+        return
+    config = result["config"]
+    cap = config["max_retention_bytes"]
+    click.echo(f"max_retention {config['max_retention']}, max_retention_bytes "
+               f"{'none' if cap is None else cap} (rotation_interval {config['rotation_interval']})")  # fmt: skip
+    rows = inspect.holding_back(result["consumers"]) + [
+        {**r, "summary": "ok", "cursor_age": "-", "held": "-", "limit_pct": "-"}
+        for r in result["consumers"] if r["level"] == "ok" and not r["gaps"]
+    ]  # fmt: skip
+    _retention_table(rows)
+    if result["gaps"]:
+        columns = [("id", "gap"), ("consumer", "consumer"), ("events", "events"), ("first_event_id", "first id"),
+                   ("last_event_id", "last id"), ("oldest_event_at", "oldest"), ("newest_event_at", "newest"),
+                   ("cause", "cause"), ("recorded_at", "recorded")]  # fmt: skip
+        table("gaps (events consumers never got)", result["gaps"], columns)
+
+
+@retention.command("set")
+@database_url_option
+@click.option("--max-age", required=True, help="How far behind in time, e.g. '7 days', '36 hours'.")
+@click.option("--max-bytes", type=int, help="Size cap of the log in bytes (its partitions with indexes); "
+              "left out: no size cap.")  # fmt: skip
+def retention_set(database_url: str | None, max_age: str, max_bytes: int | None) -> None:
+    """Set the retention limit (both values: leaving --max-bytes out removes the size cap)."""
+    try:
+        with_ferry(database_url, lambda f: f.set_retention(max_age, max_bytes))
+    except PgferryError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"retention limit: {max_age}" + (f", {max_bytes} bytes" if max_bytes is not None else ", no size cap"))

@@ -101,7 +101,22 @@ def _state_command(verb: str, method: str, done: str) -> click.Command:
 
 
 pause = _state_command("pause", "pause", "paused")
-resume = _state_command("resume", "resume", "resumed")
+
+
+@subscription.command("resume")
+@database_url_option
+@click.argument("name")
+@click.option("--from", "from_position", type=click.Choice(["retained", "now"]),
+              help="Where a stalled subscription reads on: 'retained' (every event still in the log, from the "
+                   "oldest) or 'now' (the retained backlog skipped and recorded as a gap; `pgferry replay` can "
+                   "still send it). Required for a stalled subscription.")  # fmt: skip
+def resume(database_url: str | None, name: str, from_position: str | None) -> None:
+    """Resume subscription NAME (paused, disabled, or stalled by the retention limit)."""
+    with_ferry(database_url, lambda f: f.resume(name, from_position))
+    where = f" from {'the oldest retained event' if from_position == 'retained' else 'now'}" if from_position else ""
+    click.echo(f"subscription {name} resumed{where}")
+
+
 remove = _state_command("remove", "unsubscribe", "removed")
 
 

@@ -7,6 +7,18 @@ standby). It wakes on the ticker's NOTIFY and also polls every
 If the connection drops it reconnects with backoff and re-LISTENs (asyncpg
 does not do that by itself); an unacknowledged batch is simply handed out
 again.
+
+The reader's connection has the relay's liveness deadlines (``db.Liveness``):
+every statement gets ``command_timeout``, after which the reader drops the
+connection and reconnects, and PostgreSQL ends the session once it has been
+silent for ``session_timeout``, so a reader cut off behind a black-holed link
+stops holding its consumer's lock and a standby takes over. While a batch is
+out with the caller the reader keeps its session alive with a ping every
+third of ``session_timeout`` (a caller may take its time over a batch).
+
+A consumer that fell behind the retention limit and lost events to it
+(migration 0014) raises :class:`~pgferry.errors.ConsumerStalled` naming the
+gap, rather than reading on past it; ``Ferry.resume_consumer`` acknowledges it.
 """
 
 from __future__ import annotations
@@ -14,14 +26,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import asyncpg
 
 from pgferry import db, sql
 from pgferry.aio import backoff_delay, wait_for_event
 from pgferry.db import CONNECTION_ERRORS
-from pgferry.errors import DatabaseUnreachable
+from pgferry.errors import ConsumerStalled, DatabaseUnreachable
 from pgferry.log.events import Batch, Event
 from pgferry.schema import CONSUMER_LOCK_CLASS
 
@@ -42,6 +54,15 @@ class ReaderSettings:
     max_events: int | None = None
     poll_interval: float = 1.0
     max_backoff: float = 10.0
+    #: deadlines of the reader's connection (it holds the consumer's lock, like the relay's sessions)
+    liveness: db.Liveness = field(default_factory=db.Liveness)
+
+    def __post_init__(self) -> None:
+        if self.liveness.session_timeout <= self.poll_interval:
+            raise ValueError(
+                f"the reader's session_timeout ({self.liveness.session_timeout} s) must be longer than its "
+                f"poll_interval ({self.poll_interval} s), or PostgreSQL would end a healthy idle reader"
+            )
 
 
 class StreamReader:
@@ -53,6 +74,8 @@ class StreamReader:
         self.url = url
         self.settings = settings
         self._conn: asyncpg.Connection | None = None
+        #: one statement at a time on the connection: the reader's own, an ack, or a keepalive ping
+        self._busy = asyncio.Lock()
         self._iterator: AsyncIterator[Batch] | None = None
 
     def __aiter__(self) -> AsyncIterator[Batch]:
@@ -77,7 +100,9 @@ class StreamReader:
         failures = 0
         while True:
             try:
-                conn = await db.connect(self.url, server_settings={"application_name": "pgferry reader"})
+                conn = await db.connect(
+                    self.url, **self.settings.liveness.connect_kwargs("pgferry reader", holds_locks=True)
+                )
             except DatabaseUnreachable:
                 if first:
                     raise
@@ -86,13 +111,15 @@ class StreamReader:
                 continue
             first = False
             self._conn = conn
+            keepalive = asyncio.create_task(self._keepalive(conn), name=f"reader {self.settings.consumer} keepalive")
             try:
                 # Lock first: a standby must not re-register (and so change the
                 # streams of) a consumer another process is reading.
                 await self._acquire(conn)
                 await self._ensure_consumer(conn)
                 wake = asyncio.Event()
-                await conn.add_listener(TICK_CHANNEL, _setter(wake))
+                async with self._busy:
+                    await conn.add_listener(TICK_CHANNEL, _setter(wake))
                 failures = 0
                 unacked: int | None = None
                 while True:
@@ -109,9 +136,14 @@ class StreamReader:
                     unacked = None if batch.acked else batch.id
             except CONNECTION_ERRORS as exc:
                 failures += 1
-                log.warning("reader %s lost its database connection: %s", self.settings.consumer, exc)
+                log.warning("reader %s lost its database connection: %s", self.settings.consumer, db.describe(exc))
                 await self._backoff(failures, "reconnect")
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate == ConsumerStalled.SQLSTATE:
+                    raise ConsumerStalled(self.settings.consumer, _one_line(exc)) from None
+                raise
             finally:
+                keepalive.cancel()
                 self._conn = None
                 if not conn.is_closed():
                     try:
@@ -124,17 +156,37 @@ class StreamReader:
         log.info("reader %s: %s in %.1f s", self.settings.consumer, what, delay)
         await asyncio.sleep(delay)
 
+    async def _keepalive(self, conn: asyncpg.Connection) -> None:
+        """Ping while the connection is otherwise quiet (a batch out with the caller), so that
+        ``idle_session_timeout`` ends only a reader that was cut off; a ping that fails or gets no
+        answer in ``command_timeout`` drops the connection, and the reader reconnects."""
+        interval = self.settings.liveness.session_timeout / 3
+        try:
+            while not conn.is_closed():
+                await asyncio.sleep(interval)
+                async with self._busy:
+                    await conn.execute("select 1")
+        except CONNECTION_ERRORS as exc:
+            log.warning("reader %s: keepalive failed (%s); dropping the connection", self.settings.consumer,
+                        db.describe(exc))  # fmt: skip
+            conn.terminate()
+
     async def _ensure_consumer(self, conn: asyncpg.Connection) -> None:
         s = self.settings
-        existing = await conn.fetchrow(sql.query("consumer_streams"), s.consumer)
-        streams = list(s.streams) if s.streams is not None else None
-        if existing is None or (streams is not None and sorted(existing["streams"] or []) != sorted(streams)):
-            await conn.execute(sql.query("register_consumer"), s.consumer, streams, s.start_at)
+        async with self._busy:
+            existing = await conn.fetchrow(sql.query("consumer_streams"), s.consumer)
+            streams = list(s.streams) if s.streams is not None else None
+            if existing is None or (streams is not None and sorted(existing["streams"] or []) != sorted(streams)):
+                await conn.execute(sql.query("register_consumer"), s.consumer, streams, s.start_at)
+
+    async def _fetchval(self, conn: asyncpg.Connection, query: str, *args: object) -> object:
+        async with self._busy:
+            return await conn.fetchval(query, *args)
 
     async def _acquire(self, conn: asyncpg.Connection) -> None:
-        key = await conn.fetchval(sql.query("consumer_lock_key"), self.settings.consumer)
+        key = await self._fetchval(conn, sql.query("consumer_lock_key"), self.settings.consumer)
         warned = False
-        while not await conn.fetchval(sql.query("try_advisory_lock"), CONSUMER_LOCK_CLASS, key):
+        while not await self._fetchval(conn, sql.query("try_advisory_lock"), CONSUMER_LOCK_CLASS, key):
             if not warned:
                 log.info("consumer %s is being read by another process; waiting to take over", self.settings.consumer)
                 warned = True
@@ -146,12 +198,13 @@ class StreamReader:
         """The next batch with events for us; batches with none are acked on the way."""
         s = self.settings
         while True:
-            row = await conn.fetchrow(sql.query("next_batch"), s.consumer, s.max_events)
-            if row is None:
-                return None
-            rows = await conn.fetch(
-                sql.query("batch_events"), row["start_tick"], row["end_tick"], row["streams"], s.consumer
-            )
+            async with self._busy:
+                row = await conn.fetchrow(sql.query("next_batch"), s.consumer, s.max_events)
+                if row is None:
+                    return None
+                rows = await conn.fetch(
+                    sql.query("batch_events"), row["start_tick"], row["end_tick"], row["streams"], s.consumer
+                )
             batch = Batch(
                 id=row["batch_id"],
                 consumer=s.consumer,
@@ -171,9 +224,16 @@ class StreamReader:
                         batch.consumer, batch.id)  # fmt: skip
             return False
         try:
-            await conn.execute(sql.query("finish_batch"), batch.consumer, batch.id)
+            async with self._busy:
+                await conn.execute(sql.query("finish_batch"), batch.consumer, batch.id)
         except CONNECTION_ERRORS as exc:
             log.warning("reader %s: connection lost while acking batch %d (%s); unless that ack committed, "
                         "the batch will be read again", batch.consumer, batch.id, exc)  # fmt: skip
             return False
         return True
+
+
+def _one_line(exc: asyncpg.PostgresError) -> str:
+    """A SQL function's refusal as one line: its message, then its hint."""
+    hint = getattr(exc, "hint", None)
+    return f"{exc}; {hint}" if hint else str(exc)

@@ -21,6 +21,9 @@ from pgferry.aio import wait_for_event
 
 log = logging.getLogger(__name__)
 
+#: How ferry.maintain starts the lines an operator must see (migration 0014).
+RETENTION_WARNINGS = ("warning:", "stalled:", "gap:")
+
 
 @dataclass
 class TickerSettings:
@@ -80,5 +83,8 @@ class Ticker:
             await wait_for_event(stop, interval)
 
     async def maintain(self) -> None:
+        """Housekeeping, logging what it did; what the retention limit did to a consumer (a warning
+        at 50% or 80% of it, a stall, a gap) at WARNING, everything else at INFO."""
         for what in await self.conn.fetchval(sql.query("housekeeping")) or ():
-            log.info("retention: %s", what)
+            level = logging.WARNING if what.startswith(RETENTION_WARNINGS) else logging.INFO
+            log.log(level, "retention: %s", what)

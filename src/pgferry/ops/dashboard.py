@@ -143,8 +143,11 @@ class Dashboard:
             relays = await inspect.relays(conn)
             failures = await inspect.recent_failures(conn, None, 20)
             active = await backfills.listing(conn)
+            behind = inspect.holding_back(await inspect.retention_status(conn))
         return _html(
-            pages.overview_page(self._flash(request), rows, failures, relays, self.samples, self._controls(), active)
+            pages.overview_page(
+                self._flash(request), rows, failures, relays, self.samples, self._controls(), active, behind
+            )
         )
 
     async def subscription(self, request: web.Request) -> web.Response:
@@ -200,9 +203,16 @@ class Dashboard:
             if action == "pause":
                 await conn.execute(sql.query("pause_subscription"), name)
                 return f"{name} paused"
-            if action == "resume":
-                await conn.execute(sql.query("resume_subscription"), name)
-                return f"{name} resumed"
+            if action in ("resume", "resume-retained", "resume-now"):
+                position = {"resume": None, "resume-retained": "retained", "resume-now": "now"}[action]
+                try:
+                    await conn.execute(sql.query("resume_subscription"), name, position)
+                except asyncpg.PostgresError as exc:
+                    if exc.sqlstate in ("55000", "22023"):
+                        raise PgferryError(str(exc)) from None
+                    raise
+                return f"{name} resumed" + (f" from {'the oldest retained event' if position == 'retained' else 'now'}"
+                                            if position else "")  # fmt: skip
             if action == "replay-dead":
                 n = await conn.fetchval(sql.query("dlq_replay"), name, None)
                 return f"{n} dead letter(s) of {name} queued for delivery"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -107,6 +107,7 @@ async def subscription_status(conn: asyncpg.Connection) -> list[dict[str, Any]]:
     rows = _rows(await conn.fetch(sql.query("subscription_status")))
     health_rows = {r["name"]: dict(r) for r in await conn.fetch(sql.query("endpoint_health"))}
     down = {r["name"]: r["down_since"] for r in await conn.fetch(sql.query("endpoints_down"))}
+    retention = {r["consumer"]: r for r in await retention_status(conn)}
     now = datetime.now(UTC)
     for row in rows:
         extra = health_rows.get(row["name"], {})
@@ -119,6 +120,9 @@ async def subscription_status(conn: asyncpg.Connection) -> list[dict[str, Any]]:
         row["rate_per_s"] = (row["delivered_1m"] or 0) / 60
         row["health"] = health(row, now)
         row["unknown_streams"] = []
+        held = retention.get(f"webhook:{row['name']}", {})
+        row["retention"] = retention_summary(held) if held else "-"
+        row["gap_events"] = held.get("gap_events", 0)
     never = [r["name"] for r in rows if r["last_attempt_at"] is None and not r["parked"] and not r["dead"]]
     if never:
         found = await conn.fetch(sql.query("subscriptions_unknown_streams"), never)
@@ -128,6 +132,62 @@ async def subscription_status(conn: asyncpg.Connection) -> list[dict[str, Any]]:
                 row["unknown_streams"] = unknown[row["name"]]
                 row["health"] = f"{row['health']}: {unwritten(row['streams'], row['unknown_streams'])}"
     return rows
+
+
+async def retention_status(conn: asyncpg.Connection) -> list[dict[str, Any]]:
+    """ferry.retention_status(): per consumer, how close it is to the retention limit, stalled or not,
+    and the events its gaps lost."""
+    return _rows(await conn.fetch(sql.query("retention_status")))
+
+
+def retention_summary(row: dict[str, Any]) -> str:
+    """A consumer's standing against the retention limit in a few words, for status and the dashboard:
+    ``ok``; ``50%: cursor 3d 12h old, holds 1.2 GB``; ``stalled: ...``; with ``, N event(s) lost`` when
+    it has gaps."""
+    lost = f", {row['gap_events']} event(s) lost (gaps)" if row.get("gap_events") else ""
+    if row["level"] == "stalled":
+        return f"stalled since {row['stalled_at']:%Y-%m-%d %H:%M:%S%z}{lost}"
+    if row["level"] == "ok":
+        return "ok" + lost
+    return (
+        f"{row['level']} of the limit: cursor {_age(row['lag_seconds'])} old, holds {_bytes(row['held_bytes'])}{lost}"
+    )
+
+
+def holding_back(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The consumers status must name: at 50% or more of the retention limit, stalled, or with gaps;
+    each with ``summary``."""
+    out = [dict(r) for r in rows if r["level"] != "ok" or r["gaps"]]
+    for row in out:
+        row["summary"] = retention_summary(row)
+        row["cursor_age"] = _age(row["lag_seconds"])
+        row["held"] = _bytes(row["held_bytes"])
+        row["limit_pct"] = f"{max(row['time_pct'], row['size_pct']):.0f}%"
+    return out
+
+
+def _age(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    if seconds < 172800:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
+
+
+def _bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TB"
+
+
+async def gaps(conn: asyncpg.Connection, consumer: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    return _rows(await conn.fetch(sql.query("gaps_list"), consumer, limit))
 
 
 async def relays(conn: asyncpg.Connection) -> list[dict[str, Any]]:
@@ -164,6 +224,8 @@ class Trace:
     in_log: bool
     subscriptions: list[dict[str, Any]]
     attempts: list[dict[str, Any]]
+    #: the recorded gaps whose event id range holds it: consumers that never got it (migration 0014)
+    gaps: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -171,6 +233,7 @@ class Trace:
             "in_log": self.in_log,
             "subscriptions": self.subscriptions,
             "attempts": self.attempts,
+            "gaps": self.gaps,
         }
 
 
@@ -181,7 +244,15 @@ async def trace(conn: asyncpg.Connection, event_id: int, snippet: int = RESPONSE
     if row is None:
         row = await conn.fetchrow(sql.query("parked_or_dead_copy"), event_id)
     attempts = _rows(await conn.fetch(sql.query("trace_attempts"), event_id, snippet, None))
+    in_gaps = _rows(await conn.fetch(sql.query("gaps_of_event"), event_id))
+    for gap in in_gaps:
+        gap["state"] = gap_state(gap)
     if row is None:
+        if in_gaps:
+            subs = [{"name": g["subscription"] or g["consumer"], "state": g["state"], "attempts_so_far": None,
+                     "next_attempt_at": None, "dead_letter_id": None, "last_error": None}
+                    for g in in_gaps]  # fmt: skip
+            return Trace(None, False, subs, attempts, in_gaps)
         if not attempts:
             raise PgferryError(
                 f"event {event_id} is not in the retained log, parked retries, dead letters or attempt history "
@@ -198,7 +269,21 @@ async def trace(conn: asyncpg.Connection, event_id: int, snippet: int = RESPONSE
         event.get("target"),
     )
     subs = _rows(await conn.fetch(sql.query("trace_subscriptions"), event_id, *args))
-    return Trace(event, in_log, subs, attempts)
+    lost = {g["subscription"]: g for g in in_gaps if g["subscription"]}
+    for sub in subs:  # a copy kept with a retry is not lost; a "passed" one in a gap was
+        if sub["name"] in lost and sub["state"].startswith("passed (no attempt"):
+            sub["state"] = lost[sub["name"]]["state"]
+    return Trace(event, in_log, subs, attempts, in_gaps)
+
+
+def gap_state(gap: dict[str, Any]) -> str:
+    """Where an event in a consumer's gap is: never sent, and why (the event itself is gone, so its
+    stream is not known: the gap covers ids first to last of the consumer's streams)."""
+    why = "dropped by retention while it was stalled" if gap["cause"] == "retention" else "skipped by a resume from now"
+    return (
+        f"skipped: in gap {gap['id']} ({gap['events']} event(s) of its streams, ids {gap['first_event_id']} "
+        f"to {gap['last_event_id']}, {why})"
+    )
 
 
 def _jsonb(value: Any) -> Any:

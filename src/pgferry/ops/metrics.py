@@ -3,7 +3,8 @@
 Counters and histograms are fed by the relay as it works (deliveries,
 failures by error class, request durations, commit-to-delivery lag, batch
 sizes, ticks, database round trips). Gauges that describe the database
-(lag, parked, dead per subscription; backfills' progress) are read from PostgreSQL when scraped,
+(lag, parked, dead per subscription; backfills' progress; each consumer
+against the retention limit) are read from PostgreSQL when scraped,
 at most once a second, so an idle relay that nobody scrapes does no extra
 work. Every relay reports those database gauges, so aggregate them with
 ``max by (subscription)``; the counters are per relay, so ``sum`` them.
@@ -112,6 +113,29 @@ class RelayMetrics:
             "pgferry_backfill_rows_estimate", "Estimate of the rows a running or paused backfill will write "
             "(pg_class.reltuples at its start; -1: the table was never analysed).", backfill_labels, registry=r,
         )  # fmt: skip
+        self.log_bytes = Gauge(
+            "pgferry_log_bytes", "Size of the event log: its partitions with their indexes.", registry=r
+        )
+        self.consumer_age = Gauge(
+            "pgferry_consumer_cursor_age_seconds", "Age of the oldest tick the consumer's cursor has not passed "
+            "(webhook:NAME for a subscription).", ["consumer"], registry=r,
+        )  # fmt: skip
+        self.consumer_held = Gauge(
+            "pgferry_consumer_held_bytes", "Bytes of closed log partitions the consumer keeps from being truncated.",
+            ["consumer"], registry=r,
+        )  # fmt: skip
+        self.consumer_ratio = Gauge(
+            "pgferry_consumer_retention_ratio", "Share of the retention limit the consumer has used (the larger of "
+            "time and size; warnings at 0.5 and 0.8, stalled past 1).", ["consumer"], registry=r,
+        )  # fmt: skip
+        self.consumer_stalled = Gauge(
+            "pgferry_consumer_stalled", "1 if the consumer fell behind the retention limit and no longer holds "
+            "the log back.", ["consumer"], registry=r,
+        )  # fmt: skip
+        self.consumer_gap_events = Gauge(
+            "pgferry_consumer_gap_events", "Events the consumer never got: the sum of its recorded gaps.",
+            ["consumer"], registry=r,
+        )  # fmt: skip
         self._refreshed = 0.0
 
     # -- fed by the relay ----------------------------------------------------
@@ -169,6 +193,20 @@ class RelayMetrics:
             self.dead.labels(name).set(row["dead"] or 0)
             self.active.labels(name, row["state"]).set(1 if row["state"] == "active" else 0)
         self._refreshed = time.monotonic()
+
+    def set_retention(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Replace the retention gauges with ferry.retention_status() rows (gone consumers vanish)."""
+        for gauge in (self.consumer_age, self.consumer_held, self.consumer_ratio, self.consumer_stalled,
+                      self.consumer_gap_events):  # fmt: skip
+            gauge.clear()
+        for row in rows:
+            name = row["consumer"]
+            self.log_bytes.set(row["log_bytes"] or 0)
+            self.consumer_age.labels(name).set(row["lag_seconds"] or 0)
+            self.consumer_held.labels(name).set(row["held_bytes"] or 0)
+            self.consumer_ratio.labels(name).set(max(row["time_pct"] or 0, row["size_pct"] or 0) / 100)
+            self.consumer_stalled.labels(name).set(1 if row["stalled_at"] is not None else 0)
+            self.consumer_gap_events.labels(name).set(row["gap_events"] or 0)
 
     def set_backfills(self, backfills: Sequence[BackfillProgress]) -> None:
         """Replace the backfill gauges with the backfills running or paused now (finished ones vanish)."""

@@ -123,9 +123,13 @@ def overview_page(
     samples: Mapping[str, Sequence[Sample]],
     controls: Controls,
     backfills: Sequence[BackfillProgress] = (),
+    holding_back: Sequence[dict[str, Any]] = (),
 ) -> str:
     body = [_flash(flash), _search_form(), '<div id="live">', "<h2>Subscriptions</h2>"]
     body.append(_subscriptions_table(rows, samples, controls))
+    if holding_back:
+        body.append("<h2>Retention: consumers holding the log back</h2>")
+        body.append(_retention_table(holding_back))
     if backfills:
         body.append("<h2>Backfills</h2>")
         body.append(_backfills_table(backfills))
@@ -222,6 +226,9 @@ def _actions(controls: Controls, name: str, row: dict[str, Any], back: str | Non
     buttons = []
     if row["state"] == "active":
         buttons.append(_button(controls.csrf, name, "pause", "Pause", back))
+    elif row["state"] == "stalled":  # retention skipped events for it: say where it reads on
+        buttons.append(_button(controls.csrf, name, "resume-retained", "Resume from the oldest retained", back))
+        buttons.append(_button(controls.csrf, name, "resume-now", "Resume from now", back))
     else:
         buttons.append(_button(controls.csrf, name, "resume", "Resume", back))
     if row["dead"]:
@@ -258,7 +265,7 @@ def _subscriptions_table(
         out.append(
             f'<tr data-subscription="{esc(name)}"><td><a href="/subscriptions/{quote(name)}">{esc(name)}</a>'
             f"{_filter_note(row)}</td>"
-            f'<td>{_state(row["state"])}</td><td class="{cls} health">{esc(health)}</td>'
+            f'<td>{_state(row["state"])}{_retention_note(row)}</td><td class="{cls} health">{esc(health)}</td>'
             f"<td>{esc(row['lag_events'])} {lag_chart}</td><td>{esc(row['lag_seconds'])}</td>"
             f"<td>{esc(row['rate'])} {rate_chart}</td><td>{esc(row['in_flight'])}</td>"
             f'<td class="{"warn" if row["parked"] else ""}">{esc(row["parked"])}</td>'
@@ -270,13 +277,36 @@ def _subscriptions_table(
     return "".join(out) if rows else "<p>No subscriptions yet.</p>"
 
 
+def _retention_note(row: dict[str, Any]) -> str:
+    """Under a subscription's state: how it stands against the retention limit, unless fine."""
+    retention = row.get("retention", "-")
+    if retention in ("ok", "-"):
+        return ""
+    return f'<br><small class="bad retention">retention {esc(retention)}</small>'
+
+
+def _retention_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Consumers holding the log back (50%/80% of the retention limit), stalled, or with gaps."""
+    out = ["<table><tr><th>consumer</th><th>retention</th><th>cursor age</th><th>holds</th><th>of limit</th>"
+           "<th>events lost</th><th>why</th></tr>"]  # fmt: skip
+    for r in rows:
+        cls = "warn" if r["level"] == "50%" else "bad"
+        out.append(
+            f'<tr data-consumer="{esc(r["consumer"])}"><td>{esc(r["consumer"])}</td>'
+            f'<td class="{cls}">{esc(r["level"])}</td><td>{esc(r["cursor_age"])}</td><td>{esc(r["held"])}</td>'
+            f"<td>{esc(r['limit_pct'])}</td><td>{esc(r['gap_events'])}</td><td>{esc(r['stalled_reason'])}</td></tr>"
+        )
+    out.append("</table>")
+    return "".join(out)
+
+
 def _filter_note(row: dict[str, Any]) -> str:
     """Under a subscription's name: its filter as written, when it has one (only matching events are sent)."""
     return f'<br><small class="filter">filter <code>{esc(row["filter"])}</code></small>' if row.get("filter") else ""
 
 
 def _state(state: str) -> str:
-    cls = {"active": "ok", "paused": "warn", "disabled": "bad"}.get(state, "")
+    cls = {"active": "ok", "paused": "warn", "disabled": "bad", "stalled": "bad"}.get(state, "")
     return f'<span class="{cls}">{esc(state)}</span>'
 
 

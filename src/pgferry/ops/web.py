@@ -100,9 +100,11 @@ class OperatorWeb:
                         started = asyncio.get_running_loop().time()
                         rows = await inspect.subscription_status(conn)
                         active = await backfills.listing(conn, finished_within=timedelta(0))
+                        retention = await inspect.retention_status(conn)
                         metrics.db_roundtrip.labels("status").observe(asyncio.get_running_loop().time() - started)
                     metrics.set_status(rows)
                     metrics.set_backfills(active)
+                    metrics.set_retention(retention)
                 except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
                     # Serve what the relay itself counted; the database gauges keep their last values.
                     log.warning("metrics: cannot read subscription status: %s", exc)

@@ -248,7 +248,37 @@ select ferry.unsubscribe($1)
 select ferry.pause_subscription($1)
 
 -- name: resume_subscription
-select ferry.resume_subscription($1)
+-- Resume a subscription; $2 where a stalled one reads on ('retained' or 'now'; NULL for one that is not stalled).
+select ferry.resume_subscription(name => $1, from_position => $2)
+
+-- name: resume_consumer
+-- End a consumer's stall, reading on from $2: 'retained' or 'now'; returns the events that skips.
+select ferry.resume_consumer(name => $1, from_position => $2)
+
+-- name: retention_status
+-- Per consumer: cursor age, bytes held, share of the retention limit, stalled or not, gaps (migration 0014).
+select * from ferry.retention_status()
+
+-- name: retention_set
+-- Set the retention limit whole: $1 max_retention (interval text), $2 max_retention_bytes (NULL: no size cap).
+select ferry.set_retention(max_retention => $1::text::interval, max_retention_bytes => $2)
+
+-- name: retention_config
+-- The retention settings, for `pgferry retention`.
+select rotation_interval::text as rotation_interval, max_retention::text as max_retention, max_retention_bytes
+from ferry.config
+
+-- name: gaps_list
+-- Recorded gaps, newest first, of consumer $1 (NULL: every consumer), at most $2.
+select id, consumer, subscription, from_tick, to_tick, events, first_event_id, last_event_id, oldest_event_at,
+       newest_event_at, cause, reason, recorded_at, updated_at
+from ferry.gaps where ($1::text is null or consumer = $1) order by id desc limit $2
+
+-- name: gaps_of_event
+-- The gaps whose event id range holds event $1: the subscriptions and consumers that never got it.
+select g.id, g.consumer, g.subscription, g.events, g.from_tick, g.to_tick, g.first_event_id, g.last_event_id,
+       g.cause, g.reason, g.recorded_at
+from ferry.gaps g where $1 between g.first_event_id and g.last_event_id order by g.id
 
 -- name: list_subscriptions
 select name, streams, url, headers, cardinality(secrets) as secrets, batch_size, max_in_flight, ordered, timeout_ms,

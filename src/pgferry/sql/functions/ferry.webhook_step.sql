@@ -12,7 +12,9 @@
 --     filter applies from the next read. A batch with no events for the
 --     subscription (none on its streams, or every one filtered out) comes
 --     back as one row with a NULL id, so that its range can be acknowledged.
---     No rows: nothing new.
+--     No rows: nothing new, or the subscription is stalled (retention
+--     skipped events for it, migration 0014: nothing more is read for it
+--     until an operator resumes it).
 --
 -- Calls:   ferry._batch_end, ferry._filter_match, ferry.advance_consumer, ferry.batch_events
 -- Reads:   ferry.consumers, ferry.retries, ferry.subscriptions, ferry.ticks
@@ -34,6 +36,7 @@ declare
     v_more boolean;
     v_streams text[];
     v_filter jsonpath;
+    v_state text;
 begin
     if ack_to is not null then
         insert into ferry.attempts (subscription, event_id, attempt, status, latency_ms)
@@ -44,11 +47,14 @@ begin
     if not peek then
         return;
     end if;
-    select coalesce(peek_after, c.tick_id), c.streams, s.filter::jsonpath into v_start, v_streams, v_filter
+    select coalesce(peek_after, c.tick_id), c.streams, s.filter::jsonpath, s.state into v_start, v_streams, v_filter, v_state
     from ferry.consumers c left join ferry.subscriptions s on s.name = webhook_step.subscription
     where c.name = consumer;
     if not found then
         raise exception 'pgferry: consumer % does not exist', quote_literal(consumer) using errcode = '42704';
+    end if;
+    if v_state = 'stalled' then
+        return;
     end if;
     v_end := ferry._batch_end(v_start, max_events);
     if v_end is null then

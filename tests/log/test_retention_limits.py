@@ -1,0 +1,174 @@
+"""Bounded retention (migration 0014): a consumer nobody reads cannot pin the log forever.
+
+Retention is driven fast as in test_retention.py (rotation_interval 0 s,
+ferry.maintain called by hand); "time passes" for a stuck consumer by ageing
+the ticks its cursor has not passed, so no test sleeps through a limit.
+"""
+
+from __future__ import annotations
+
+import os
+
+import asyncpg
+import pytest
+
+import pgferry
+from pgferry.errors import ConsumerStalled, PgferryError
+from tests.helpers import read_all, tick
+
+
+async def maintain(conn: asyncpg.Connection) -> list[str]:
+    return list(await conn.fetchval("select ferry.maintain()"))
+
+
+async def age_ticks(conn: asyncpg.Connection, by: str = "2 hours") -> None:
+    """Make every tick so far look ``by`` older: whoever has not passed them has a cursor that old."""
+    await conn.execute(f"update ferry.ticks set created_at = created_at - interval '{by}'")
+
+
+async def level(conn: asyncpg.Connection, consumer: str) -> str:
+    return await conn.fetchval(  # type: ignore[no-any-return]
+        "select level from ferry.retention_status() where consumer = $1", consumer
+    )
+
+
+async def fast_rotation(conn: asyncpg.Connection, max_retention: str = "1 hour") -> None:
+    await conn.execute("update ferry.config set rotation_interval = '0 s', idle_tick_interval = '0 s'")
+    await conn.execute("select ferry.set_retention($1::text::interval)", max_retention)
+
+
+async def test_a_stuck_consumer_is_stalled_the_log_stays_bounded_and_its_gap_counts_what_it_lost(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    await fast_rotation(conn)
+    await ferry.register_consumer("stuck", ["s"])
+    await ferry.register_consumer("live", ["s"])
+    await ferry.register_consumer("other", ["t"])
+    written_s: list[int] = []
+    written_t: list[int] = []
+    got_live: list[int] = []
+    got_other: list[int] = []
+    retained_max = 0
+    said: list[str] = []
+    for round_ in range(8):
+        written_s += [await ferry.publish("s", {"n": n}) for n in range(10)]
+        written_t += [await ferry.publish("t", {"n": n}) for n in range(5)]
+        if round_ == 1:
+            await age_ticks(conn)  # the stuck consumer's cursor is now 2 hours old
+        got_live += [e.id for e in await read_all(ferry, conn, "live")]
+        got_other += [e.id for e in await read_all(ferry, conn, "other")]
+        said += await maintain(conn)
+        said += await maintain(conn)  # close what the first call rotated away from
+        retained_max = max(retained_max, await conn.fetchval("select count(*) from ferry.events"))
+
+    assert got_live == written_s, "a consumer within the limit must get every event"
+    assert got_other == written_t
+    assert any(m.startswith("stalled: consumer stuck is over the retention limit") for m in said), said
+    assert sum(1 for m in said if "truncated" in m) >= 4, "partitions must keep being truncated"
+    assert retained_max <= 3 * 15 + 15, f"the log grew to {retained_max} events"
+    assert not any("live" in m or "other" in m for m in said if m.startswith(("stalled", "gap", "warning"))), said
+
+    gaps = await ferry.gaps("stuck")
+    assert len(gaps) == 1, "successive truncations under a consumer that reads nothing extend one gap"
+    assert gaps[0]["cause"] == "retention"
+    lost = gaps[0]["events"]
+    assert 0 < lost < len(written_s)
+    assert gaps[0]["first_event_id"] == written_s[0]
+    row = next(r for r in await ferry.retention() if r["consumer"] == "stuck")
+    assert row["level"] == "stalled" and row["gap_events"] == lost
+
+    with pytest.raises(ConsumerStalled, match=rf"consumer 'stuck' is stalled: retention dropped {lost} event"):
+        await read_all(ferry, conn, "stuck")
+    assert await ferry.resume_consumer("stuck", "retained") == 0
+    rest = [e.id for e in await read_all(ferry, conn, "stuck")]
+    assert rest == written_s[lost:], "after the gap it reads every event still retained, in order"
+    assert await level(conn, "stuck") == "ok"
+
+
+async def test_a_stalled_consumer_that_catches_up_before_anything_goes_is_unmarked(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    await conn.execute("select ferry.set_retention('1 hour')")
+    await ferry.register_consumer("slow")
+    first = await ferry.publish("s", {})
+    await tick(conn)
+    await age_ticks(conn)
+    assert any(m.startswith("stalled: consumer slow") for m in await maintain(conn))
+    assert [e.id for e in await read_all(ferry, conn, "slow")] == [first]  # nothing lost: reads on
+    assert "consumer slow is back within the retention limit before anything was skipped" in await maintain(conn)
+    assert await ferry.gaps() == []
+
+
+async def test_warnings_at_half_and_four_fifths_of_the_limit_name_the_consumer_once_each(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    await conn.execute("select ferry.set_retention('10 hours')")
+    await ferry.register_consumer("lagging")
+    await ferry.register_consumer("fine")
+    await ferry.publish("s", {})
+    await tick(conn)
+    assert not [m for m in await maintain(conn) if m.startswith("warning")]
+    await read_all(ferry, conn, "fine")
+    await age_ticks(conn, "5 hours 30 minutes")
+    said = await maintain(conn)
+    assert [m for m in said if m.startswith("warning")] == [m for m in said if "lagging" in m], (
+        "fine is at the newest tick"
+    )
+    assert len([m for m in said if m.startswith("warning: consumer lagging holds the log back")]) == 1, said
+    assert any("(55% of max_retention 10:00:00)" in m for m in said), said
+    assert await level(conn, "lagging") == "50%"
+    assert not [m for m in await maintain(conn) if m.startswith("warning")], "said once, not every round"
+    await age_ticks(conn, "3 hours")
+    said = await maintain(conn)
+    assert any(m.startswith("warning: consumer lagging") and "85%" in m for m in said), said
+    assert await level(conn, "lagging") == "80%"
+    await read_all(ferry, conn, "lagging")
+    assert "consumer lagging is back under 50% of the retention limit" in await maintain(conn)
+
+
+async def test_the_size_cap_stalls_the_consumer_holding_the_oldest_partition(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    await conn.execute("update ferry.config set rotation_interval = '0 s', idle_tick_interval = '0 s'")
+    await conn.execute("select ferry.set_retention('7 days', 100000)")
+    await ferry.register_consumer("stuck")
+    await ferry.register_consumer("live")
+    ids = [await ferry.publish("s", {"pad": os.urandom(750).hex()}) for _ in range(80)]  # ~130 kB, incompressible
+    said = await maintain(conn) + await maintain(conn)
+    assert not any(m.startswith("stalled") for m in said), "nothing is stalled while no closed partition may go"
+    await read_all(ferry, conn, "live")
+    rows = {r["consumer"]: r for r in await ferry.retention()}
+    assert rows["stuck"]["held_bytes"] > 0 and rows["live"]["held_bytes"] == 0
+    assert rows["stuck"]["size_pct"] > 100 and rows["live"]["size_pct"] == 0
+    said = await maintain(conn)
+    assert any(m.startswith("stalled: consumer stuck holds partition 0 back") for m in said), said
+    assert any(m.startswith(f"gap: consumer stuck (stalled) never gets {len(ids)} event(s)") for m in said), said
+    assert "partition 0 truncated" in said
+    assert (await ferry.gaps("stuck"))[0]["events"] == len(ids)
+    assert (await ferry.gaps("live")) == []
+
+
+async def test_retention_limits_refuse_bad_input_with_clear_errors(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    cases = [
+        ("-1 day", None, "max_retention must be a positive interval"),
+        ("0 s", None, "max_retention must be a positive interval"),
+        ("1 minute", None, r"max_retention \(00:01:00\) must be at least rotation_interval \(00:05:00\)"),
+        ("7 days", 0, "max_retention_bytes must be a positive number of bytes or NULL"),
+        ("7 days", -5, "max_retention_bytes must be a positive number of bytes or NULL"),
+        ("a week", None, "invalid input syntax for type interval"),
+    ]
+    for max_retention, max_bytes, message in cases:
+        with pytest.raises(PgferryError, match=message):
+            await ferry.set_retention(max_retention, max_bytes)
+    try:
+        await conn.execute("select ferry.set_retention('-1 day')")
+    except asyncpg.PostgresError as exc:
+        assert exc.sqlstate == "22023"
+    with pytest.raises(PgferryError, match="from_position must be 'retained'"):
+        await ferry.resume_consumer("nobody", "yesterday")
+    with pytest.raises(PgferryError, match="consumer 'nobody' does not exist"):
+        await ferry.resume_consumer("nobody", "now")
+    with pytest.raises(asyncpg.CheckViolationError, match="max_retention_positive"):
+        await conn.execute("update ferry.config set max_retention = '-1 s'")
