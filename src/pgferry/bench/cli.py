@@ -86,6 +86,8 @@ def _sections(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ..
 @click.option("--e2e-clients", default=10, show_default=True, type=click.IntRange(1), help="End-to-end clients.")
 @click.option("--publish-tasks", default=16, show_default=True, type=click.IntRange(1), help="publish() tasks.")
 @click.option("--idle-seconds", default=10.0, show_default=True, type=click.FloatRange(1), help="Idle window.")
+@click.option("--idle-subscriptions", default=1000, show_default=True, type=click.IntRange(0),
+              help="Idle: measure again with this many webhook subscriptions on a stream nothing writes.")  # fmt: skip
 @click.option(
     "--pg-stat-statements",
     "stat_statements",
@@ -113,6 +115,7 @@ def capture(
     e2e_clients: int,
     publish_tasks: int,
     idle_seconds: float,
+    idle_subscriptions: int,
     stat_statements: bool,
     filtered: bool,
     json_out: Path | None,
@@ -135,6 +138,7 @@ def capture(
         e2e_clients=e2e_clients,
         publish_tasks=publish_tasks,
         idle_seconds=idle_seconds,
+        idle_subscriptions=idle_subscriptions,
         stat_statements=stat_statements,
         filtered=filtered,
     )

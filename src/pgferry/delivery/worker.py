@@ -206,6 +206,18 @@ class SubscriptionWorker:
         #: events in requests sent as probes of a down endpoint, until their outcome is judged
         self.probes: set[int] = set()
         self.endpoint: Endpoint | None = None
+        #: the tick the consumer's cursor is at while the batch loop waits with nothing to do (the
+        #: relay's LogWatch moves it over ranges holding nothing for this subscription), else None
+        self.idle_at: int | None = None
+        #: the cursor's tick in the database when ``idle_at`` moved past it (not yet recorded)
+        self.skipped_from: int | None = None
+        #: cleared while the LogWatch records skipped ranges: the batch loop waits for it before reading
+        self.settled = asyncio.Event()
+        self.settled.set()
+        #: set when the batch loop must read again from the consumer's cursor
+        self.start_over = False
+        #: whether the retry loop waits for its next parked event (the LogWatch wakes it if one is due)
+        self.retries_idle = False
         self._watch(sub)
 
     def _watch(self, sub: Subscription) -> None:
@@ -236,6 +248,27 @@ class SubscriptionWorker:
         self.sub = sub
         self.signer = Signer(sub.secrets)
         self._watch(sub)
+
+    def skip(self, from_tick: int, to_tick: int) -> bool:
+        """Moves the idle batch loop over ``(from_tick, to_tick]``, a range that holds nothing for
+        this subscription, without a read; False (nothing changed) unless it waits at ``from_tick``.
+        The cursor itself moves when the LogWatch records skipped ranges, or with the next batch."""
+        if self.idle_at != from_tick or not self.settled.is_set():
+            return False
+        if self.skipped_from is None:
+            self.skipped_from = from_tick
+        self.idle_at = to_tick
+        return True
+
+    def take_skipped(self) -> tuple[int, int] | None:
+        """The skipped range not yet recorded, handed to the LogWatch, which records it and then
+        sets ``settled``; the batch loop does not read until then."""
+        if self.skipped_from is None or self.idle_at is None:
+            return None
+        taken = (self.skipped_from, self.idle_at)
+        self.skipped_from = None
+        self.settled.clear()
+        return taken
 
     def stop(self) -> None:
         self.stopping.set()
@@ -287,10 +320,18 @@ class SubscriptionWorker:
         ahead: int | None = None  # end tick of the newest batch read; None: start at the consumer's cursor
         fresh = True  # nothing read yet (or starting over): read at once
         more = False  # the last read stopped short of the newest tick (batch size limit)
-        last_read = 0.0
         try:
             while True:
                 try:
+                    if self.idle_at is not None:  # woken: what the LogWatch skipped meanwhile
+                        ahead, self.idle_at = self.idle_at, None
+                        if self.skipped_from is not None:
+                            acks = _Acks(self.skipped_from, ahead, [])
+                            self.skipped_from = None
+                    await self.settled.wait()
+                    if self.start_over:
+                        self.start_over = False
+                        acks, ahead, fresh = None, None, True
                     while flights and flights[0].task.done():
                         flight = flights.popleft()
                         books = flight.task.result()
@@ -306,13 +347,11 @@ class SubscriptionWorker:
                     if self.stopping.is_set() and not flights:
                         break
                     room = not self.stopping.is_set() and len(flights) < (1 if self.sub.ordered else PIPELINE_DEPTH)
-                    # Read when there may be something new: a tick was announced, the
-                    # last read was cut short, acknowledgements are waiting, or the
-                    # fallback poll is due (a lost notification costs latency, not data).
-                    due = fresh or more or acks is not None or self.wake.is_set()
-                    if room and (due or time.monotonic() - last_read >= self.ctx.poll_interval):
+                    # Read when there may be something new: the relay's LogWatch woke us
+                    # (a tick on our streams, or its fallback poll), the last read was cut
+                    # short, or acknowledgements are waiting.
+                    if room and (fresh or more or acks is not None or self.wake.is_set()):
                         self.wake.clear()
-                        last_read = time.monotonic()
                         rows = await self._step(acks, peek_after=ahead, peek=True)
                         acks, fresh, more = None, False, False
                         if rows:
@@ -322,8 +361,11 @@ class SubscriptionWorker:
                             flights.append(_Flight(rows[0]["start_tick"], rows[0]["end_tick"], task))
                             ahead, more = rows[0]["end_tick"], rows[0]["more"]
                             continue
-                    timeout = max(0.0, last_read + self.ctx.poll_interval - time.monotonic()) if room else None
-                    await self._wait(flights[0].task if flights else None, wake=room, timeout=timeout)
+                        if ahead is None:  # nothing new since the cursor: learn where it is
+                            ahead = await self._cursor_tick()
+                    if room and not flights and self.idle_at is None:
+                        self.idle_at = ahead  # nothing to do: the LogWatch may skip us over empty ranges
+                    await self._wait(flights[0].task if flights else None, wake=room)
                 except asyncpg.PostgresError as exc:
                     if exc.sqlstate != CURSOR_MOVED:
                         raise
@@ -348,6 +390,10 @@ class SubscriptionWorker:
                 self.sub.ordered, *(acks.args() if acks else NO_ACKS), peek, peek_after,
             )  # fmt: skip
 
+    async def _cursor_tick(self) -> int | None:
+        async with self.ctx.pool.acquire() as conn:
+            return await conn.fetchval(sql.query("consumer_tick"), self.sub.consumer)  # type: ignore[no-any-return]
+
     async def _deliver_batch(self, events: Sequence[OutEvent], blocked: set[str]) -> _Bookkeeping:
         if self.sub.kind == "pg_net" and events:
             events = await self._still_queued(events)
@@ -370,14 +416,14 @@ class SubscriptionWorker:
         books.recorded = recorded
         return books
 
-    async def _wait(self, head: asyncio.Task[_Bookkeeping] | None, *, wake: bool, timeout: float | None) -> None:
-        """Until the oldest batch in flight is done, or (``wake``) a tick is announced, or ``timeout``."""
+    async def _wait(self, head: asyncio.Task[_Bookkeeping] | None, *, wake: bool) -> None:
+        """Until the oldest batch in flight is done, or (``wake``) the LogWatch wakes us."""
         waiters: set[asyncio.Future[Any]] = set() if head is None else {head}
         waker = asyncio.ensure_future(self.wake.wait()) if wake else None
         if waker is not None:
             waiters.add(waker)
         try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if waker is not None:
                 waker.cancel()
@@ -414,10 +460,16 @@ class SubscriptionWorker:
             if not events:
                 if probe and self.endpoint is not None:  # nothing of ours to probe with: another worker may
                     self.ctx.health.report(self.endpoint, WITHDRAWN, Admission.PROBE)
-                delay = self.ctx.poll_interval
-                if next_at is not None:
-                    delay = min(delay, max(0.0, (next_at - datetime.now(UTC)).total_seconds()))
-                await wait_for_event(self.retry_wake, delay)
+                # Until the next parked event is due; events parked by someone else (a dead
+                # letter replayed) are found by the LogWatch's fallback poll, which wakes us.
+                self.retries_idle = True
+                try:
+                    if next_at is None:
+                        await self.retry_wake.wait()
+                    else:
+                        await wait_for_event(self.retry_wake, max(0.0, (next_at - datetime.now(UTC)).total_seconds()))
+                finally:
+                    self.retries_idle = False
                 continue
             books = await self._deliver_and_account(events, set(), from_batch=False, probe=probe)
             await self._record(books, advance=None)
@@ -704,6 +756,8 @@ class SubscriptionWorker:
                 await conn.execute(sql.query("advance_consumer"), sub.consumer, *advance)
         if books.recorded is not None:
             books.recorded.set()
+        if books.park:  # the retry loop learns when they are due
+            self.retry_wake.set()
         if books.bury:
             log.warning("subscription %s: %d event(s) moved to dead letters", sub.name, len(books.bury))
 

@@ -7,7 +7,8 @@ their next round (every ``claim_interval`` seconds). Relays heartbeat into
 ferry.relays (for `pgferry status`) and hold a shared "presence" lock; each
 claims at most its fair share (subscriptions / relays holding the presence
 lock, rounded up) and hands back extras, so load spreads as relays join.
-The same connection LISTENs for ticks and wakes the workers.
+The same connection LISTENs for ticks and hands them to the LogWatch, which
+wakes the workers concerned.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pgferry.aio import backoff_delay, wait_for_event
 from pgferry.db import CONNECTION_ERRORS
 from pgferry.delivery.http import endpoint_of
 from pgferry.delivery.model import Subscription
+from pgferry.delivery.watch import LogWatch
 from pgferry.delivery.worker import DeliveryContext, SubscriptionWorker
 from pgferry.log.reader import TICK_CHANNEL
 from pgferry.schema import CONSUMER_LOCK_CLASS, LOCK_CLASS
@@ -73,8 +75,18 @@ class Ownership:
         self.owned: dict[str, _Owned] = {}
         #: metrics hook: seconds the heartbeat round trip took
         self.observe_round: Callable[[float], None] | None = None
+        #: wakes the workers, with one query for all of them (delivery.watch)
+        self.watch = LogWatch(ctx, lambda: [o.worker for o in self.owned.values()])
 
     async def run(self, stop: asyncio.Event) -> None:
+        watch = asyncio.create_task(self.watch.run(stop), name="log watch")
+        try:
+            await self._own(stop)
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+
+    async def _own(self, stop: asyncio.Event) -> None:
         failures = 0
         while not stop.is_set():
             try:
@@ -119,8 +131,7 @@ class Ownership:
             owned.task.cancel()
 
     def _on_tick(self, *_: object) -> None:
-        for owned in self.owned.values():
-            owned.worker.wake.set()
+        self.watch.notify()
 
     async def _round(self, conn: asyncpg.Connection) -> None:
         # One round trip: heartbeat, active subscriptions, number of live relays

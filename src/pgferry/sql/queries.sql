@@ -138,6 +138,32 @@ on conflict (subscription, event_id) do nothing
 -- name: unpark
 delete from ferry.retries where subscription = $1 and event_id = any ($2::bigint[])
 
+-- name: consumer_tick
+select tick_id from ferry.consumers where name = $1
+
+-- name: log_watch
+-- The relay's LogWatch in one round trip: the newest tick; the streams with
+-- events after tick $1 up to it ('{}' when none is newer, NULL when $1 is NULL
+-- or no longer retained: unknown); and which of the subscriptions $2 (with
+-- ordering $3) have a parked event due now (due_retries' condition).
+with t as (select max(id) as latest from ferry.ticks)
+select t.latest,
+       case when $1::bigint is null then null
+            when t.latest = $1 then '{}'::text[]
+            else ferry._range_streams($1, t.latest) end as streams,
+       array(select w.name from unnest($2::text[], $3::boolean[]) as w(name, ordered)
+             where exists (
+                 select 1 from ferry.retries r
+                 where r.subscription = w.name and r.next_attempt_at <= now()
+                   and (not w.ordered or r.key is null or not exists (
+                         select 1 from ferry.retries r2
+                         where r2.subscription = r.subscription and r2.key = r.key and r2.event_id < r.event_id
+                           and r2.next_attempt_at > now())))) as due
+from t
+
+-- name: advance_consumers
+select ferry._advance_consumers($1, $2, $3)
+
 -- name: retry_in_flight_now
 -- Events parked as in flight whose requests a stopping worker abandoned: due now.
 update ferry.retries set next_attempt_at = now()
