@@ -14,8 +14,10 @@ the new range without a query of its own (``SubscriptionWorker.skip``), and
 with each fallback poll the skipped ranges of all idle workers are recorded
 in ONE statement, so idle subscriptions keep up with retention (and their
 lag in `pgferry status` stays under a second). A
-cursor moved meanwhile by another process is left alone and its worker reads
-again from it (the same rule as ``ferry.advance_consumer``).
+cursor moved meanwhile by another process, or a subscription another relay
+claimed since (its ownership epoch), is left alone and its worker reads again
+from its cursor (the same rules as ``ferry.advance_consumer`` and
+``ferry._fence``).
 
 Nothing here is needed for correctness beyond waking: a worker woken for
 nothing reads an empty range, and one skipped over a range reads from its
@@ -112,6 +114,7 @@ class LogWatch:
                         [w.sub.consumer for w, _ in taken],
                         [r[0] for _, r in taken],
                         [r[1] for _, r in taken],
+                        [w.epoch for w, _ in taken],
                     )
                 )
         finally:

@@ -68,6 +68,8 @@ ATTEMPT_COLUMNS = (
 PIPELINE_DEPTH = 2
 #: SQLSTATE of ferry.advance_consumer when another process moved the cursor.
 CURSOR_MOVED = "PF001"
+#: SQLSTATE of ferry._fence when another relay claimed the subscription (migration 0016).
+OWNERSHIP_LOST = "PF002"
 
 
 class _InFlight:
@@ -186,9 +188,12 @@ class _Flight:
 
 
 class SubscriptionWorker:
-    def __init__(self, sub: Subscription, ctx: DeliveryContext) -> None:
+    def __init__(self, sub: Subscription, ctx: DeliveryContext, *, epoch: int | None = None) -> None:
         self.ctx = ctx
         self.sub = sub
+        #: the ownership epoch the relay claimed the subscription in: every read and recording
+        #: checks it, so that a relay that lost the subscription stops (migration 0016)
+        self.epoch = epoch
         self.signer = Signer(sub.secrets)
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
@@ -283,6 +288,11 @@ class SubscriptionWorker:
             # cancels us after its grace period).
             while self.background:
                 await asyncio.gather(*self.background, return_exceptions=True)
+        except asyncpg.PostgresError as exc:
+            if exc.sqlstate != OWNERSHIP_LOST:
+                raise
+            # Another relay delivers it now: what we had read and not recorded, it sends again.
+            log.warning("subscription %s: %s; this relay stops delivering it", self.sub.name, exc.args[0])
         finally:
             for task in [*loops, *self.background]:
                 task.cancel()
@@ -387,7 +397,7 @@ class SubscriptionWorker:
         async with self.ctx.pool.acquire() as conn:
             return await conn.fetch(  # type: ignore[no-any-return]
                 sql.query("webhook_step"), self.sub.name, self.sub.consumer, self.ctx.max_batch_events,
-                self.sub.ordered, *(acks.args() if acks else NO_ACKS), peek, peek_after,
+                self.sub.ordered, *(acks.args() if acks else NO_ACKS), peek, peek_after, self.epoch,
             )  # fmt: skip
 
     async def _cursor_tick(self) -> int | None:
@@ -733,6 +743,8 @@ class SubscriptionWorker:
         (``advance``: from tick, to tick; None for parked retries), in one transaction."""
         sub = self.sub
         async with self.ctx.pool.acquire() as conn, conn.transaction():
+            if self.epoch is not None:  # still ours? (holds the consumer row against a new owner's claim)
+                await conn.execute(sql.query("fence"), sub.consumer, self.epoch)
             if books.attempts:
                 await conn.copy_records_to_table(
                     "attempts", schema_name="ferry", columns=ATTEMPT_COLUMNS, records=books.attempts

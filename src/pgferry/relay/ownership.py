@@ -169,8 +169,14 @@ class Ownership:
                 continue
             key = await conn.fetchval(sql.query("consumer_lock_key"), sub.consumer)
             if await conn.fetchval(sql.query("try_advisory_lock"), CONSUMER_LOCK_CLASS, key):
+                # A new ownership epoch fences off a former owner that has not noticed yet.
+                epoch = await conn.fetchval(sql.query("claim_consumer"), sub.consumer)
+                if epoch is None:
+                    log.info("delivery: subscription %s is still being recorded by its former owner; later", name)
+                    await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, key)
+                    continue
                 try:
-                    worker = SubscriptionWorker(sub, self.ctx)
+                    worker = SubscriptionWorker(sub, self.ctx, epoch=epoch)
                 except ValueError as exc:  # e.g. a secret that is not whsec_<base64>
                     log.error("delivery: cannot deliver subscription %s: %s", name, exc)
                     await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, key)

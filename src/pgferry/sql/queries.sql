@@ -107,7 +107,7 @@ select pg_advisory_lock_shared($1::int, $2::int)
 
 -- name: webhook_step
 select start_tick, end_tick, more, id, stream, key, payload, headers, created_at, blocked
-from ferry.webhook_step($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+from ferry.webhook_step($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 
 -- name: advance_consumer
 select ferry.advance_consumer($1, $2, $3)
@@ -138,6 +138,12 @@ on conflict (subscription, event_id) do nothing
 -- name: unpark
 delete from ferry.retries where subscription = $1 and event_id = any ($2::bigint[])
 
+-- name: claim_consumer
+select ferry._claim_consumer($1)
+
+-- name: fence
+select ferry._fence($1, $2)
+
 -- name: consumer_tick
 select tick_id from ferry.consumers where name = $1
 
@@ -162,7 +168,7 @@ select t.latest,
 from t
 
 -- name: advance_consumers
-select ferry._advance_consumers($1, $2, $3)
+select ferry._advance_consumers($1, $2, $3, $4)
 
 -- name: retry_in_flight_now
 -- Events parked as in flight whose requests a stopping worker abandoned: due now.

@@ -1,4 +1,4 @@
--- ferry.webhook_step( subscription text, consumer text, max_events integer, ordered boolean, ack_from bigint, ack_to bigint, event_ids bigint[], attempt_nos integer[], statuses integer[], latencies real[], peek boolean, peek_after bigint) returns table (start_tick bigint, end_tick bigint, more boolean, id bigint, stream text, key text, payload text, headers text, created_at timestamptz, blocked boolean)
+-- ferry.webhook_step( subscription text, consumer text, max_events integer, ordered boolean, ack_from bigint, ack_to bigint, event_ids bigint[], attempt_nos integer[], statuses integer[], latencies real[], peek boolean, peek_after bigint, epoch bigint default null) returns table (start_tick bigint, end_tick bigint, more boolean, id bigint, stream text, key text, payload text, headers text, created_at timestamptz, blocked boolean)
 --
 -- One round trip of a webhook worker:
 --  1. when ack_to is given: records the attempts of delivered batches and
@@ -13,18 +13,21 @@
 --     subscription (none on its streams, or every one filtered out) comes
 --     back as one row with a NULL id, so that its range can be acknowledged.
 --     No rows: nothing new.
+-- With an epoch (the relay's ownership epoch, migration 0016), both steps
+-- first check that the consumer still belongs to it (ferry._fence), and raise
+-- PF002 when another relay claimed it since.
 --
--- Calls:   ferry._batch_end, ferry._filter_match, ferry.advance_consumer, ferry.batch_events
+-- Calls:   ferry._batch_end, ferry._fence, ferry._filter_match, ferry.advance_consumer, ferry.batch_events
 -- Reads:   ferry.consumers, ferry.retries, ferry.subscriptions, ferry.ticks
 -- Writes:  ferry.attempts
--- Raises:  42704, 55000, PF001
+-- Raises:  42704, 55000, PF001, PF002
 -- Runs as: the caller (SECURITY INVOKER)
 -- Callers: PUBLIC (the default)
 
 create or replace function ferry.webhook_step(
     subscription text, consumer text, max_events integer, ordered boolean,
     ack_from bigint, ack_to bigint, event_ids bigint[], attempt_nos integer[], statuses integer[], latencies real[],
-    peek boolean, peek_after bigint)
+    peek boolean, peek_after bigint, epoch bigint default null)
 returns table (start_tick bigint, end_tick bigint, more boolean, id bigint, stream text, key text, payload text,
                headers text, created_at timestamptz, blocked boolean)
 language plpgsql as $$
@@ -35,6 +38,10 @@ declare
     v_streams text[];
     v_filter jsonpath;
 begin
+    if epoch is not null and (ack_to is not null or not exists (
+            select 1 from ferry.consumers c where c.name = consumer and c.owner_epoch = epoch)) then
+        perform ferry._fence(consumer, epoch);  -- an acknowledgement holds the row until commit
+    end if;
     if ack_to is not null then
         insert into ferry.attempts (subscription, event_id, attempt, status, latency_ms)
         select webhook_step.subscription, u.e, u.a, u.s, u.l
