@@ -88,20 +88,3 @@ async def _owned(relay: RunningRelay, n: int) -> bool:
 
 async def _received(receiver: Receiver, prefix: str, n: int) -> bool:
     return len([r for r in receiver.received if r.path.startswith(prefix)]) >= n
-
-
-async def test_moving_many_cursors_leaves_those_moved_elsewhere_alone(conn: asyncpg.Connection) -> None:
-    await conn.execute("select ferry.register_consumer('a', array['s']), ferry.register_consumer('b', array['s'])")
-    start = int(await conn.fetchval("select tick_id from ferry.consumers where name = 'a'"))
-    await conn.execute("select ferry.publish('s', '{}')")
-    end = int(await conn.fetchval("select ferry.tick(true)"))
-    # 'b' was moved by someone else meanwhile: it is reported and left where it is.
-    await conn.execute("update ferry.consumers set tick_id = $1 where name = 'b'", end)
-    failed = await conn.fetchval(
-        "select ferry._advance_consumers(array['a', 'b', 'gone'], array_fill($1::bigint, array[3]),"
-        " array_fill($2::bigint, array[3]), array[null, null, null]::bigint[])",
-        start, end,
-    )  # fmt: skip
-    assert sorted(failed) == ["b", "gone"]
-    rows = dict(await conn.fetch("select name, tick_id from ferry.consumers where name in ('a', 'b')"))
-    assert rows == {"a": end, "b": end}

@@ -10,14 +10,16 @@ that they do not know about (a dead letter replayed by an operator).
 
 Then it wakes only the workers with something to read: those on a stream
 that moved (or busy anyway). An idle worker on other streams is moved over
-the new range without a query of its own (``SubscriptionWorker.skip``), and
-with each fallback poll the skipped ranges of all idle workers are recorded
-in ONE statement, so idle subscriptions keep up with retention (and their
-lag in `pgferry status` stays under a second). A
+the new range without a query of its own (``SubscriptionWorker.skip``).
+Idle workers hold their acknowledgements (batches delivered, ranges
+skipped); the LogWatch sends them all as steps, which the Stepper makes ONE
+statement: within ``ACK_LINGER`` of a worker going idle with deliveries to
+record (so that a crash re-sends little), and with each fallback poll for
+ranges skipped (so that idle subscriptions keep up with retention, and
+their lag in `pgferry status` stays around a second). A
 cursor moved meanwhile by another process, or a subscription another relay
-claimed since (its ownership epoch), is left alone and its worker reads again
-from its cursor (the same rules as ``ferry.advance_consumer`` and
-``ferry._fence``).
+claimed since (its ownership epoch), is refused that step and its worker
+reads again from its cursor (``ferry.webhook_steps``).
 
 Nothing here is needed for correctness beyond waking: a worker woken for
 nothing reads an empty range, and one skipped over a range reads from its
@@ -34,9 +36,13 @@ from collections.abc import Callable, Collection
 import asyncpg
 
 from pgferry import db, sql
+from pgferry.delivery.steps import StepRefused
 from pgferry.delivery.worker import DeliveryContext, SubscriptionWorker
 
 log = logging.getLogger(__name__)
+
+#: Seconds a worker's acknowledgements wait for others' to be recorded together, once it is idle.
+ACK_LINGER = 0.05
 
 
 class LogWatch:
@@ -51,10 +57,43 @@ class LogWatch:
         #: rounds run (for tests and metrics): one query each
         self.rounds = 0
 
-    def notify(self) -> None:
+    def notify(self, tick: int | None = None) -> None:
+        """A tick notification (its payload: the tick's id). Workers are woken at once, without
+        a query, unless several idle ones might be spared a read (then the round asks which
+        streams moved)."""
+        if tick is not None and self.known is not None and tick > self.known:
+            workers = list(self.workers())
+            if sum(1 for w in workers if w.idle_at == self.known) < 2:
+                self.known = tick
+                for worker in workers:
+                    worker.wake.set()
+                return
         self._poke.set()
 
     async def run(self, stop: asyncio.Event) -> None:
+        flusher = asyncio.create_task(self._flush_soon(stop))
+        try:
+            await self._watch(stop)
+        finally:
+            flusher.cancel()
+            await asyncio.gather(flusher, return_exceptions=True)
+
+    async def _flush_soon(self, stop: asyncio.Event) -> None:
+        """Workers that went idle holding acknowledgements: record them within ACK_LINGER seconds
+        (together), so that a crash re-sends little; skipped ranges wait for the fallback poll."""
+        waiting = self.ctx.acks_waiting
+        while not stop.is_set():
+            await _first(waiting, stop, self.ctx.poll_interval)
+            if not waiting.is_set():
+                continue
+            await asyncio.sleep(ACK_LINGER)
+            waiting.clear()
+            try:
+                await self._flush()
+            except (asyncpg.PostgresError, *db.CONNECTION_ERRORS) as exc:
+                log.warning("delivery: recording progress failed (%s); retrying with the next poll", db.describe(exc))
+
+    async def _watch(self, stop: asyncio.Event) -> None:
         next_poll = 0.0
         while not stop.is_set():
             self._poke.clear()
@@ -78,9 +117,16 @@ class LogWatch:
             self.known = None
             return
         waiting = [w for w in workers if w.retries_idle] if check_retries else []
+        # Which streams moved is worth a read of the range only when some idle worker might
+        # be spared (and every worker is woken anyway when none is idle: a busy relay).
+        spare = self.known is not None and any(w.idle_at == self.known for w in workers)
         async with self.ctx.pool.acquire() as conn:
             row = await conn.fetchrow(
-                sql.query("log_watch"), self.known, [w.sub.name for w in waiting], [w.sub.ordered for w in waiting]
+                sql.query("log_watch"),
+                self.known,
+                [w.sub.name for w in waiting],
+                [w.sub.ordered for w in waiting],
+                spare,
             )
         self.rounds += 1
         assert row is not None
@@ -101,28 +147,20 @@ class LogWatch:
             worker.wake.set()
 
     async def _flush(self) -> None:
-        """Records the ranges idle workers were moved over, in one statement."""
-        taken = [(w, r) for w in self.workers() if (r := w.take_skipped()) is not None]
+        """Records what idle workers acknowledged or were moved over: their steps go out together
+        (the Stepper makes them one statement)."""
+        taken = [(w, step) for w in self.workers() if (step := w.take_pending()) is not None]
         if not taken:
             return
-        failed: set[str] = {w.sub.consumer for w, _ in taken}
-        try:
-            async with self.ctx.pool.acquire() as conn:
-                failed = set(
-                    await conn.fetchval(
-                        sql.query("advance_consumers"),
-                        [w.sub.consumer for w, _ in taken],
-                        [r[0] for _, r in taken],
-                        [r[1] for _, r in taken],
-                        [w.epoch for w, _ in taken],
-                    )
-                )
-        finally:
-            for worker, _ in taken:
-                if worker.sub.consumer in failed:  # moved elsewhere, or not recorded: read from the cursor
-                    worker.start_over = True
-                    worker.wake.set()
-                worker.settled.set()
+        outcomes = await asyncio.gather(*(self.ctx.steps.step(step) for _, step in taken), return_exceptions=True)
+        for (worker, _), outcome in zip(taken, outcomes, strict=True):
+            if isinstance(outcome, BaseException):  # moved or claimed elsewhere, or not recorded
+                if not isinstance(outcome, StepRefused):
+                    log.warning("subscription %s: could not record its progress (%r); reading again from its "
+                                "cursor", worker.sub.name, outcome)  # fmt: skip
+                worker.start_over = True
+                worker.wake.set()
+            worker.settled.set()
 
 
 async def _first(event: asyncio.Event, stop: asyncio.Event, timeout: float) -> None:

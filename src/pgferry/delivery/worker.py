@@ -54,6 +54,7 @@ from pgferry.delivery.http import HttpResult, endpoint_of
 from pgferry.delivery.model import OutEvent, Subscription
 from pgferry.delivery.retry import judge
 from pgferry.delivery.signing import Signer
+from pgferry.delivery.steps import Step, Stepper, StepRefused
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,13 @@ class DeliveryContext:
     #: metrics hook: (subscription, outcomes, from a log batch?) after each round
     observe: Callable[[str, Sequence[Outcome], bool], None] | None = None
     health: EndpointHealth = field(default_factory=EndpointHealth)
+    #: every worker's acknowledgements and reads, many subscriptions per statement
+    steps: Stepper = field(init=False)
+    #: set by a worker that went idle holding acknowledgements: the LogWatch records them soon
+    acks_waiting: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.steps = Stepper(self.pool, self.max_batch_events)
 
 
 @dataclass
@@ -140,7 +148,7 @@ class _Bookkeeping:
 
 @dataclass
 class _Acks:
-    """Delivered batches whose cursor move and attempts ride along with the next webhook_step call."""
+    """Delivered batches whose cursor move and attempts ride along with the worker's next step."""
 
     start_tick: int
     end_tick: int
@@ -150,19 +158,9 @@ class _Acks:
         self.end_tick = flight.end_tick
         self.attempts.extend(books.attempts)
 
-    def args(self) -> tuple[Any, ...]:
-        a = self.attempts
-        return (
-            self.start_tick,
-            self.end_tick,
-            [x[1] for x in a],
-            [x[2] for x in a],
-            [x[3] for x in a],
-            [x[7] for x in a],
-        )
-
-
-NO_ACKS: tuple[None, ...] = (None,) * 6
+    def ack(self) -> tuple[int, int, list[tuple[int, int, int | None, float | None]]]:
+        """The cursor move and the delivered attempts (event, attempt, status, latency) to record."""
+        return self.start_tick, self.end_tick, [(x[1], x[2], x[3], x[7]) for x in self.attempts]
 
 
 @dataclass
@@ -211,12 +209,13 @@ class SubscriptionWorker:
         #: events in requests sent as probes of a down endpoint, until their outcome is judged
         self.probes: set[int] = set()
         self.endpoint: Endpoint | None = None
-        #: the tick the consumer's cursor is at while the batch loop waits with nothing to do (the
-        #: relay's LogWatch moves it over ranges holding nothing for this subscription), else None
+        #: the tick the batch loop has read up to while it waits with nothing to do (the relay's
+        #: LogWatch moves it over ranges holding nothing for this subscription), else None
         self.idle_at: int | None = None
-        #: the cursor's tick in the database when ``idle_at`` moved past it (not yet recorded)
-        self.skipped_from: int | None = None
-        #: cleared while the LogWatch records skipped ranges: the batch loop waits for it before reading
+        #: acknowledgements held while idle (delivered batches, ranges skipped): they ride along
+        #: with the next read, or the LogWatch records them with every idle worker's, in one statement
+        self.pending: _Acks | None = None
+        #: cleared while the LogWatch records ``pending``: the batch loop waits for it before reading
         self.settled = asyncio.Event()
         self.settled.set()
         #: set when the batch loop must read again from the consumer's cursor
@@ -257,23 +256,31 @@ class SubscriptionWorker:
     def skip(self, from_tick: int, to_tick: int) -> bool:
         """Moves the idle batch loop over ``(from_tick, to_tick]``, a range that holds nothing for
         this subscription, without a read; False (nothing changed) unless it waits at ``from_tick``.
-        The cursor itself moves when the LogWatch records skipped ranges, or with the next batch."""
+        The cursor itself moves with the pending acknowledgements."""
         if self.idle_at != from_tick or not self.settled.is_set():
             return False
-        if self.skipped_from is None:
-            self.skipped_from = from_tick
+        if self.pending is None:
+            self.pending = _Acks(from_tick, to_tick, [])
+        elif self.pending.end_tick == from_tick:
+            self.pending.end_tick = to_tick
+        else:
+            return False
         self.idle_at = to_tick
         return True
 
-    def take_skipped(self) -> tuple[int, int] | None:
-        """The skipped range not yet recorded, handed to the LogWatch, which records it and then
-        sets ``settled``; the batch loop does not read until then."""
-        if self.skipped_from is None or self.idle_at is None:
+    def take_pending(self) -> Step | None:
+        """The idle worker's pending acknowledgements as a step, handed to the LogWatch, which sends
+        it and then sets ``settled``; the batch loop does not read until then."""
+        if self.pending is None or self.idle_at is None:
             return None
-        taken = (self.skipped_from, self.idle_at)
-        self.skipped_from = None
+        pending, self.pending = self.pending, None
         self.settled.clear()
-        return taken
+        return self.step_for(pending, peek=False, peek_after=None)
+
+    def step_for(self, acks: _Acks | None, *, peek: bool, peek_after: int | None) -> Step:
+        """A step of this subscription: acknowledge ``acks``, and (``peek``) read after ``peek_after``."""
+        sub = self.sub
+        return Step(sub.name, sub.consumer, self.epoch, sub.ordered, acks.ack() if acks else None, peek, peek_after)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -288,7 +295,7 @@ class SubscriptionWorker:
             # cancels us after its grace period).
             while self.background:
                 await asyncio.gather(*self.background, return_exceptions=True)
-        except asyncpg.PostgresError as exc:
+        except (asyncpg.PostgresError, StepRefused) as exc:
             if exc.sqlstate != OWNERSHIP_LOST:
                 raise
             # Another relay delivers it now: what we had read and not recorded, it sends again.
@@ -333,11 +340,9 @@ class SubscriptionWorker:
         try:
             while True:
                 try:
-                    if self.idle_at is not None:  # woken: what the LogWatch skipped meanwhile
+                    if self.idle_at is not None:  # woken: where the LogWatch moved us meanwhile
                         ahead, self.idle_at = self.idle_at, None
-                        if self.skipped_from is not None:
-                            acks = _Acks(self.skipped_from, ahead, [])
-                            self.skipped_from = None
+                        acks, self.pending = self.pending, None
                     await self.settled.wait()
                     if self.start_over:
                         self.start_over = False
@@ -358,9 +363,9 @@ class SubscriptionWorker:
                         break
                     room = not self.stopping.is_set() and len(flights) < (1 if self.sub.ordered else PIPELINE_DEPTH)
                     # Read when there may be something new: the relay's LogWatch woke us
-                    # (a tick on our streams, or its fallback poll), the last read was cut
-                    # short, or acknowledgements are waiting.
-                    if room and (fresh or more or acks is not None or self.wake.is_set()):
+                    # (a tick on our streams, or its fallback poll), or the last read was
+                    # cut short. Acknowledgements wait for the next read (or the LogWatch).
+                    if room and (fresh or more or self.wake.is_set()):
                         self.wake.clear()
                         rows = await self._step(acks, peek_after=ahead, peek=True)
                         acks, fresh, more = None, False, False
@@ -374,9 +379,14 @@ class SubscriptionWorker:
                         if ahead is None:  # nothing new since the cursor: learn where it is
                             ahead = await self._cursor_tick()
                     if room and not flights and self.idle_at is None:
-                        self.idle_at = ahead  # nothing to do: the LogWatch may skip us over empty ranges
+                        # Nothing to do: the LogWatch may move us over empty ranges, and records
+                        # what we acknowledge with every idle subscription's, in one statement.
+                        self.idle_at, self.pending = ahead, acks
+                        if acks is not None:
+                            acks = None
+                            self.ctx.acks_waiting.set()
                     await self._wait(flights[0].task if flights else None, wake=room)
-                except asyncpg.PostgresError as exc:
+                except (asyncpg.PostgresError, StepRefused) as exc:
                     if exc.sqlstate != CURSOR_MOVED:
                         raise
                     # Another relay delivered this subscription for a moment: what it
@@ -390,15 +400,13 @@ class SubscriptionWorker:
         finally:
             for flight in flights:
                 flight.task.cancel()
+            if acks is None and self.settled.is_set():
+                acks, self.pending = self.pending, None
             if acks is not None:  # delivered batches not recorded yet: record them now, not after a restart
                 await self._step(acks, peek_after=None, peek=False)
 
     async def _step(self, acks: _Acks | None, *, peek_after: int | None, peek: bool) -> list[asyncpg.Record]:
-        async with self.ctx.pool.acquire() as conn:
-            return await conn.fetch(  # type: ignore[no-any-return]
-                sql.query("webhook_step"), self.sub.name, self.sub.consumer, self.ctx.max_batch_events,
-                self.sub.ordered, *(acks.args() if acks else NO_ACKS), peek, peek_after, self.epoch,
-            )  # fmt: skip
+        return await self.ctx.steps.step(self.step_for(acks, peek=peek, peek_after=peek_after))
 
     async def _cursor_tick(self) -> int | None:
         async with self.ctx.pool.acquire() as conn:

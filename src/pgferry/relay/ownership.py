@@ -130,8 +130,8 @@ class Ownership:
             owned.worker.stop()
             owned.task.cancel()
 
-    def _on_tick(self, *_: object) -> None:
-        self.watch.notify()
+    def _on_tick(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        self.watch.notify(int(payload) if payload.isdigit() else None)
 
     async def _round(self, conn: asyncpg.Connection) -> None:
         # One round trip: heartbeat, active subscriptions, number of live relays

@@ -7,7 +7,7 @@
 --
 -- So every claim bumps the consumer's owner_epoch (ferry._claim_consumer), the
 -- worker carries the epoch it claimed, and every write it makes checks it
--- (ferry._fence, ferry.webhook_step, ferry._advance_consumers): a relay that
+-- (ferry._fence, ferry.webhook_steps): a relay that
 -- lost a subscription can neither read a new batch, nor record attempts,
 -- parks and dead letters, nor move the cursor; it stops that worker. The
 -- fence takes a share lock on the consumer row, so a claim waits for a
@@ -15,6 +15,8 @@
 
 alter table ferry.consumers add column owner_epoch bigint not null default 0;
 
+-- ferry.webhook_steps replaces it: the steps of many subscriptions in one
+-- statement, each fenced by its epoch, one read per group of subscriptions at
+-- the same position on the same streams.
 drop function if exists ferry.webhook_step(text, text, integer, boolean, bigint, bigint, bigint[], integer[], integer[],
                                            real[], boolean, bigint);
-drop function if exists ferry._advance_consumers(text[], bigint[], bigint[]);
