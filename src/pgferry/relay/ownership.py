@@ -184,10 +184,15 @@ class Ownership:
                 task = asyncio.create_task(worker.run(), name=f"deliver {name}")
                 self.owned[name] = _Owned(worker, task, key)
                 log.info("delivery: now delivering subscription %s -> %s", name, _host(sub.url))
-        if len(self.owned) > share:
-            name = sorted(self.owned)[-1]
-            log.info("delivery: handing subscription %s to another relay (fair share %d)", name, share)
-            await self._release(conn, name, graceful=True)
+        # Every extra at once: with several relays starting together, the first to claim takes
+        # everything, and handing back one per round would take minutes with 1,000 subscriptions.
+        extras = sorted(self.owned)[share:]
+        if extras:
+            log.info("delivery: handing %d subscription(s) to other relays (fair share %d)", len(extras), share)
+            await asyncio.gather(*(self._stop_worker(n, self.owned[n], True) for n in extras))
+            for name in extras:
+                owned = self.owned.pop(name)
+                await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, owned.lock_key)
 
     def in_flight(self) -> dict[str, int]:
         """Events in requests in flight, per subscription this relay delivers."""
