@@ -56,7 +56,10 @@ async def test_relay_serves_delivery_tick_and_database_metrics(
 
         async def delivered() -> bool:
             dead = await conn.fetchval("select count(*) from ferry.dead_letters")
-            return bool(len(good.received) == 3 and dead == 6)  # batch_size 2: 3 requests
+            # An idle subscription's acknowledgements are recorded a moment after its deliveries
+            # (with other idle subscriptions', delivery/watch.py): wait for its cursor too.
+            behind = await conn.fetchval("select lag_events from ferry.subscription_status() where name = 'good'")
+            return bool(len(good.received) == 3 and dead == 6 and behind == 0)  # batch_size 2: 3 requests
 
         await eventually(delivered, what="deliveries and dead letters")
         samples = await scrape(url)

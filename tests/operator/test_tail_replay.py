@@ -219,6 +219,7 @@ _NO_SCHEMA_NEEDED = {
     ("bench", "stream-writes"),
     ("bench", "streams"),
     ("bench", "backfill"),
+    ("bench", "fanout"),
     ("bench", "http"),  # no database at all
     ("run-child",),  # hidden: a child of `run --processes N`, whose supervisor checks the schema first
 }

@@ -86,6 +86,8 @@ def _sections(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ..
 @click.option("--e2e-clients", default=10, show_default=True, type=click.IntRange(1), help="End-to-end clients.")
 @click.option("--publish-tasks", default=16, show_default=True, type=click.IntRange(1), help="publish() tasks.")
 @click.option("--idle-seconds", default=10.0, show_default=True, type=click.FloatRange(1), help="Idle window.")
+@click.option("--idle-subscriptions", default=1000, show_default=True, type=click.IntRange(0),
+              help="Idle: measure again with this many webhook subscriptions on a stream nothing writes.")  # fmt: skip
 @click.option(
     "--pg-stat-statements",
     "stat_statements",
@@ -113,6 +115,7 @@ def capture(
     e2e_clients: int,
     publish_tasks: int,
     idle_seconds: float,
+    idle_subscriptions: int,
     stat_statements: bool,
     filtered: bool,
     json_out: Path | None,
@@ -135,6 +138,7 @@ def capture(
         e2e_clients=e2e_clients,
         publish_tasks=publish_tasks,
         idle_seconds=idle_seconds,
+        idle_subscriptions=idle_subscriptions,
         stat_statements=stat_statements,
         filtered=filtered,
     )
@@ -354,6 +358,36 @@ def backfill(
     _run_bench(database_url, go)
 
 
+@click.command("fanout")
+@database_url_option
+@click.option("--subscriptions", default=1000, show_default=True, type=click.IntRange(1),
+              help="Webhook subscriptions, each to its own endpoint (a loopback port of the receiver).")  # fmt: skip
+@click.option("--events", default=100, show_default=True, type=click.IntRange(1), help="Events each one receives.")
+@click.option("--rate", default=5.0, show_default=True, type=click.FloatRange(0.1),
+              help="Events published per second (own: per second on every stream).")  # fmt: skip
+@click.option("--layout", type=click.Choice(["shared", "own"]), default="shared", show_default=True,
+              help="shared: one stream every subscription follows; own: a stream per subscription.")  # fmt: skip
+@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for deliveries after publishing.")
+def fanout(database_url: str | None, subscriptions: int, events: int, rate: float, layout: str, timeout: float) -> None:
+    """Many subscriptions on one relay, each to its own endpoint: exactly once, p99 commit-to-receipt,
+    database transactions/s, relay CPU and peak memory (targets: 0 lost, 0 dupes, p99 <= 1 s)."""
+    from pgferry.bench.context import BenchSettings, scratch_database
+    from pgferry.bench.fanout import FanoutSettings, run_fanout_bench
+    from pgferry.bench.report import table
+
+    settings = FanoutSettings(subscriptions=subscriptions, events=events, rate=rate, layout=layout, timeout=timeout)
+
+    async def go(admin_url: str) -> bool:
+        async with scratch_database(BenchSettings(), admin_url) as ctx:
+            await run_fanout_bench(ctx, settings)
+        click.echo("\nTargets")
+        rows = [[t.what, t.goal, t.measured, "met" if t.met else "MISSED"] for t in ctx.targets]
+        click.echo(table(["what", "goal", "measured", "result"], rows))
+        return all(t.met for t in ctx.targets)
+
+    _run_bench(database_url, go)
+
+
 def _scenarios(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
     from pgferry.bench.streams.common import SCENARIOS
 
@@ -455,6 +489,7 @@ def filter_(database_url: str | None, rows: int, rounds: int) -> None:
 def register(group: click.Group) -> None:
     """Add the bench subcommands to ``group`` (the `pgferry bench` group)."""
     group.add_command(capture)
+    group.add_command(fanout)
     group.add_command(webhooks)
     group.add_command(filter_)
     group.add_command(soak)

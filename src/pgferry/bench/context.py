@@ -36,6 +36,8 @@ class BenchSettings:
     e2e_clients: int = 10
     publish_tasks: int = 16
     idle_seconds: float = 10.0
+    #: the idle section measures again with this many idle subscriptions
+    idle_subscriptions: int = 1000
     #: break idle queries down by statement (needs pg_stat_statements preloaded)
     stat_statements: bool = False
     #: also insert into a table captured with a condition and a column list (inserts section)

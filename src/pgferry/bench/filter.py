@@ -1,7 +1,7 @@
 """`pgferry bench filter`: what a subscription filter costs the relay's read.
 
 A subscription's filter (migration 0012) is evaluated where the relay reads
-a batch (ferry.webhook_step), once per event of the subscription's streams.
+a batch (ferry.webhook_steps), once per event of the subscription's streams.
 This fills the log with captured rows (the Supabase envelope the filter
 sees), in ticks of TICK_ROWS rows, then walks the whole range with the very
 read a webhook worker makes, once per variant: no filter, filters that

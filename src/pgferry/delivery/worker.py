@@ -54,6 +54,7 @@ from pgferry.delivery.http import HttpResult, endpoint_of
 from pgferry.delivery.model import OutEvent, Subscription
 from pgferry.delivery.retry import judge
 from pgferry.delivery.signing import Signer
+from pgferry.delivery.steps import Step, Stepper, StepRefused
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ ATTEMPT_COLUMNS = (
 PIPELINE_DEPTH = 2
 #: SQLSTATE of ferry.advance_consumer when another process moved the cursor.
 CURSOR_MOVED = "PF001"
+#: SQLSTATE of ferry._fence when another relay claimed the subscription (migration 0016).
+OWNERSHIP_LOST = "PF002"
 
 
 class _InFlight:
@@ -116,6 +119,13 @@ class DeliveryContext:
     #: metrics hook: (subscription, outcomes, from a log batch?) after each round
     observe: Callable[[str, Sequence[Outcome], bool], None] | None = None
     health: EndpointHealth = field(default_factory=EndpointHealth)
+    #: every worker's acknowledgements and reads, many subscriptions per statement
+    steps: Stepper = field(init=False)
+    #: set by a worker that went idle holding acknowledgements: the LogWatch records them soon
+    acks_waiting: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.steps = Stepper(self.pool, self.max_batch_events)
 
 
 @dataclass
@@ -138,7 +148,7 @@ class _Bookkeeping:
 
 @dataclass
 class _Acks:
-    """Delivered batches whose cursor move and attempts ride along with the next webhook_step call."""
+    """Delivered batches whose cursor move and attempts ride along with the worker's next step."""
 
     start_tick: int
     end_tick: int
@@ -148,19 +158,9 @@ class _Acks:
         self.end_tick = flight.end_tick
         self.attempts.extend(books.attempts)
 
-    def args(self) -> tuple[Any, ...]:
-        a = self.attempts
-        return (
-            self.start_tick,
-            self.end_tick,
-            [x[1] for x in a],
-            [x[2] for x in a],
-            [x[3] for x in a],
-            [x[7] for x in a],
-        )
-
-
-NO_ACKS: tuple[None, ...] = (None,) * 6
+    def ack(self) -> tuple[int, int, list[tuple[int, int, int | None, float | None]]]:
+        """The cursor move and the delivered attempts (event, attempt, status, latency) to record."""
+        return self.start_tick, self.end_tick, [(x[1], x[2], x[3], x[7]) for x in self.attempts]
 
 
 @dataclass
@@ -186,9 +186,12 @@ class _Flight:
 
 
 class SubscriptionWorker:
-    def __init__(self, sub: Subscription, ctx: DeliveryContext) -> None:
+    def __init__(self, sub: Subscription, ctx: DeliveryContext, *, epoch: int | None = None) -> None:
         self.ctx = ctx
         self.sub = sub
+        #: the ownership epoch the relay claimed the subscription in: every read and recording
+        #: checks it, so that a relay that lost the subscription stops (migration 0016)
+        self.epoch = epoch
         self.signer = Signer(sub.secrets)
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
@@ -206,6 +209,19 @@ class SubscriptionWorker:
         #: events in requests sent as probes of a down endpoint, until their outcome is judged
         self.probes: set[int] = set()
         self.endpoint: Endpoint | None = None
+        #: the tick the batch loop has read up to while it waits with nothing to do (the relay's
+        #: LogWatch moves it over ranges holding nothing for this subscription), else None
+        self.idle_at: int | None = None
+        #: acknowledgements held while idle (delivered batches, ranges skipped): they ride along
+        #: with the next read, or the LogWatch records them with every idle worker's, in one statement
+        self.pending: _Acks | None = None
+        #: cleared while the LogWatch records ``pending``: the batch loop waits for it before reading
+        self.settled = asyncio.Event()
+        self.settled.set()
+        #: set when the batch loop must read again from the consumer's cursor
+        self.start_over = False
+        #: whether the retry loop waits for its next parked event (the LogWatch wakes it if one is due)
+        self.retries_idle = False
         self._watch(sub)
 
     def _watch(self, sub: Subscription) -> None:
@@ -237,6 +253,35 @@ class SubscriptionWorker:
         self.signer = Signer(sub.secrets)
         self._watch(sub)
 
+    def skip(self, from_tick: int, to_tick: int) -> bool:
+        """Moves the idle batch loop over ``(from_tick, to_tick]``, a range that holds nothing for
+        this subscription, without a read; False (nothing changed) unless it waits at ``from_tick``.
+        The cursor itself moves with the pending acknowledgements."""
+        if self.idle_at != from_tick or not self.settled.is_set():
+            return False
+        if self.pending is None:
+            self.pending = _Acks(from_tick, to_tick, [])
+        elif self.pending.end_tick == from_tick:
+            self.pending.end_tick = to_tick
+        else:
+            return False
+        self.idle_at = to_tick
+        return True
+
+    def take_pending(self) -> Step | None:
+        """The idle worker's pending acknowledgements as a step, handed to the LogWatch, which sends
+        it and then sets ``settled``; the batch loop does not read until then."""
+        if self.pending is None or self.idle_at is None:
+            return None
+        pending, self.pending = self.pending, None
+        self.settled.clear()
+        return self.step_for(pending, peek=False, peek_after=None)
+
+    def step_for(self, acks: _Acks | None, *, peek: bool, peek_after: int | None) -> Step:
+        """A step of this subscription: acknowledge ``acks``, and (``peek``) read after ``peek_after``."""
+        sub = self.sub
+        return Step(sub.name, sub.consumer, self.epoch, sub.ordered, acks.ack() if acks else None, peek, peek_after)
+
     def stop(self) -> None:
         self.stopping.set()
         self.wake.set()
@@ -250,6 +295,11 @@ class SubscriptionWorker:
             # cancels us after its grace period).
             while self.background:
                 await asyncio.gather(*self.background, return_exceptions=True)
+        except (asyncpg.PostgresError, StepRefused) as exc:
+            if exc.sqlstate != OWNERSHIP_LOST:
+                raise
+            # Another relay delivers it now: what we had read and not recorded, it sends again.
+            log.warning("subscription %s: %s; this relay stops delivering it", self.sub.name, exc.args[0])
         finally:
             for task in [*loops, *self.background]:
                 task.cancel()
@@ -287,10 +337,16 @@ class SubscriptionWorker:
         ahead: int | None = None  # end tick of the newest batch read; None: start at the consumer's cursor
         fresh = True  # nothing read yet (or starting over): read at once
         more = False  # the last read stopped short of the newest tick (batch size limit)
-        last_read = 0.0
         try:
             while True:
                 try:
+                    if self.idle_at is not None:  # woken: where the LogWatch moved us meanwhile
+                        ahead, self.idle_at = self.idle_at, None
+                        acks, self.pending = self.pending, None
+                    await self.settled.wait()
+                    if self.start_over:
+                        self.start_over = False
+                        acks, ahead, fresh = None, None, True
                     while flights and flights[0].task.done():
                         flight = flights.popleft()
                         books = flight.task.result()
@@ -306,13 +362,11 @@ class SubscriptionWorker:
                     if self.stopping.is_set() and not flights:
                         break
                     room = not self.stopping.is_set() and len(flights) < (1 if self.sub.ordered else PIPELINE_DEPTH)
-                    # Read when there may be something new: a tick was announced, the
-                    # last read was cut short, acknowledgements are waiting, or the
-                    # fallback poll is due (a lost notification costs latency, not data).
-                    due = fresh or more or acks is not None or self.wake.is_set()
-                    if room and (due or time.monotonic() - last_read >= self.ctx.poll_interval):
+                    # Read when there may be something new: the relay's LogWatch woke us
+                    # (a tick on our streams, or its fallback poll), or the last read was
+                    # cut short. Acknowledgements wait for the next read (or the LogWatch).
+                    if room and (fresh or more or self.wake.is_set()):
                         self.wake.clear()
-                        last_read = time.monotonic()
                         rows = await self._step(acks, peek_after=ahead, peek=True)
                         acks, fresh, more = None, False, False
                         if rows:
@@ -322,9 +376,17 @@ class SubscriptionWorker:
                             flights.append(_Flight(rows[0]["start_tick"], rows[0]["end_tick"], task))
                             ahead, more = rows[0]["end_tick"], rows[0]["more"]
                             continue
-                    timeout = max(0.0, last_read + self.ctx.poll_interval - time.monotonic()) if room else None
-                    await self._wait(flights[0].task if flights else None, wake=room, timeout=timeout)
-                except asyncpg.PostgresError as exc:
+                        if ahead is None:  # nothing new since the cursor: learn where it is
+                            ahead = await self._cursor_tick()
+                    if room and not flights and self.idle_at is None:
+                        # Nothing to do: the LogWatch may move us over empty ranges, and records
+                        # what we acknowledge with every idle subscription's, in one statement.
+                        self.idle_at, self.pending = ahead, acks
+                        if acks is not None:
+                            acks = None
+                            self.ctx.acks_waiting.set()
+                    await self._wait(flights[0].task if flights else None, wake=room)
+                except (asyncpg.PostgresError, StepRefused) as exc:
                     if exc.sqlstate != CURSOR_MOVED:
                         raise
                     # Another relay delivered this subscription for a moment: what it
@@ -338,15 +400,17 @@ class SubscriptionWorker:
         finally:
             for flight in flights:
                 flight.task.cancel()
+            if acks is None and self.settled.is_set():
+                acks, self.pending = self.pending, None
             if acks is not None:  # delivered batches not recorded yet: record them now, not after a restart
                 await self._step(acks, peek_after=None, peek=False)
 
     async def _step(self, acks: _Acks | None, *, peek_after: int | None, peek: bool) -> list[asyncpg.Record]:
+        return await self.ctx.steps.step(self.step_for(acks, peek=peek, peek_after=peek_after))
+
+    async def _cursor_tick(self) -> int | None:
         async with self.ctx.pool.acquire() as conn:
-            return await conn.fetch(  # type: ignore[no-any-return]
-                sql.query("webhook_step"), self.sub.name, self.sub.consumer, self.ctx.max_batch_events,
-                self.sub.ordered, *(acks.args() if acks else NO_ACKS), peek, peek_after,
-            )  # fmt: skip
+            return await conn.fetchval(sql.query("consumer_tick"), self.sub.consumer)  # type: ignore[no-any-return]
 
     async def _deliver_batch(self, events: Sequence[OutEvent], blocked: set[str]) -> _Bookkeeping:
         if self.sub.kind == "pg_net" and events:
@@ -370,14 +434,14 @@ class SubscriptionWorker:
         books.recorded = recorded
         return books
 
-    async def _wait(self, head: asyncio.Task[_Bookkeeping] | None, *, wake: bool, timeout: float | None) -> None:
-        """Until the oldest batch in flight is done, or (``wake``) a tick is announced, or ``timeout``."""
+    async def _wait(self, head: asyncio.Task[_Bookkeeping] | None, *, wake: bool) -> None:
+        """Until the oldest batch in flight is done, or (``wake``) the LogWatch wakes us."""
         waiters: set[asyncio.Future[Any]] = set() if head is None else {head}
         waker = asyncio.ensure_future(self.wake.wait()) if wake else None
         if waker is not None:
             waiters.add(waker)
         try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if waker is not None:
                 waker.cancel()
@@ -414,10 +478,16 @@ class SubscriptionWorker:
             if not events:
                 if probe and self.endpoint is not None:  # nothing of ours to probe with: another worker may
                     self.ctx.health.report(self.endpoint, WITHDRAWN, Admission.PROBE)
-                delay = self.ctx.poll_interval
-                if next_at is not None:
-                    delay = min(delay, max(0.0, (next_at - datetime.now(UTC)).total_seconds()))
-                await wait_for_event(self.retry_wake, delay)
+                # Until the next parked event is due; events parked by someone else (a dead
+                # letter replayed) are found by the LogWatch's fallback poll, which wakes us.
+                self.retries_idle = True
+                try:
+                    if next_at is None:
+                        await self.retry_wake.wait()
+                    else:
+                        await wait_for_event(self.retry_wake, max(0.0, (next_at - datetime.now(UTC)).total_seconds()))
+                finally:
+                    self.retries_idle = False
                 continue
             books = await self._deliver_and_account(events, set(), from_batch=False, probe=probe)
             await self._record(books, advance=None)
@@ -681,6 +751,8 @@ class SubscriptionWorker:
         (``advance``: from tick, to tick; None for parked retries), in one transaction."""
         sub = self.sub
         async with self.ctx.pool.acquire() as conn, conn.transaction():
+            if self.epoch is not None:  # still ours? (holds the consumer row against a new owner's claim)
+                await conn.execute(sql.query("fence"), sub.consumer, self.epoch)
             if books.attempts:
                 await conn.copy_records_to_table(
                     "attempts", schema_name="ferry", columns=ATTEMPT_COLUMNS, records=books.attempts
@@ -704,6 +776,8 @@ class SubscriptionWorker:
                 await conn.execute(sql.query("advance_consumer"), sub.consumer, *advance)
         if books.recorded is not None:
             books.recorded.set()
+        if books.park:  # the retry loop learns when they are due
+            self.retry_wake.set()
         if books.bury:
             log.warning("subscription %s: %d event(s) moved to dead letters", sub.name, len(books.bury))
 

@@ -7,7 +7,8 @@ their next round (every ``claim_interval`` seconds). Relays heartbeat into
 ferry.relays (for `pgferry status`) and hold a shared "presence" lock; each
 claims at most its fair share (subscriptions / relays holding the presence
 lock, rounded up) and hands back extras, so load spreads as relays join.
-The same connection LISTENs for ticks and wakes the workers.
+The same connection LISTENs for ticks and hands them to the LogWatch, which
+wakes the workers concerned.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pgferry.aio import backoff_delay, wait_for_event
 from pgferry.db import CONNECTION_ERRORS
 from pgferry.delivery.http import endpoint_of
 from pgferry.delivery.model import Subscription
+from pgferry.delivery.watch import LogWatch
 from pgferry.delivery.worker import DeliveryContext, SubscriptionWorker
 from pgferry.log.reader import TICK_CHANNEL
 from pgferry.schema import CONSUMER_LOCK_CLASS, LOCK_CLASS
@@ -73,8 +75,18 @@ class Ownership:
         self.owned: dict[str, _Owned] = {}
         #: metrics hook: seconds the heartbeat round trip took
         self.observe_round: Callable[[float], None] | None = None
+        #: wakes the workers, with one query for all of them (delivery.watch)
+        self.watch = LogWatch(ctx, lambda: [o.worker for o in self.owned.values()])
 
     async def run(self, stop: asyncio.Event) -> None:
+        watch = asyncio.create_task(self.watch.run(stop), name="log watch")
+        try:
+            await self._own(stop)
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+
+    async def _own(self, stop: asyncio.Event) -> None:
         failures = 0
         while not stop.is_set():
             try:
@@ -118,9 +130,8 @@ class Ownership:
             owned.worker.stop()
             owned.task.cancel()
 
-    def _on_tick(self, *_: object) -> None:
-        for owned in self.owned.values():
-            owned.worker.wake.set()
+    def _on_tick(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        self.watch.notify(int(payload) if payload.isdigit() else None)
 
     async def _round(self, conn: asyncpg.Connection) -> None:
         # One round trip: heartbeat, active subscriptions, number of live relays
@@ -158,8 +169,14 @@ class Ownership:
                 continue
             key = await conn.fetchval(sql.query("consumer_lock_key"), sub.consumer)
             if await conn.fetchval(sql.query("try_advisory_lock"), CONSUMER_LOCK_CLASS, key):
+                # A new ownership epoch fences off a former owner that has not noticed yet.
+                epoch = await conn.fetchval(sql.query("claim_consumer"), sub.consumer)
+                if epoch is None:
+                    log.info("delivery: subscription %s is still being recorded by its former owner; later", name)
+                    await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, key)
+                    continue
                 try:
-                    worker = SubscriptionWorker(sub, self.ctx)
+                    worker = SubscriptionWorker(sub, self.ctx, epoch=epoch)
                 except ValueError as exc:  # e.g. a secret that is not whsec_<base64>
                     log.error("delivery: cannot deliver subscription %s: %s", name, exc)
                     await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, key)
@@ -167,10 +184,15 @@ class Ownership:
                 task = asyncio.create_task(worker.run(), name=f"deliver {name}")
                 self.owned[name] = _Owned(worker, task, key)
                 log.info("delivery: now delivering subscription %s -> %s", name, _host(sub.url))
-        if len(self.owned) > share:
-            name = sorted(self.owned)[-1]
-            log.info("delivery: handing subscription %s to another relay (fair share %d)", name, share)
-            await self._release(conn, name, graceful=True)
+        # Every extra at once: with several relays starting together, the first to claim takes
+        # everything, and handing back one per round would take minutes with 1,000 subscriptions.
+        extras = sorted(self.owned)[share:]
+        if extras:
+            log.info("delivery: handing %d subscription(s) to other relays (fair share %d)", len(extras), share)
+            await asyncio.gather(*(self._stop_worker(n, self.owned[n], True) for n in extras))
+            for name in extras:
+                owned = self.owned.pop(name)
+                await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, owned.lock_key)
 
     def in_flight(self) -> dict[str, int]:
         """Events in requests in flight, per subscription this relay delivers."""

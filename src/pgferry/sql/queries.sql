@@ -105,9 +105,9 @@ select live_relays, (subscription).* from ferry.relay_round($1, $2, $3, $4, $5::
 -- name: announce_presence
 select pg_advisory_lock_shared($1::int, $2::int)
 
--- name: webhook_step
-select start_tick, end_tick, more, id, stream, key, payload, headers, created_at, blocked
-from ferry.webhook_step($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+-- name: webhook_steps
+select reqs, refused, start_tick, end_tick, more, id, stream, key, payload, headers, created_at, blocked
+from ferry.webhook_steps($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
 
 -- name: advance_consumer
 select ferry.advance_consumer($1, $2, $3)
@@ -137,6 +137,36 @@ on conflict (subscription, event_id) do nothing
 
 -- name: unpark
 delete from ferry.retries where subscription = $1 and event_id = any ($2::bigint[])
+
+-- name: claim_consumer
+select ferry._claim_consumer($1)
+
+-- name: fence
+select ferry._fence($1, $2)
+
+-- name: consumer_tick
+select tick_id from ferry.consumers where name = $1
+
+-- name: log_watch
+-- The relay's LogWatch in one round trip: the newest tick; the streams with
+-- events after tick $1 up to it ('{}' when none is newer, NULL when $1 is NULL
+-- or no longer retained, or not asked for ($4 false): unknown); and which of
+-- the subscriptions $2 (with ordering $3) have a parked event due now
+-- (due_retries' condition).
+with t as (select max(id) as latest from ferry.ticks)
+select t.latest,
+       case when $1::bigint is null then null
+            when t.latest = $1 then '{}'::text[]
+            when $4 then ferry._range_streams($1, t.latest) end as streams,
+       array(select w.name from unnest($2::text[], $3::boolean[]) as w(name, ordered)
+             where exists (
+                 select 1 from ferry.retries r
+                 where r.subscription = w.name and r.next_attempt_at <= now()
+                   and (not w.ordered or r.key is null or not exists (
+                         select 1 from ferry.retries r2
+                         where r2.subscription = r.subscription and r2.key = r.key and r2.event_id < r.event_id
+                           and r2.next_attempt_at > now())))) as due
+from t
 
 -- name: retry_in_flight_now
 -- Events parked as in flight whose requests a stopping worker abandoned: due now.

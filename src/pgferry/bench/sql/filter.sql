@@ -2,7 +2,7 @@
 
 -- name: subscribe
 -- One subscription per variant, all reading the same log from now on (nothing is ever sent:
--- the bench reads with ferry.webhook_step and never runs a relay).
+-- the bench reads with ferry.webhook_steps and never runs a relay).
 select ferry.subscribe($1, array['bench.capture'], 'http://127.0.0.1:9/never', filter => $2)
 
 -- name: fill
@@ -22,7 +22,8 @@ analyze
 select count(*) from ferry.events where stream = 'bench.capture'
 
 -- name: read
--- The relay's read of a subscription's next batch after tick $2 (or its cursor), as webhook_step
+-- The relay's read of a subscription's next batch after tick $2 (or its cursor), as webhook_steps
 -- makes it for a worker, without opening or acknowledging anything.
 select start_tick, end_tick, more, id
-from ferry.webhook_step($1, 'webhook:' || $1, null, false, null, null, null, null, null, null, true, $2)
+from ferry.webhook_steps(array[$1], array['webhook:' || $1], array[null::bigint], array[false], array[null::bigint],
+                         array[null::bigint], array[true], array[$2::bigint], '{}', '{}', '{}', '{}', '{}', null)

@@ -67,3 +67,12 @@ select s.query, sum(s.calls)::bigint as calls
 from pg_stat_statements s join pg_database d on d.oid = s.dbid
 where d.datname = $1
 group by s.query
+
+-- name: idle_subscribe
+-- $1 webhook subscriptions on a stream nothing writes (the discard port: never sent to).
+select count(*) from (
+    select ferry.subscribe('bench-idle-' || n, array['bench-idle'], 'http://127.0.0.1:9/idle')
+    from generate_series(1, $1) n) s
+
+-- name: idle_unsubscribe
+select count(ferry.unsubscribe(name)) from ferry.subscriptions where name like 'bench-idle-%'

@@ -1,0 +1,15 @@
+-- SQL of `pgferry bench fanout` (bench/fanout.py).
+
+-- name: subscribe
+-- One subscription per receiver port $1, on one shared stream ($2) or each on its own.
+select count(*) from (
+    select ferry.subscribe('fan-' || o, array[case when $2 then 'fan' else 'fan-' || o end],
+                           'http://127.0.0.1:' || p || '/fan-' || o)
+    from unnest($1::int[]) with ordinality as u(p, o)) s
+
+-- name: publish
+-- Event $1: one on the shared stream ($3), or one on each of the $2 subscriptions' streams.
+select count(*) from ferry.publish_many(
+    array(select case when $3 then 'fan' else 'fan-' || g end from generate_series(1, case when $3 then 1 else $2 end) g),
+    array(select jsonb_build_object('n', $1::int, 't', extract(epoch from clock_timestamp()))
+          from generate_series(1, case when $3 then 1 else $2 end)))

@@ -1,0 +1,90 @@
+"""Idle subscriptions cost the database nothing each (issue 16, "many subscriptions").
+
+A relay used to poll once a second per subscription for new batches and
+twice for parked retries: 1,000 idle subscriptions were 3,000 transactions a
+second. Now one LogWatch per relay polls for all of them, wakes only the
+workers whose streams moved, and moves the others' cursors in one statement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import asyncpg
+
+import pgferry
+from pgferry.receiver import Receiver, Respond
+from pgferry.relay.process import RelaySettings
+from tests.delivery.conftest import RunningRelay
+from tests.helpers import eventually
+
+QUIET = 300
+#: backends report their transaction counts at most once a second when busy, and up to
+#: 10 s late once idle (PGSTAT_IDLE_INTERVAL): the start-up burst must land before the window
+STATS_FLUSH_S = 1.2
+SETTLE_S = 11.0
+XACTS = "select xact_commit + xact_rollback from pg_stat_database where datname = current_database()"
+
+
+async def _xacts(conn: asyncpg.Connection) -> int:
+    await conn.execute("select pg_stat_clear_snapshot()")
+    return int(await conn.fetchval(XACTS))
+
+
+async def test_idle_subscriptions_cost_no_queries_of_their_own_and_keep_up_with_the_log(
+    db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    receiver = Receiver(lambda _: Respond())
+    url = await receiver.start(path="")
+    await conn.execute(
+        "select ferry.subscribe('quiet-' || n, array['quiet'], $1 || '/quiet') from generate_series(1, $2) n",
+        url, QUIET,
+    )  # fmt: skip
+    await ferry.subscribe("busy", ["busy"], url + "/busy")
+    # The default ticker, ownership rounds and fallback poll, as `pgferry run` has them.
+    relay = RunningRelay(db_url, RelaySettings())
+    try:
+        await eventually(lambda: _owned(relay, QUIET + 1), timeout=30, what="the relay owning every subscription")
+
+        # Writes to another stream: the busy subscription gets them, and the quiet ones'
+        # cursors follow the log without a read of their own.
+        for n in range(10):
+            await ferry.publish("busy", {"n": n})
+            await asyncio.sleep(0.05)
+        await eventually(lambda: _received(receiver, "/busy", 10), what="the busy subscription's events")
+        last = int(await conn.fetchval("select max(id) from ferry.ticks"))
+
+        async def quiet_caught_up() -> bool:
+            behind = await conn.fetchval(
+                "select count(*) from ferry.consumers where name like 'webhook:quiet-%' and tick_id < $1", last
+            )
+            return int(behind) == 0
+
+        await eventually(quiet_caught_up, timeout=10, what="the quiet subscriptions' cursors passing the busy ticks")
+
+        # Idle: the whole relay, with 301 subscriptions, runs a few transactions a second.
+        await asyncio.sleep(SETTLE_S)
+        before, started = await _xacts(conn), time.monotonic()
+        await asyncio.sleep(3.0)
+        await asyncio.sleep(STATS_FLUSH_S)
+        after = await _xacts(conn)
+        rate = (after - before - 2) / (time.monotonic() - started)  # our own two reads left out
+        assert rate <= 10, f"{rate:.1f} transactions/s with {QUIET + 1} idle subscriptions"
+
+        # A quiet subscription still gets its event at once when its stream moves.
+        await ferry.publish("quiet", {"hello": True})
+        await eventually(lambda: _received(receiver, "/quiet", QUIET), timeout=20, what="the quiet event everywhere")
+    finally:
+        await relay.stop()
+        await receiver.stop()
+    assert len([r for r in receiver.received if r.path.startswith("/quiet")]) == QUIET  # exactly once each
+
+
+async def _owned(relay: RunningRelay, n: int) -> bool:
+    ownership = getattr(relay.relay, "ownership", None)
+    return ownership is not None and len(ownership.owned) >= n
+
+
+async def _received(receiver: Receiver, prefix: str, n: int) -> bool:
+    return len([r for r in receiver.received if r.path.startswith(prefix)]) >= n

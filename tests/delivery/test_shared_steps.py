@@ -1,0 +1,152 @@
+"""Many subscriptions, one statement: ferry.webhook_steps and the relay's Stepper (issue 16).
+
+Subscriptions at the same position on the same streams share one read of a
+tick's events; every subscription's acknowledgement rides in the same
+statement; one subscription refused (cursor moved, another relay's epoch,
+gone, fallen out of retention) fails only its own step.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+import orjson
+
+import pgferry
+from pgferry import sql
+from pgferry.receiver import Receiver, Respond
+from tests.delivery.conftest import RunningRelay
+from tests.helpers import eventually
+
+
+async def _steps(
+    conn: asyncpg.Connection, *requests: dict[str, Any], attempts: Sequence[tuple[Any, ...]] = ()
+) -> list[Any]:
+    """ferry.webhook_steps with one dict per request (subscription, and optional settings)."""
+
+    def col(name: str, default: Any = None) -> list[Any]:
+        return [r.get(name, default) for r in requests]
+
+    return await conn.fetch(  # type: ignore[no-any-return]
+        sql.query("webhook_steps"),
+        col("subscription"), ["webhook:" + r["subscription"] for r in requests], col("epoch"), col("ordered", False),
+        col("ack_from"), col("ack_to"), col("peek", True), col("peek_after"),
+        [a[0] for a in attempts], [a[1] for a in attempts], [a[2] for a in attempts], [a[3] for a in attempts],
+        [a[4] for a in attempts], None,
+    )  # fmt: skip
+
+
+async def test_subscriptions_at_one_position_share_one_read_and_the_rest_read_alone(
+    conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    for name in ("a", "b", "c"):
+        await ferry.subscribe(name, ["s"], "http://127.0.0.1:9/x")
+    await ferry.subscribe("big", ["s"], "http://127.0.0.1:9/x", filter="$.n > 0")
+    await ferry.subscribe("keys", ["s"], "http://127.0.0.1:9/x", ordered=True)
+    await ferry.publish("s", {"n": 0}, key="k")
+    await ferry.publish("s", {"n": 1}, key="k")
+    await conn.execute("select ferry.tick(true)")
+    rows = await _steps(conn, *({"subscription": s, "ordered": s == "keys"} for s in ("a", "b", "c", "big", "keys")))
+    by_reqs = Counter(tuple(r["reqs"]) for r in rows if r["id"] is not None)
+    # a, b and c: one read, each row once for the three of them; the filtered and the ordered
+    # subscription alone (their rows differ).
+    assert by_reqs == {(1, 2, 3): 2, (4,): 1, (5,): 2}
+    assert [orjson.loads(r["payload"])["n"] for r in rows if r["reqs"] == [4] and r["id"]] == [1]
+    # Every request also gets one row without an event: its range, to acknowledge.
+    assert sorted(tuple(r["reqs"]) for r in rows if r["id"] is None) == [(1, 2, 3), (4,), (5,)]
+
+    # Acknowledge a and b (with their attempts), read on: nothing new, so no rows.
+    start, end = rows[0]["start_tick"], rows[0]["end_tick"]
+    ids = [r["id"] for r in rows if r["reqs"] == [1, 2, 3] and r["id"]]
+    after = await _steps(
+        conn,
+        {"subscription": "a", "ack_from": start, "ack_to": end},
+        {"subscription": "b", "ack_from": start, "ack_to": end, "peek": False},
+        attempts=[(1, ids[0], 1, 200, 1.5), (2, ids[0], 1, 200, 2.5), (2, ids[1], 1, 200, 2.5)],
+    )
+    assert after == []
+    cursors = dict(
+        await conn.fetch("select name, tick_id from ferry.consumers where name in ('webhook:a', 'webhook:c')")
+    )
+    assert cursors == {"webhook:a": end, "webhook:c": start}
+    recorded = await conn.fetch("select subscription, count(*) from ferry.attempts group by 1 order by 1")
+    assert [tuple(r) for r in recorded] == [("a", 1), ("b", 2)]
+
+
+async def test_a_refused_step_fails_only_its_own_subscription(conn: asyncpg.Connection, ferry: pgferry.Ferry) -> None:
+    for name in ("ok", "moved", "claimed"):
+        await ferry.subscribe(name, ["s"], "http://127.0.0.1:9/x")
+    epoch = await conn.fetchval("select ferry._claim_consumer('webhook:claimed')")
+    await conn.execute("select ferry._claim_consumer('webhook:claimed')")  # another relay claims it after us
+    await ferry.publish("s", {"n": 0})
+    start = await conn.fetchval("select tick_id from ferry.consumers where name = 'webhook:ok'")
+    end = await conn.fetchval("select ferry.tick(true)")
+    rows = await _steps(
+        conn,
+        {"subscription": "ok", "ack_from": start, "ack_to": end},
+        {"subscription": "moved", "ack_from": start - 1, "ack_to": end},
+        {"subscription": "claimed", "epoch": epoch},
+        {"subscription": "nobody"},
+        {"subscription": "ok", "peek_after": -1, "ack_from": None},
+    )
+    refused = {r["reqs"][0]: r["refused"] for r in rows if r["refused"] is not None}
+    assert refused == {2: "PF001", 3: "PF002", 4: "42704", 5: "55000"}
+    assert await conn.fetchval("select tick_id from ferry.consumers where name = 'webhook:ok'") == end
+
+
+async def test_a_relay_reads_once_per_tick_for_many_subscriptions_and_delivers_each_event_once(
+    db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    subscriptions, events = 200, 20
+    receiver = Receiver(lambda _: Respond())
+    url = await receiver.start(path="")
+    await conn.execute(
+        "select ferry.subscribe('fan-' || n, array['fan'], $1 || '/fan-' || n) from generate_series(1, $2) n",
+        url, subscriptions,
+    )  # fmt: skip
+    relay = RunningRelay(db_url)
+    try:
+        await eventually(lambda: _owned(relay, subscriptions), timeout=30, what="the relay owning every subscription")
+        stepper = relay.relay.ownership.ctx.steps if relay.relay.ownership else None
+        assert stepper is not None
+        before_statements, before_steps = stepper.statements, stepper.steps
+        for n in range(events):
+            await ferry.publish("fan", {"n": n})
+        await eventually(
+            lambda: _received(receiver, subscriptions * events), timeout=60, what="every event at every endpoint"
+        )
+        statements, steps = stepper.statements - before_statements, stepper.steps - before_steps
+    finally:
+        await relay.stop()
+        await receiver.stop()
+    seen = Counter((r.path, orjson.loads(r.body)["n"]) for r in receiver.received)
+    assert len(seen) == subscriptions * events and max(seen.values()) == 1
+    # Every subscription stepped at least once per batch; the statements did not grow with them.
+    assert steps >= subscriptions
+    assert statements * 10 <= steps, f"{statements} statements for {steps} steps"
+
+
+async def _owned(relay: RunningRelay, n: int) -> bool:
+    return relay.relay.ownership is not None and len(relay.relay.ownership.owned) >= n
+
+
+async def _received(receiver: Receiver, n: int) -> bool:
+    return len(receiver.received) >= n
+
+
+async def test_subscriptions_on_different_streams_share_one_read_of_the_range(
+    conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    for name in ("x", "y", "z"):
+        await ferry.subscribe(name, [name], "http://127.0.0.1:9/x")
+    await ferry.subscribe("xy", ["x", "y"], "http://127.0.0.1:9/x")
+    for stream in ("x", "y", "other"):
+        await ferry.publish(stream, {"on": stream})
+    await conn.execute("select ferry.tick(true)")
+    rows = await _steps(conn, *({"subscription": s} for s in ("x", "y", "z", "xy")))
+    got = {(r["stream"], tuple(r["reqs"])) for r in rows if r["id"] is not None}
+    assert got == {("x", (1, 4)), ("y", (2, 4))}  # z: nothing on its stream; nobody reads "other"
+    assert [tuple(r["reqs"]) for r in rows if r["id"] is None] == [(1, 2, 3, 4)]
