@@ -14,10 +14,11 @@ from pgferry.ops import inspect
 from pgferry.ops.metrics import RelayMetrics
 from tests.helpers import cli, tick
 
-#: what a webhook worker reads next for subscription $1 (ferry.webhook_step peeking, acknowledging nothing)
+#: what a webhook worker reads next for subscription $1 (ferry.webhook_steps peeking, acknowledging nothing)
 PEEK = (
-    "select id from ferry.webhook_step($1, 'webhook:' || $1, 1000, false, null, null, null, null, null, null, "
-    "true, null)"
+    "select id from ferry.webhook_steps(array[$1], array['webhook:' || $1], array[null::bigint], array[false],"
+    " array[null::bigint], array[null::bigint], array[true], array[null::bigint], '{}', '{}', '{}', '{}', '{}', 1000)"
+    " where id is not null"
 )
 
 
