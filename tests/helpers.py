@@ -16,6 +16,7 @@ import asyncpg
 import pgferry
 from pgferry.delivery.model import Subscription
 from pgferry.receiver import Receiver
+from pgferry.relay.process import Relay
 
 #: The ``receiver_factory`` fixture: ``await make(behaviour)`` -> (receiver, its URL).
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
@@ -92,3 +93,13 @@ def pgferry_env(url: str) -> dict[str, str]:
     """The environment a `pgferry` subprocess of the tests gets: the database URL and PATH, and one relay
     process per `pgferry run` (see tests/conftest.py), nothing else."""
     return {"PGFERRY_DATABASE_URL": url, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PGFERRY_PROCESSES": "1"}
+
+
+async def owns(relay: Relay, n: int) -> bool:
+    """Whether the relay (running in this process) delivers at least ``n`` subscriptions."""
+    return relay.ownership is not None and len(relay.ownership.owned) >= n
+
+
+async def received(receiver: Receiver, n: int, prefix: str = "") -> bool:
+    """Whether ``receiver`` has answered at least ``n`` requests to paths starting with ``prefix``."""
+    return sum(1 for r in receiver.received if r.path.startswith(prefix)) >= n

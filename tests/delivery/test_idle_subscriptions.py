@@ -17,7 +17,7 @@ import pgferry
 from pgferry.receiver import Receiver, Respond
 from pgferry.relay.process import RelaySettings
 from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually
+from tests.helpers import eventually, owns, received
 
 QUIET = 300
 #: backends report their transaction counts at most once a second when busy, and up to
@@ -45,14 +45,14 @@ async def test_idle_subscriptions_cost_no_queries_of_their_own_and_keep_up_with_
     # The default ticker, ownership rounds and fallback poll, as `pgferry run` has them.
     relay = RunningRelay(db_url, RelaySettings())
     try:
-        await eventually(lambda: _owned(relay, QUIET + 1), timeout=30, what="the relay owning every subscription")
+        await eventually(lambda: owns(relay.relay, QUIET + 1), timeout=30, what="the relay owning every subscription")
 
         # Writes to another stream: the busy subscription gets them, and the quiet ones'
         # cursors follow the log without a read of their own.
         for n in range(10):
             await ferry.publish("busy", {"n": n})
             await asyncio.sleep(0.05)
-        await eventually(lambda: _received(receiver, "/busy", 10), what="the busy subscription's events")
+        await eventually(lambda: received(receiver, 10, "/busy"), what="the busy subscription's events")
         last = int(await conn.fetchval("select max(id) from ferry.ticks"))
 
         async def quiet_caught_up() -> bool:
@@ -74,17 +74,8 @@ async def test_idle_subscriptions_cost_no_queries_of_their_own_and_keep_up_with_
 
         # A quiet subscription still gets its event at once when its stream moves.
         await ferry.publish("quiet", {"hello": True})
-        await eventually(lambda: _received(receiver, "/quiet", QUIET), timeout=20, what="the quiet event everywhere")
+        await eventually(lambda: received(receiver, QUIET, "/quiet"), timeout=20, what="the quiet event everywhere")
     finally:
         await relay.stop()
         await receiver.stop()
     assert len([r for r in receiver.received if r.path.startswith("/quiet")]) == QUIET  # exactly once each
-
-
-async def _owned(relay: RunningRelay, n: int) -> bool:
-    ownership = getattr(relay.relay, "ownership", None)
-    return ownership is not None and len(ownership.owned) >= n
-
-
-async def _received(receiver: Receiver, prefix: str, n: int) -> bool:
-    return len([r for r in receiver.received if r.path.startswith(prefix)]) >= n

@@ -19,7 +19,7 @@ import pgferry
 from pgferry import sql
 from pgferry.receiver import Receiver, Respond
 from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually
+from tests.helpers import eventually, owns, received
 
 
 async def _steps(
@@ -109,14 +109,16 @@ async def test_a_relay_reads_once_per_tick_for_many_subscriptions_and_delivers_e
     )  # fmt: skip
     relay = RunningRelay(db_url)
     try:
-        await eventually(lambda: _owned(relay, subscriptions), timeout=30, what="the relay owning every subscription")
+        await eventually(
+            lambda: owns(relay.relay, subscriptions), timeout=30, what="the relay owning every subscription"
+        )
         stepper = relay.relay.ownership.ctx.steps if relay.relay.ownership else None
         assert stepper is not None
         before_statements, before_steps = stepper.statements, stepper.steps
         for n in range(events):
             await ferry.publish("fan", {"n": n})
         await eventually(
-            lambda: _received(receiver, subscriptions * events), timeout=60, what="every event at every endpoint"
+            lambda: received(receiver, subscriptions * events), timeout=60, what="every event at every endpoint"
         )
         statements, steps = stepper.statements - before_statements, stepper.steps - before_steps
     finally:
@@ -127,14 +129,6 @@ async def test_a_relay_reads_once_per_tick_for_many_subscriptions_and_delivers_e
     # Every subscription stepped at least once per batch; the statements did not grow with them.
     assert steps >= subscriptions
     assert statements * 10 <= steps, f"{statements} statements for {steps} steps"
-
-
-async def _owned(relay: RunningRelay, n: int) -> bool:
-    return relay.relay.ownership is not None and len(relay.relay.ownership.owned) >= n
-
-
-async def _received(receiver: Receiver, n: int) -> bool:
-    return len(receiver.received) >= n
 
 
 async def test_subscriptions_on_different_streams_share_one_read_of_the_range(

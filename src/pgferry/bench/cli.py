@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from pgferry import db
 from pgferry.errors import PgferryError
+
+if TYPE_CHECKING:
+    from pgferry.bench.context import BenchContext
 
 SECTION_NAMES = ("inserts", "e2e", "producers", "idle")
 
@@ -342,14 +345,19 @@ def backfill(
     """Backfill rows/s into the log, alone and with single-row writers on the same table, and the
     share of their throughput the writers keep (targets: 100,000 rows/s, 80%)."""
     from pgferry.bench.backfill import BackfillBenchSettings, run_backfill_bench
+
+    settings = BackfillBenchSettings(rows=rows, chunk=chunk, clients=clients, seconds=seconds, max_rate=max_rate)
+    _run_with_targets(database_url, lambda ctx: run_backfill_bench(ctx, settings))
+
+
+def _run_with_targets(database_url: str | None, run: Callable[[BenchContext], Awaitable[None]]) -> None:
+    """Runs one section in a scratch database, then prints its targets (exit 1 if one is missed)."""
     from pgferry.bench.context import BenchSettings, scratch_database
     from pgferry.bench.report import table
 
-    settings = BackfillBenchSettings(rows=rows, chunk=chunk, clients=clients, seconds=seconds, max_rate=max_rate)
-
     async def go(admin_url: str) -> bool:
         async with scratch_database(BenchSettings(), admin_url) as ctx:
-            await run_backfill_bench(ctx, settings)
+            await run(ctx)
         click.echo("\nTargets")
         rows = [[t.what, t.goal, t.measured, "met" if t.met else "MISSED"] for t in ctx.targets]
         click.echo(table(["what", "goal", "measured", "result"], rows))
@@ -371,21 +379,10 @@ def backfill(
 def fanout(database_url: str | None, subscriptions: int, events: int, rate: float, layout: str, timeout: float) -> None:
     """Many subscriptions on one relay, each to its own endpoint: exactly once, p99 commit-to-receipt,
     database transactions/s, relay CPU and peak memory (targets: 0 lost, 0 dupes, p99 <= 1 s)."""
-    from pgferry.bench.context import BenchSettings, scratch_database
     from pgferry.bench.fanout import FanoutSettings, run_fanout_bench
-    from pgferry.bench.report import table
 
     settings = FanoutSettings(subscriptions=subscriptions, events=events, rate=rate, layout=layout, timeout=timeout)
-
-    async def go(admin_url: str) -> bool:
-        async with scratch_database(BenchSettings(), admin_url) as ctx:
-            await run_fanout_bench(ctx, settings)
-        click.echo("\nTargets")
-        rows = [[t.what, t.goal, t.measured, "met" if t.met else "MISSED"] for t in ctx.targets]
-        click.echo(table(["what", "goal", "measured", "result"], rows))
-        return all(t.met for t in ctx.targets)
-
-    _run_bench(database_url, go)
+    _run_with_targets(database_url, lambda ctx: run_fanout_bench(ctx, settings))
 
 
 def _scenarios(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
