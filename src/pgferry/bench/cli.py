@@ -376,12 +376,18 @@ def _run_with_targets(database_url: str | None, run: Callable[[BenchContext], Aw
 @click.option("--layout", type=click.Choice(["shared", "own"]), default="shared", show_default=True,
               help="shared: one stream every subscription follows; own: a stream per subscription.")  # fmt: skip
 @click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for deliveries after publishing.")
-def fanout(database_url: str | None, subscriptions: int, events: int, rate: float, layout: str, timeout: float) -> None:
+@click.option("--processes", default=1, show_default=True, type=click.IntRange(1),
+              help="Relay processes (pgferry run --processes).")  # fmt: skip
+def fanout(
+    database_url: str | None, subscriptions: int, events: int, rate: float, layout: str, timeout: float, processes: int
+) -> None:
     """Many subscriptions on one relay, each to its own endpoint: exactly once, p99 commit-to-receipt,
     database transactions/s, relay CPU and peak memory (targets: 0 lost, 0 dupes, p99 <= 1 s)."""
     from pgferry.bench.fanout import FanoutSettings, run_fanout_bench
 
-    settings = FanoutSettings(subscriptions=subscriptions, events=events, rate=rate, layout=layout, timeout=timeout)
+    settings = FanoutSettings(
+        subscriptions=subscriptions, events=events, rate=rate, layout=layout, timeout=timeout, processes=processes
+    )
     _run_with_targets(database_url, lambda ctx: run_fanout_bench(ctx, settings))
 
 

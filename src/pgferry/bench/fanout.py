@@ -26,7 +26,7 @@ import orjson
 
 from pgferry import db
 from pgferry.bench.context import BENCH_DATABASE, BenchContext
-from pgferry.bench.procstat import cpu_seconds, memory_mb
+from pgferry.bench.procstat import children, memory_mb, tree_cpu_seconds
 from pgferry.bench.relay import running_relay
 from pgferry.bench.report import num, table
 from pgferry.bench.sqlfiles import named, query
@@ -42,10 +42,12 @@ class FanoutSettings:
     rate: float = 5.0
     layout: str = "shared"
     timeout: float = 120.0
+    #: relay processes (`pgferry run --processes`)
+    processes: int = 1
 
     def __post_init__(self) -> None:
-        if self.subscriptions < 1 or self.events < 1 or self.rate <= 0:
-            raise ValueError("subscriptions and events must be >= 1, rate > 0")
+        if self.subscriptions < 1 or self.events < 1 or self.rate <= 0 or self.processes < 1:
+            raise ValueError("subscriptions, events and processes must be >= 1, rate > 0")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}")
 
@@ -77,7 +79,9 @@ async def run_fanout_bench(ctx: BenchContext, s: FanoutSettings) -> None:
         async with ctx.connect() as conn:
             await conn.execute(_q("subscribe"), ports, s.layout == "shared")
         ctx.progress(f"[fanout] {s.subscriptions:,} subscriptions, {s.events} events at {s.rate:g}/s ({s.layout})")
-        async with running_relay(ctx.url, max_seconds=s.timeout + s.events / s.rate + 120) as relay:
+        async with running_relay(
+            ctx.url, max_seconds=s.timeout + s.events / s.rate + 120, args=["--processes", str(s.processes)]
+        ) as relay:
             result = await _load(ctx, s, receiver, relay.pid)
     finally:
         if proc.returncode is None:
@@ -91,8 +95,13 @@ async def _load(ctx: BenchContext, s: FanoutSettings, receiver: _ReceiverProcess
     admin = await db.connect(ctx.admin_url)
     try:
         async with ctx.connect() as conn:
+            settle = time.monotonic() + 60
+            while int(await conn.fetchval(_q("spread"), s.subscriptions // s.processes)) < s.processes:
+                if time.monotonic() > settle:
+                    raise click.ClickException(f"the relay's {s.processes} processes did not share the subscriptions")
+                await asyncio.sleep(0.5)
             xacts_before = int(await admin.fetchval(query("database_xacts"), BENCH_DATABASE))
-            cpu_before = cpu_seconds(relay_pid)
+            cpu_before = tree_cpu_seconds(relay_pid)
             started = time.monotonic()
             for n in range(s.events):  # one transaction per event (own: one event per stream)
                 await conn.execute(_q("publish"), n, s.subscriptions, s.layout == "shared")
@@ -123,8 +132,8 @@ async def _load(ctx: BenchContext, s: FanoutSettings, receiver: _ReceiverProcess
         "max_ms": latencies[-1] if latencies else float("nan"),
         "seconds": elapsed,
         "db_tps": xacts / elapsed,
-        "relay_cpu_s": cpu_seconds(relay_pid) - cpu_before,
-        "relay_peak_mb": memory_mb(relay_pid).get("VmHWM", float("nan")),
+        "relay_cpu_s": tree_cpu_seconds(relay_pid) - cpu_before,
+        "relay_peak_mb": sum(memory_mb(pid).get("VmHWM", 0.0) for pid in [relay_pid, *children(relay_pid)]),
     }
 
 
@@ -134,7 +143,7 @@ def _pct(values: list[float], q: float) -> float:
 
 def _report(ctx: BenchContext, s: FanoutSettings, r: dict[str, Any]) -> None:
     click.echo(f"\nFan-out: {s.subscriptions:,} subscriptions, each its own endpoint; {s.events} events "
-               f"at {s.rate:g}/s, layout {s.layout}; one relay")  # fmt: skip
+               f"at {s.rate:g}/s, layout {s.layout}; one relay, {s.processes} process(es)")  # fmt: skip
     click.echo(
         table(
             ["deliveries", "lost", "dupes", "p50 ms", "p99 ms", "max ms", "DB tx/s", "relay CPU", "relay peak MB"],
@@ -144,7 +153,8 @@ def _report(ctx: BenchContext, s: FanoutSettings, r: dict[str, Any]) -> None:
         )
     )  # fmt: skip
     click.echo("   latency: receipt minus the publishing statement's clock_timestamp(); DB tx/s: pg_stat_database "
-               "transactions over the run, publishing included; relay CPU: share of one core")  # fmt: skip
+               "transactions over the run, publishing included; relay CPU: share of one core, all its processes; "
+               "relay peak MB: the sum of its processes' peaks")  # fmt: skip
     ctx.results["fanout"] = r
     ok = r["lost"] == 0 and r["duplicates"] == 0
     ctx.target("fanout", "every event exactly once", "0 lost, 0 dupes", f"{r['lost']} / {r['duplicates']}", ok)

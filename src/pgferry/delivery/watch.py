@@ -92,6 +92,8 @@ class LogWatch:
                 await self._flush()
             except (asyncpg.PostgresError, *db.CONNECTION_ERRORS) as exc:
                 log.warning("delivery: recording progress failed (%s); retrying with the next poll", db.describe(exc))
+            except Exception:
+                log.exception("delivery: unexpected error recording progress; retrying with the next poll")
 
     async def _watch(self, stop: asyncio.Event) -> None:
         next_poll = 0.0
@@ -106,10 +108,17 @@ class LogWatch:
                     await self._flush()
             except (asyncpg.PostgresError, *db.CONNECTION_ERRORS) as exc:
                 log.warning("delivery: watching the log failed (%s); waking every subscription", db.describe(exc))
-                self.known = None
-                for worker in self.workers():
-                    worker.wake.set()
+                self._wake_all()
+            except Exception:  # a bug of ours must not leave every worker asleep
+                log.exception("delivery: unexpected error watching the log; waking every subscription")
+                self._wake_all()
             await _first(self._poke, stop, max(0.0, next_poll - time.monotonic()))
+
+    def _wake_all(self) -> None:
+        self.known = None
+        for worker in self.workers():
+            worker.wake.set()
+            worker.retry_wake.set()
 
     async def _round(self, *, check_retries: bool) -> None:
         workers = list(self.workers())
@@ -152,15 +161,18 @@ class LogWatch:
         taken = [(w, step) for w in self.workers() if (step := w.take_pending()) is not None]
         if not taken:
             return
-        outcomes = await asyncio.gather(*(self.ctx.steps.step(step) for _, step in taken), return_exceptions=True)
-        for (worker, _), outcome in zip(taken, outcomes, strict=True):
-            if isinstance(outcome, BaseException):  # moved or claimed elsewhere, or not recorded
-                if not isinstance(outcome, StepRefused):
-                    log.warning("subscription %s: could not record its progress (%r); reading again from its "
-                                "cursor", worker.sub.name, outcome)  # fmt: skip
-                worker.start_over = True
-                worker.wake.set()
-            worker.settled.set()
+        outcomes: list[object] = [asyncio.CancelledError()] * len(taken)
+        try:
+            outcomes = await asyncio.gather(*(self.ctx.steps.step(step) for _, step in taken), return_exceptions=True)
+        finally:  # whatever happened, no worker may wait for this forever
+            for (worker, _), outcome in zip(taken, outcomes, strict=True):
+                if isinstance(outcome, BaseException):  # moved or claimed elsewhere, or not recorded
+                    if not isinstance(outcome, (StepRefused, asyncio.CancelledError)):
+                        log.warning("subscription %s: could not record its progress (%r); reading again from "
+                                    "its cursor", worker.sub.name, outcome)  # fmt: skip
+                    worker.start_over = True
+                    worker.wake.set()
+                worker.settled.set()
 
 
 async def _first(event: asyncio.Event, stop: asyncio.Event, timeout: float) -> None:

@@ -13,3 +13,9 @@ select count(*) from ferry.publish_many(
     array(select case when $3 then 'fan' else 'fan-' || g end from generate_series(1, case when $3 then 1 else $2 end) g),
     array(select jsonb_build_object('n', $1::int, 't', extract(epoch from clock_timestamp()))
           from generate_series(1, case when $3 then 1 else $2 end)))
+
+-- name: spread
+-- Live relays delivering at least $1 subscriptions each: with several processes, the run starts
+-- once the fair share has settled (the first to claim takes everything, then hands extras back).
+select count(*) from ferry.relays
+where heartbeat_at > now() - interval '15 seconds' and cardinality(owned) >= $1
