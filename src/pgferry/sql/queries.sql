@@ -106,8 +106,14 @@ select live_relays, (subscription).* from ferry.relay_round($1, $2, $3, $4, $5::
 select pg_advisory_lock_shared($1::int, $2::int)
 
 -- name: webhook_steps
-select reqs, refused, start_tick, end_tick, more, id, stream, key, payload, headers, created_at, blocked
-from ferry.webhook_steps($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+-- Acknowledge delivered batches and read the next, for many subscriptions; each read at most $15
+-- bytes (a part of a range when one transaction is larger: $17, $18 continue it, per request;
+-- $16 sizes each request's range in events; ferry.webhook_steps' file says how).
+select reqs, refused, start_tick, end_tick, more, id, stream, key, payload, headers, created_at, blocked, cut_after
+from ferry.webhook_steps(subscriptions => $1, consumers => $2, epochs => $3, ordered => $4,
+                         ack_from => $5, ack_to => $6, peeks => $7, peek_after => $8,
+                         attempt_req => $9, event_ids => $10, attempt_nos => $11, statuses => $12, latencies => $13,
+                         max_events => $14, max_bytes => $15, spans => $16, peek_until => $17, resume_after => $18)
 
 -- name: advance_consumer
 select ferry.advance_consumer($1, $2, $3)
@@ -174,19 +180,28 @@ update ferry.retries set next_attempt_at = now()
 where subscription = $1 and event_id = any ($2::bigint[]) and last_error like 'in flight:%'
 
 -- name: due_retries
--- Parked events due now, in id order. With ordering on ($2), a key's events come
--- in order from its earliest parked one, up to the first that is not due yet
--- (the worker's lanes send them in order and stop a key at its first failure).
+-- Parked events due now, in id order, at most $3 of them and $4 bytes of payload (NULL: no
+-- bound; at least one event however large; ferry.retries.payload_bytes, migration 0015: no
+-- payload is rendered to be measured, and only those returned are rendered). With ordering
+-- on ($2), a key's events come in order from its earliest parked one, up to the first that is
+-- not due yet (the worker's lanes send them in order and stop a key at its first failure).
 select r.event_id as id, r.stream, r.key, r.payload::text as payload, r.headers::text as headers,
        r.event_created_at as created_at, r.attempts, r.first_failed_at
-from ferry.retries r
-where r.subscription = $1 and r.next_attempt_at <= now()
-  and (not $2 or r.key is null or not exists (
-        select 1 from ferry.retries r2
-        where r2.subscription = r.subscription and r2.key = r.key and r2.event_id < r.event_id
-          and r2.next_attempt_at > now()))
+from (
+    select r.event_id, r.stream, r.key, r.payload, r.headers, r.event_created_at, r.attempts, r.first_failed_at,
+           sum(r.payload_bytes) over (order by r.event_id rows unbounded preceding) as upto,
+           row_number() over (order by r.event_id rows unbounded preceding) as n
+    from ferry.retries r
+    where r.subscription = $1 and r.next_attempt_at <= now()
+      and (not $2 or r.key is null or not exists (
+            select 1 from ferry.retries r2
+            where r2.subscription = r.subscription and r2.key = r.key and r2.event_id < r.event_id
+              and r2.next_attempt_at > now()))
+    order by r.event_id
+    limit $3
+) r
+where $4::bigint is null or r.n = 1 or r.upto <= $4
 order by r.event_id
-limit $3
 
 -- name: retries_expire
 -- While the subscription's endpoint is down its events are held without spending

@@ -1,4 +1,4 @@
--- ferry.webhook_steps( subscriptions text[], consumers text[], epochs bigint[], ordered boolean[], ack_from bigint[], ack_to bigint[], peeks boolean[], peek_after bigint[], attempt_req integer[], event_ids bigint[], attempt_nos integer[], statuses integer[], latencies real[], max_events integer) returns table (reqs integer[], refused text, start_tick bigint, end_tick bigint, more boolean, id bigint, stream text, key text, payload text, headers text, created_at timestamptz, blocked boolean)
+-- ferry.webhook_steps( subscriptions text[], consumers text[], epochs bigint[], ordered boolean[], ack_from bigint[], ack_to bigint[], peeks boolean[], peek_after bigint[], attempt_req integer[], event_ids bigint[], attempt_nos integer[], statuses integer[], latencies real[], max_events integer, max_bytes integer default null, spans integer[] default null, peek_until bigint[] default null, resume_after bigint[] default null) returns table (reqs integer[], refused text, start_tick bigint, end_tick bigint, more boolean, id bigint, stream text, key text, payload text, headers text, created_at timestamptz, blocked boolean, cut_after bigint)
 --
 -- ferry.webhook_step for many subscriptions in one round trip: a relay with
 -- 1,000 subscriptions on one stream makes one statement per tick, not 1,000,
@@ -9,9 +9,11 @@
 --     and still of ownership epoch epochs[i] (NULL: any) move to ack_to[i],
 --     in one UPDATE, and only their attempts are recorded. The others are
 --     refused (below), not raised: one subscription moved elsewhere must not
---     fail the others.
+--     fail the others. ack_from[i] = ack_to[i] moves nothing but records
+--     and checks the cursor is still there (the parts of a range, below).
 --  2. Reads (peeks[i]): the batch after peek_after[i] (the cursor when NULL),
---     as webhook_step returned it: the events of the range on its streams
+--     up to spans[i] events' worth of ticks (NULL: max_events), as
+--     webhook_step returned it: the events of the range on its streams
 --     that pass its filter, then one row without an event (so that a range
 --     holding nothing for it can be acknowledged). Requests that read the
 --     same range with the same filter, unordered and with no backfill aimed
@@ -24,10 +26,37 @@
 -- subscription (retention skipped events for it, migration 0014: nothing
 -- more is read for it until an operator resumes it).
 --
--- Calls:   ferry._batch_end, ferry._filter_match, ferry.batch_events
--- Reads:   ferry.backfills, ferry.consumers, ferry.retries, ferry.subscriptions, ferry.ticks
+-- The byte bound (max_bytes, migration 0015; NULL: none, as a relay older
+-- than 0015 calls it). A read takes the events of its range in id order,
+-- counting payload and headers as text over every event it reads (filtered
+-- out or not; for a shared read, every event of the union of its members'
+-- streams), until the next one would pass max_bytes; it always takes at
+-- least one. A read so cut ends at the furthest tick t (ferry._batch_split)
+-- such that (a) no event committed by t has an id above the last one read
+-- and (b) every event handed out by earlier parts of the same range is
+-- committed by t; it returns only the events committed by t, more = true,
+-- cut_after NULL, and the cursor moves to t as usual. When no tick fits
+-- (one transaction larger than the bound), the read is a part of the range
+-- (peek_after[i], end_tick]: cut_after = the id of the last event read, and
+-- the caller reads on with peek_until[i] = end_tick and resume_after[i] =
+-- cut_after, and acknowledges every part with ack_from = ack_to = the
+-- range's start, until the part that reaches its end (cut_after NULL).
+-- A range is read whole, in id order, before any event after it: commit
+-- order holds as with unbounded reads.
+-- Shared reads and the bound: requests share a read only when they agree on
+-- start, end, filter AND resume_after (the parts of a range shared by the
+-- same members stay shared, and a member that falls out of step reads its
+-- parts alone). The bound applies to the shared read as a whole: (a) and
+-- (b), checked over the union of the members' streams, hold for each
+-- member's own streams (a subset: the conditions only get stronger), so
+-- each member gets a correct batch of at most max_bytes, and a member that
+-- reads on alone (resume_after from a shared part) checks (b) over its own
+-- streams, which the shared part's ids bound as well.
+--
+-- Calls:   ferry._batch_end, ferry._batch_split, ferry._filter_match, ferry.batch_events
+-- Reads:   ferry.backfills, ferry.captures, ferry.consumers, ferry.events, ferry.retries, ferry.subscriptions, ferry.ticks
 -- Writes:  ferry.attempts, ferry.consumers
--- Raises:  -
+-- Raises:  22023 (max_bytes not positive; resume_after[i] without peek_after[i] and peek_until[i])
 -- Runs as: the caller (SECURITY INVOKER)
 -- Callers: PUBLIC (the default)
 
@@ -35,9 +64,11 @@ create or replace function ferry.webhook_steps(
     subscriptions text[], consumers text[], epochs bigint[], ordered boolean[],
     ack_from bigint[], ack_to bigint[], peeks boolean[], peek_after bigint[],
     attempt_req integer[], event_ids bigint[], attempt_nos integer[], statuses integer[], latencies real[],
-    max_events integer)
+    max_events integer, max_bytes integer default null, spans integer[] default null,
+    peek_until bigint[] default null, resume_after bigint[] default null)
 returns table (reqs integer[], refused text, start_tick bigint, end_tick bigint, more boolean, id bigint,
-               stream text, key text, payload text, headers text, created_at timestamptz, blocked boolean)
+               stream text, key text, payload text, headers text, created_at timestamptz, blocked boolean,
+               cut_after bigint)
 language plpgsql as $$
 declare
     v_moved integer[];
@@ -45,7 +76,38 @@ declare
     v_latest bigint;
     v_more boolean;
     g record;
+    -- a read bounded in bytes
+    v_alone boolean;
+    v_streams text[];
+    v_reader text;
+    v_end bigint;
+    v_row record;
+    v_bytes bigint;
+    v_size bigint;
+    v_read integer;
+    v_last bigint;
+    v_cut boolean;
+    v_split bigint;
+    v_snapshot pg_snapshot;
+    v_cut_after bigint;
+    a_id bigint[];
+    a_txid xid8[];
+    a_stream text[];
+    a_key text[];
+    a_payload text[];
+    a_headers text[];
+    a_created timestamptz[];
 begin
+    if max_bytes is not null and max_bytes <= 0 then
+        raise exception 'pgferry: max_bytes must be positive, got %', max_bytes using errcode = '22023',
+            hint = 'Pass NULL for no byte bound.';
+    end if;
+    if exists (select 1 from unnest(peeks, peek_after, peek_until, resume_after) as u(p, pa, pu, ra)
+               where u.ra is not null and (u.pa is null or u.pu is null)) then
+        raise exception 'pgferry: resume_after needs peek_after and peek_until (the range being read on)'
+            using errcode = '22023', hint = 'Pass back the start_tick and end_tick of the read that was cut.';
+    end if;
+
     -- 1. Acknowledgements.
     with a as (
         select u.i::integer as i, u.c, u.ep, u.f, u.t
@@ -75,7 +137,7 @@ begin
     loop
         v_refused := v_refused || g.i;
         return query select array[g.i], g.why, null::bigint, null::bigint, null::boolean, null::bigint, null::text,
-                            null::text, null::text, null::text, null::timestamptz, null::boolean;
+                            null::text, null::text, null::text, null::timestamptz, null::boolean, null::bigint;
     end loop;
 
     -- 2. Reads: where each request starts, whether it may read, and its batch's end.
@@ -83,10 +145,10 @@ begin
     for g in
         with r as (
             select u.i::integer as i, u.s, u.cn, u.o, c.name as found, c.streams, c.owner_epoch, u.ep,
-                   coalesce(u.pa, c.tick_id) as v_start, sub.filter, sub.state,
+                   coalesce(u.pa, c.tick_id) as v_start, u.pu, u.ra, u.sp, sub.filter, sub.state,
                    exists (select 1 from ferry.backfills b where b.target = u.cn) as targeted
-            from unnest(subscriptions, consumers, epochs, ordered, peeks, peek_after)
-                 with ordinality as u(s, cn, ep, o, p, pa, i)
+            from unnest(subscriptions, consumers, epochs, ordered, peeks, peek_after, peek_until, resume_after, spans)
+                 with ordinality as u(s, cn, ep, o, p, pa, pu, ra, sp, i)
             left join ferry.consumers c on c.name = u.cn
             left join ferry.subscriptions sub on sub.name = u.s
             where u.p and not (u.i::integer = any (v_refused))
@@ -98,53 +160,129 @@ begin
             from r
         ), ends as (
             select k.*, case when k.why is null and k.v_start < v_latest and k.state is distinct from 'stalled'
-                             then ferry._batch_end(k.v_start, max_events) end as v_end
+                             then coalesce(k.pu, ferry._batch_end(k.v_start, coalesce(k.sp, max_events))) end as v_end
             from checked k
         )
-        -- Refusals one by one; the rest grouped by the range they read and their filter
-        -- (ordered requests, and those a backfill is aimed at, alone: their rows differ).
+        -- Refusals one by one; the rest grouped by the range they read, their filter and where
+        -- they resume in it (ordered requests, and those a backfill is aimed at, alone: their rows differ).
         select array_agg(e.i order by e.i) as members, array_agg(e.cn order by e.i) as member_consumers,
-               min(e.why) as why, e.v_start, e.v_end, e.filter, bool_or(e.o) as is_ordered,
+               min(e.why) as why, e.v_start, e.v_end, e.ra as resume_after, e.filter, bool_or(e.o) as is_ordered,
                min(e.s) as one_sub, min(e.cn) as one_consumer, min(e.streams) as one_streams
         from ends e
         where e.why is not null or e.v_end is not null
-        group by e.v_start, e.v_end, e.filter, e.why,
+        group by e.v_start, e.v_end, e.ra, e.filter, e.why,
                  case when e.why is not null or e.o or e.targeted then e.i end
     loop
         if g.why is not null then
             return query select g.members, g.why, null::bigint, null::bigint, null::boolean, null::bigint, null::text,
-                                null::text, null::text, null::text, null::timestamptz, null::boolean;
+                                null::text, null::text, null::text, null::timestamptz, null::boolean, null::bigint;
             continue;
         end if;
         v_more := exists (select 1 from ferry.ticks t where t.id > g.v_end);  -- newer ticks, even since we began
-        -- One read of the range for the whole group, each event for the members on its
-        -- stream; and one row without an event for every member, so that each can
-        -- acknowledge the range even when nothing in it is for it.
-        if cardinality(g.members) = 1 then  -- alone: its own read, as webhook_step made it
-            return query
-                select g.members, null::text, g.v_start, g.v_end, v_more, ev.id, ev.stream, ev.key,
-                       ev.payload::text, ev.headers::text, ev.created_at,
-                       g.is_ordered and ev.key is not null
-                       and exists (select 1 from ferry.retries rt where rt.subscription = g.one_sub and rt.key = ev.key)
-                from ferry.batch_events(g.v_start, g.v_end, g.one_streams, g.one_consumer) ev
-                where ferry._filter_match(g.filter::jsonpath, ev.stream, ev.key, ev.headers, ev.payload);
+        v_end := g.v_end;
+        v_cut_after := null;
+        v_alone := cardinality(g.members) = 1;
+        if max_bytes is null and g.resume_after is null then
+            -- One read of the range for the whole group, each event for the members on its
+            -- stream; and one row without an event for every member, so that each can
+            -- acknowledge the range even when nothing in it is for it.
+            if v_alone then  -- alone: its own read, as webhook_step made it
+                return query
+                    select g.members, null::text, g.v_start, g.v_end, v_more, ev.id, ev.stream, ev.key,
+                           ev.payload::text, ev.headers::text, ev.created_at,
+                           g.is_ordered and ev.key is not null
+                           and exists (select 1 from ferry.retries rt where rt.subscription = g.one_sub and rt.key = ev.key),
+                           null::bigint
+                    from ferry.batch_events(g.v_start, g.v_end, g.one_streams, g.one_consumer) ev
+                    where ferry._filter_match(g.filter::jsonpath, ev.stream, ev.key, ev.headers, ev.payload);
+            else
+                return query
+                    with ms as (  -- the members on each stream
+                        select st.stream, array_agg(u.i order by u.i) as members
+                        from unnest(g.members, g.member_consumers) as u(i, cn)
+                        join ferry.consumers c on c.name = u.cn
+                        cross join lateral unnest(c.streams) as st(stream)
+                        group by st.stream
+                    )
+                    select ms.members, null::text, g.v_start, g.v_end, v_more, ev.id, ev.stream,
+                           ev.key, ev.payload::text, ev.headers::text, ev.created_at, false, null::bigint
+                    from ferry.batch_events(g.v_start, g.v_end, (select array_agg(ms.stream) from ms), null) ev
+                    join ms on ms.stream = ev.stream
+                    where ferry._filter_match(g.filter::jsonpath, ev.stream, ev.key, ev.headers, ev.payload)
+                    order by ev.id;
+            end if;
         else
+            -- Bounded (or the rest of a range read in parts): the events come one at a time
+            -- (a cursor), rendered as text once, until the bound; then the cut (header).
+            if v_alone then
+                v_streams := g.one_streams;
+                v_reader := g.one_consumer;
+            else
+                select array_agg(distinct st.stream) into v_streams
+                from unnest(g.member_consumers) as u(cn)
+                join ferry.consumers c on c.name = u.cn
+                cross join lateral unnest(c.streams) as st(stream);
+                v_reader := null;
+            end if;
+            v_bytes := 0; v_read := 0; v_last := null; v_cut := false; v_snapshot := null;
+            a_id := '{}'; a_txid := '{}'; a_stream := '{}'; a_key := '{}'; a_payload := '{}'; a_headers := '{}';
+            a_created := '{}';
+            for v_row in select e.id, e.txid, e.stream, e.key, e.payload::text as payload, e.headers::text as headers,
+                                e.created_at,
+                                ferry._filter_match(g.filter::jsonpath, e.stream, e.key, e.headers, e.payload) as wanted
+                         from ferry.batch_events(g.v_start, g.v_end, v_streams, v_reader) e
+                         where e.id > coalesce(g.resume_after, 0)
+                         order by e.id loop
+                v_size := octet_length(v_row.payload) + coalesce(octet_length(v_row.headers), 0);
+                if max_bytes is not null and v_read > 0 and v_bytes + v_size > max_bytes then
+                    v_cut := true;
+                    exit;
+                end if;
+                v_read := v_read + 1;
+                v_bytes := v_bytes + v_size;
+                v_last := v_row.id;
+                if v_row.wanted then
+                    a_id := a_id || v_row.id;
+                    a_txid := a_txid || v_row.txid;
+                    a_stream := a_stream || v_row.stream;
+                    a_key := a_key || v_row.key;
+                    a_payload := a_payload || v_row.payload;
+                    a_headers := a_headers || v_row.headers;
+                    a_created := a_created || v_row.created_at;
+                end if;
+            end loop;
+            if v_cut then
+                v_more := true;
+                v_split := ferry._batch_split(g.v_start, g.v_end, v_streams, v_reader, g.resume_after, v_last);
+                if v_split = g.v_start then
+                    v_cut_after := v_last;
+                else
+                    v_end := v_split;
+                    select t.snapshot into v_snapshot from ferry.ticks t where t.id = v_split;
+                end if;
+            end if;
             return query
-                with ms as (  -- the members on each stream
+                with ms as (  -- the members on each stream (a shared read)
                     select st.stream, array_agg(u.i order by u.i) as members
                     from unnest(g.members, g.member_consumers) as u(i, cn)
                     join ferry.consumers c on c.name = u.cn
                     cross join lateral unnest(c.streams) as st(stream)
+                    where not v_alone
                     group by st.stream
                 )
-                select ms.members, null::text, g.v_start, g.v_end, v_more, ev.id, ev.stream,
-                       ev.key, ev.payload::text, ev.headers::text, ev.created_at, false
-                from ferry.batch_events(g.v_start, g.v_end, (select array_agg(ms.stream) from ms), null) ev
-                join ms on ms.stream = ev.stream
-                where ferry._filter_match(g.filter::jsonpath, ev.stream, ev.key, ev.headers, ev.payload)
-                order by ev.id;
+                select case when v_alone then g.members else ms.members end, null::text, g.v_start, v_end, v_more,
+                       u.id, u.stream, u.key, u.payload, u.headers, u.created_at,
+                       g.is_ordered and u.key is not null
+                       and exists (select 1 from ferry.retries rt where rt.subscription = g.one_sub and rt.key = u.key),
+                       v_cut_after
+                from unnest(a_id, a_txid, a_stream, a_key, a_payload, a_headers, a_created)
+                     as u(id, txid, stream, key, payload, headers, created_at)
+                left join ms on ms.stream = u.stream
+                where (v_alone or ms.members is not null)
+                  and (v_snapshot is null or pg_visible_in_snapshot(u.txid, v_snapshot))
+                order by u.id;
         end if;
-        return query select g.members, null::text, g.v_start, g.v_end, v_more, null::bigint,
-                            null::text, null::text, null::text, null::text, null::timestamptz, false;
+        return query select g.members, null::text, g.v_start, v_end, v_more, null::bigint,
+                            null::text, null::text, null::text, null::text, null::timestamptz, false, v_cut_after;
     end loop;
 end $$;

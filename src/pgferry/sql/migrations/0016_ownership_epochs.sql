@@ -17,6 +17,10 @@ alter table ferry.consumers add column owner_epoch bigint not null default 0;
 
 -- ferry.webhook_steps replaces it: the steps of many subscriptions in one
 -- statement, each fenced by its epoch, one read per group of subscriptions at
--- the same position on the same streams.
+-- the same position on the same streams. Both of its signatures: 0005's, and
+-- the one with max_bytes, peek_until and resume_after that a database which
+-- ran the byte bound on webhook_step (branch `memory`, 0015) has.
 drop function if exists ferry.webhook_step(text, text, integer, boolean, bigint, bigint, bigint[], integer[], integer[],
                                            real[], boolean, bigint);
+drop function if exists ferry.webhook_step(text, text, integer, boolean, bigint, bigint, bigint[], integer[], integer[],
+                                           real[], boolean, bigint, integer, bigint, bigint);
