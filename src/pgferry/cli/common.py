@@ -161,3 +161,38 @@ def backfill_rows(items: list[BackfillProgress]) -> list[dict[str, Any]]:
 
 BACKFILL_COLUMNS = [("id", "id"), ("table", "table"), ("for", "for"), ("state", "state"), ("rows", "rows done"),
                    ("rate", "rate"), ("eta", "ETA")]  # fmt: skip
+
+
+_SIZE_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 1 << 10,
+    "KIB": 1 << 10,
+    "MB": 1 << 20,
+    "MIB": 1 << 20,
+    "GB": 1 << 30,
+    "GIB": 1 << 30,
+}
+
+
+class ByteSize(click.ParamType[int]):
+    """A positive number of bytes, e.g. 16777216, 16MB or 512KB (units are powers of 1024)."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            number, unit = value, ""
+        else:
+            text = str(value).strip().upper().replace(" ", "")
+            digits = text.rstrip("BKMGI")
+            number_text, unit = digits, text[len(digits) :]
+            if not number_text.isdigit() or unit not in _SIZE_UNITS:
+                self.fail(
+                    f"{value!r} is not a size: give a whole number of bytes, or one with KB, MB or GB", param, ctx
+                )
+            number = int(number_text)
+        size = number * _SIZE_UNITS[unit]
+        if size <= 0:
+            self.fail(f"{value!r} must be positive", param, ctx)
+        return size

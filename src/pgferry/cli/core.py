@@ -15,6 +15,7 @@ import click
 
 from pgferry import db
 from pgferry.cli.common import (
+    ByteSize,
     database_url_option,
     json_option,
     print_json,
@@ -168,6 +169,14 @@ def install(database_url: str | None, pg_net: bool) -> None:
     type=click.FloatRange(1),
     help="Seconds after which PostgreSQL ends a silent lock-holding relay session (frees a cut-off relay's locks).",
 )
+@click.option(
+    "--max-batch-bytes",
+    type=ByteSize(),
+    default="16MB",
+    show_default=True,
+    help="Bytes of events a subscription holds in memory at once (its batches read ahead and its retries; "
+    "an event larger than this still goes, alone). Suffixes KB, MB, GB (powers of 1024).",
+)
 @click.pass_context
 def run(
     ctx: click.Context,
@@ -191,6 +200,7 @@ def run(
     processes: int | None,
     db_command_timeout: float,
     db_session_timeout: float,
+    max_batch_bytes: int,
 ) -> None:
     """Run the relay. Without a database URL: a throwaway PostgreSQL and a demo."""
     # The relay (delivery, HTTP client, ownership) is loaded by the one command that runs it.
@@ -211,6 +221,7 @@ def run(
             liveness=db.Liveness(command_timeout=db_command_timeout, session_timeout=db_session_timeout),
             addresses=policy,
             ca_file=ca_file,
+            max_batch_bytes=max_batch_bytes,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
             dashboard_port=dashboard_port,

@@ -57,15 +57,21 @@ class Step:
     ack: tuple[int, int, Sequence[tuple[int, int, int | None, float | None]]] | None
     peek: bool
     peek_after: int | None
+    #: the rest of a range the byte bound cut inside a transaction: (its end tick, the last id read)
+    resume: tuple[int, int] | None = None
+    #: events the read's range is sized for (None: the relay's max_batch_events)
+    span: int | None = None
     result: asyncio.Future[list[asyncpg.Record]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
 
 
 class Stepper:
-    def __init__(self, pool: asyncpg.Pool, max_batch_events: int | None) -> None:
+    def __init__(self, pool: asyncpg.Pool, max_batch_events: int | None, max_bytes: int | None = None) -> None:
         self.pool = pool
         self.max_batch_events = max_batch_events
+        #: the byte bound of each read (DeliveryContext.read_bytes; None: unbounded)
+        self.max_bytes = max_bytes
         self._queue: list[Step] = []
         self._running = 0
         #: statements sent and steps they carried (metrics, tests)
@@ -73,7 +79,7 @@ class Stepper:
         self.steps = 0
 
     async def step(self, step: Step) -> list[asyncpg.Record]:
-        """The step's rows (``ferry.webhook_step``'s columns); raises StepRefused."""
+        """The step's rows (``ferry.webhook_steps``' columns but ``refused``); raises StepRefused."""
         self._queue.append(step)
         if self._running < PARALLEL:
             self._running += 1
@@ -111,6 +117,10 @@ class Stepper:
                     [a[3] for a in attempts],
                     [a[4] for a in attempts],
                     self.max_batch_events,
+                    self.max_bytes,
+                    [s.span for s in batch],
+                    [s.resume[0] if s.resume else None for s in batch],
+                    [s.resume[1] if s.resume else None for s in batch],
                 )
         except BaseException as exc:
             for s in batch:

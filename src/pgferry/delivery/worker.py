@@ -67,6 +67,16 @@ ATTEMPT_COLUMNS = (
 #: single-row p99 worse (median of runs 56 vs 37 ms): batches queue behind
 #: each other for the in-flight slots (docs/benchmarks.md).
 PIPELINE_DEPTH = 2
+#: Bytes of event payloads (and headers) a worker's reads hold at once: each read, of its up to
+#: PIPELINE_DEPTH batches and one retry round, is bounded to an equal share. A backlog of
+#: ~600 KB events took the relay to 1,274 MB without it (docs/benchmarks.md, "Memory").
+DEFAULT_MAX_BATCH_BYTES = 16 << 20
+#: The fewest events a range is sized for after a read the byte bound cut (see _batch_loop).
+READ_SPAN_MIN = 32
+#: ... and the most (the default of ferry.config.max_batch_events, when the relay sets none).
+READ_SPAN_MAX = 5000
+#: The largest bound one read takes (ferry.webhook_steps' max_bytes is an integer).
+MAX_READ_BYTES = (1 << 31) - 1
 #: SQLSTATE of ferry.advance_consumer when another process moved the cursor.
 CURSOR_MOVED = "PF001"
 #: SQLSTATE of ferry._fence when another relay claimed the subscription (migration 0016).
@@ -112,6 +122,8 @@ class DeliveryContext:
     global_limit: asyncio.Semaphore
     max_body_bytes: int = 1 << 20
     max_batch_events: int | None = None
+    #: what a subscription's reads hold at once (DEFAULT_MAX_BATCH_BYTES); None: unbounded
+    max_batch_bytes: int | None = DEFAULT_MAX_BATCH_BYTES
     retry_fetch: int = 1000
     poll_interval: float = 1.0
     #: seconds a batch waits for its slowest request before letting go of it (see the module doc)
@@ -125,7 +137,17 @@ class DeliveryContext:
     acks_waiting: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
-        self.steps = Stepper(self.pool, self.max_batch_events)
+        if self.max_batch_bytes is not None and self.max_batch_bytes < PIPELINE_DEPTH + 1:
+            raise ValueError(f"max_batch_bytes must be at least {PIPELINE_DEPTH + 1}, got {self.max_batch_bytes}")
+        self.steps = Stepper(self.pool, self.max_batch_events, self.read_bytes)
+
+    @property
+    def read_bytes(self) -> int | None:
+        """The byte bound of one read: a share of max_batch_bytes, so that what a worker holds
+        at once (PIPELINE_DEPTH batches and a retry round) stays within it."""
+        if self.max_batch_bytes is None:
+            return None
+        return min(self.max_batch_bytes // (PIPELINE_DEPTH + 1), MAX_READ_BYTES)
 
 
 @dataclass
@@ -277,10 +299,20 @@ class SubscriptionWorker:
         self.settled.clear()
         return self.step_for(pending, peek=False, peek_after=None)
 
-    def step_for(self, acks: _Acks | None, *, peek: bool, peek_after: int | None) -> Step:
-        """A step of this subscription: acknowledge ``acks``, and (``peek``) read after ``peek_after``."""
+    def step_for(
+        self,
+        acks: _Acks | None,
+        *,
+        peek: bool,
+        peek_after: int | None,
+        resume: tuple[int, int] | None = None,
+        span: int | None = None,
+    ) -> Step:
+        """A step of this subscription: acknowledge ``acks``, and (``peek``) read after ``peek_after``
+        (``resume``: the rest of a range read in parts; ``span``: the events its range is sized for)."""
         sub = self.sub
-        return Step(sub.name, sub.consumer, self.epoch, sub.ordered, acks.ack() if acks else None, peek, peek_after)
+        ack = acks.ack() if acks else None
+        return Step(sub.name, sub.consumer, self.epoch, sub.ordered, ack, peek, peek_after, resume, span)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -336,17 +368,21 @@ class SubscriptionWorker:
         acks: _Acks | None = None
         ahead: int | None = None  # end tick of the newest batch read; None: start at the consumer's cursor
         fresh = True  # nothing read yet (or starting over): read at once
-        more = False  # the last read stopped short of the newest tick (batch size limit)
+        more = False  # the last read stopped short of the newest tick (batch size or byte limit)
+        resume: tuple[int, int] | None = None  # a range read in parts: its end tick, the last id read
+        span: int | None = None  # events the next read's range is sized for (None: max_batch_events)
         try:
             while True:
                 try:
                     if self.idle_at is not None:  # woken: where the LogWatch moved us meanwhile
+                        if self.idle_at != ahead:  # moved over empty ranges: no range is half read
+                            resume, span = None, None
                         ahead, self.idle_at = self.idle_at, None
                         acks, self.pending = self.pending, None
                     await self.settled.wait()
                     if self.start_over:
                         self.start_over = False
-                        acks, ahead, fresh = None, None, True
+                        acks, ahead, fresh, resume, span = None, None, True, None, None
                     while flights and flights[0].task.done():
                         flight = flights.popleft()
                         books = flight.task.result()
@@ -367,14 +403,20 @@ class SubscriptionWorker:
                     # cut short. Acknowledgements wait for the next read (or the LogWatch).
                     if room and (fresh or more or self.wake.is_set()):
                         self.wake.clear()
-                        rows = await self._step(acks, peek_after=ahead, peek=True)
+                        rows = await self._step(acks, peek_after=ahead, peek=True, resume=resume, span=span)
                         acks, fresh, more = None, False, False
                         if rows:
                             events = [OutEvent.from_row(r) for r in rows if r["id"] is not None]
                             blocked = {r["key"] for r in rows if r["blocked"]}
                             task = asyncio.create_task(self._deliver_batch(events, blocked))
-                            flights.append(_Flight(rows[0]["start_tick"], rows[0]["end_tick"], task))
-                            ahead, more = rows[0]["end_tick"], rows[0]["more"]
+                            # A part of a range (the byte bound cut it inside a transaction) moves
+                            # no cursor: its parts are acknowledged as start -> start until the last.
+                            head = rows[0]
+                            resume = None if head["cut_after"] is None else (head["end_tick"], head["cut_after"])
+                            ahead = head["end_tick"] if resume is None else head["start_tick"]
+                            flights.append(_Flight(head["start_tick"], ahead, task))
+                            more = resume is not None or head["more"]
+                            span = self._next_span(events, cut=resume is not None or head["more"])
                             continue
                         if ahead is None:  # nothing new since the cursor: learn where it is
                             ahead = await self._cursor_tick()
@@ -396,7 +438,7 @@ class SubscriptionWorker:
                         flight.task.cancel()
                     await asyncio.gather(*(f.task for f in flights), return_exceptions=True)
                     flights.clear()
-                    acks, ahead, fresh = None, None, True
+                    acks, ahead, fresh, resume, span = None, None, True, None, None
         finally:
             for flight in flights:
                 flight.task.cancel()
@@ -405,8 +447,27 @@ class SubscriptionWorker:
             if acks is not None:  # delivered batches not recorded yet: record them now, not after a restart
                 await self._step(acks, peek_after=None, peek=False)
 
-    async def _step(self, acks: _Acks | None, *, peek_after: int | None, peek: bool) -> list[asyncpg.Record]:
-        return await self.ctx.steps.step(self.step_for(acks, peek=peek, peek_after=peek_after))
+    async def _step(
+        self,
+        acks: _Acks | None,
+        *,
+        peek_after: int | None,
+        peek: bool,
+        resume: tuple[int, int] | None = None,
+        span: int | None = None,
+    ) -> list[asyncpg.Record]:
+        step = self.step_for(acks, peek=peek, peek_after=peek_after, resume=resume, span=span)
+        return await self.ctx.steps.step(step)
+
+    def _next_span(self, events: Sequence[OutEvent], *, cut: bool) -> int | None:
+        """Events the next read's range is sized for: after a read the byte bound cut (payloads
+        at least half the read's share), about twice as many as it held, since PostgreSQL builds
+        every event of a range before the bound stops the read, and a 5,000-event range of 1 MB
+        rows costs it 5 GB a read. None otherwise (max_batch_events)."""
+        read_bytes = self.ctx.read_bytes
+        if not cut or read_bytes is None or 2 * sum(len(e.payload) for e in events) < read_bytes:
+            return None
+        return min(max(2 * len(events), READ_SPAN_MIN), self.ctx.max_batch_events or READ_SPAN_MAX)
 
     async def _cursor_tick(self) -> int | None:
         async with self.ctx.pool.acquire() as conn:
@@ -469,7 +530,7 @@ class SubscriptionWorker:
                     rows = await conn.fetch(sql.query("retries_probe"), self.sub.name, self.sub.ordered)
                 else:
                     rows = await conn.fetch(sql.query("due_retries"), self.sub.name, self.sub.ordered,
-                                            self.ctx.retry_fetch)  # fmt: skip
+                                            self.ctx.retry_fetch, self.ctx.read_bytes)  # fmt: skip
                 next_at = (
                     None if rows else await conn.fetchval(sql.query("next_retry_at"), self.sub.name, self.sub.ordered)
                 )

@@ -19,7 +19,7 @@ import asyncpg
 from pgferry import db, sql
 from pgferry.delivery.addresses import AddressPolicy
 from pgferry.delivery.fasthttp import FastSender, tls_context
-from pgferry.delivery.worker import DeliveryContext
+from pgferry.delivery.worker import DEFAULT_MAX_BATCH_BYTES, PIPELINE_DEPTH, DeliveryContext
 from pgferry.log.ticker import Ticker, TickerSettings
 from pgferry.relay.leader import TICKER_LOCK, lead
 from pgferry.relay.ownership import Ownership, OwnershipSettings
@@ -51,6 +51,8 @@ class RelaySettings:
     #: keep-alive connections per endpoint
     pool_size: int = 64
     db_pool_size: int = 10
+    #: bytes of events a subscription's reads hold at once (see DeliveryContext.max_batch_bytes)
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     #: where deliveries may connect (SSRF protection); from PGFERRY_STRICT_ADDRESSES/PGFERRY_ALLOW_ADDRESSES
     addresses: AddressPolicy = field(default_factory=AddressPolicy.from_env)
     #: PEM file of extra CA certificates trusted for https endpoints (PGFERRY_CA_FILE)
@@ -71,6 +73,11 @@ class RelaySettings:
     group: str | None = None
 
     def __post_init__(self) -> None:
+        if self.max_batch_bytes < PIPELINE_DEPTH + 1:  # each read gets a share; a share of 0 is no bound
+            raise ValueError(
+                f"max_batch_bytes must be at least {PIPELINE_DEPTH + 1} bytes, got {self.max_batch_bytes} "
+                "(it bounds what a subscription holds in memory; e.g. 16MB)"
+            )
         live = self.liveness
         # PostgreSQL ends lock-holding sessions silent for session_timeout: a healthy
         # relay must speak more often than that, and a cut-off one must stop delivering
@@ -223,6 +230,7 @@ class Relay:
                 http=http,
                 global_limit=asyncio.Semaphore(self.settings.max_in_flight),
                 max_body_bytes=max_body_bytes,
+                max_batch_bytes=self.settings.max_batch_bytes,
                 observe=hooks.observe_outcomes,
             )
             self.ownership = Ownership(self.url, ctx, self.settings.ownership, self.settings.liveness)
