@@ -489,12 +489,49 @@ def filter_(database_url: str | None, rows: int, rounds: int) -> None:
     _run_bench(database_url, go)
 
 
+@click.command("memory")
+@database_url_option
+@click.option("--events", default=1500, show_default=True, type=click.IntRange(1), help="Large rows in the backlog.")
+@click.option("--event-kb", default=600, show_default=True, type=click.IntRange(1), help="Size of each row's JSON.")
+@click.option("--per-transaction", default=10, show_default=True, type=click.IntRange(1), help="Rows per transaction.")
+@click.option(
+    "--max-batch-bytes",
+    "max_batch_bytes",
+    multiple=True,
+    metavar="SIZE",
+    help="The relay's --max-batch-bytes; repeat for one run each (default: the relay's default).",
+)
+@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(1), help="Seconds per run.")
+def memory(
+    database_url: str | None,
+    events: int,
+    event_kb: int,
+    per_transaction: int,
+    max_batch_bytes: tuple[str, ...],
+    timeout: float,
+) -> None:
+    """The relay's peak memory delivering a backlog of large events (VmHWM of `pgferry run`)."""
+    from pgferry.bench.context import BenchSettings, scratch_database
+    from pgferry.bench.memory import MemoryResult, print_table, run_memory_bench
+
+    async def go(admin_url: str) -> bool:
+        results: list[MemoryResult] = []
+        for bound in max_batch_bytes or (None,):
+            async with scratch_database(BenchSettings(), admin_url) as ctx:
+                results.append(await run_memory_bench(ctx, events, event_kb, per_transaction, bound, timeout))
+        print_table(results)
+        return all(r.duplicates == 0 for r in results)
+
+    _run_bench(database_url, go)
+
+
 def register(group: click.Group) -> None:
     """Add the bench subcommands to ``group`` (the `pgferry bench` group)."""
     group.add_command(capture)
     group.add_command(fanout)
     group.add_command(webhooks)
     group.add_command(filter_)
+    group.add_command(memory)
     group.add_command(soak)
     group.add_command(http)
     group.add_command(outage)
