@@ -220,6 +220,7 @@ _NO_SCHEMA_NEEDED = {
     ("bench", "streams"),
     ("bench", "backfill"),
     ("bench", "fanout"),
+    ("bench", "memory"),
     ("bench", "http"),  # no database at all
     ("run-child",),  # hidden: a child of `run --processes N`, whose supervisor checks the schema first
 }
