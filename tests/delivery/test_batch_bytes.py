@@ -287,8 +287,8 @@ async def test_a_subscription_that_falls_out_of_step_reads_the_rest_of_a_shared_
     """a and b read a part of a range together; a reads on alone, then b alone, each from the part's
     end; a third, on s and t, shares their reads (the same position) and reads on alone as well.
     Nothing is lost or repeated."""
-    for name, streams in (("a", ["s"]), ("b", ["s"]), ("st", ["s", "t"])):
-        await conn.execute("select ferry.subscribe($1, $2, 'http://127.0.0.1:9/x')", name, streams)
+    for name, on in (("a", ["s"]), ("b", ["s"]), ("st", ["s", "t"])):
+        await conn.execute("select ferry.subscribe($1, $2, 'http://127.0.0.1:9/x')", name, on)
     await publish(conn, 500)
     await tick(conn)
     await publish(conn, 4_000, 5)  # one transaction over the bound
