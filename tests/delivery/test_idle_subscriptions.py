@@ -79,3 +79,26 @@ async def test_idle_subscriptions_cost_no_queries_of_their_own_and_keep_up_with_
         await relay.stop()
         await receiver.stop()
     assert len([r for r in receiver.received if r.path.startswith("/quiet")]) == QUIET  # exactly once each
+
+
+async def test_a_stream_added_to_an_idle_subscription_is_not_skipped_before_the_relay_sees_the_change(
+    db_url: str, ferry: pgferry.Ferry
+) -> None:
+    """The LogWatch judges idle subscriptions by their streams in the database, not by what the
+    relay last read of them (it rereads settings every claim_interval, here 2 s)."""
+    receiver = Receiver(lambda _: Respond())
+    url = await receiver.start(path="")
+    for name in ("a", "other"):
+        await ferry.subscribe(name, [name], f"{url}/{name}")
+    relay = RunningRelay(db_url, RelaySettings())
+    try:
+        await eventually(lambda: owns(relay.relay, 2), timeout=30, what="the relay owning both subscriptions")
+        await ferry.publish("a", {"n": 0})
+        await eventually(lambda: received(receiver, 1, "/a"), what="the first event")
+        await asyncio.sleep(0.5)  # both idle again
+        await ferry.subscribe("a", ["a", "b"], f"{url}/a")  # the relay reads this on its next round
+        await ferry.publish("b", {"n": 1})
+        await eventually(lambda: received(receiver, 2, "/a"), timeout=10, what="the event on the added stream")
+    finally:
+        await relay.stop()
+        await receiver.stop()
