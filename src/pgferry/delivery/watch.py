@@ -5,14 +5,15 @@ second, nor 1,000 reads per tick. So workers do not poll: the LogWatch does,
 once for all of them. A tick notification (its payload is the tick id) wakes
 every worker at once, unless several are idle and might be spared a read;
 then, and every ``poll_interval`` seconds as the fallback for a lost
-notification, one query tells it the newest tick, which idle subscriptions
-have nothing on their streams since the tick it saw before (their streams as
-the database has them now: a stream added a moment ago counts), and (on the
-fallback) which idle retry loops have a parked event due that they do not
+notification, one query tells it the newest tick, which streams have events
+since the tick it saw before, which idle subscriptions changed since the
+relay read them (those are not skipped on their old streams: a stream added
+a moment ago counts), and (on the fallback) which idle retry loops have a parked event due that they do not
 know about (a dead letter replayed by an operator).
 
-Then it wakes only the workers with something to read. An idle worker with
-nothing in the new range is moved over it without a query of its own
+Then it wakes only the workers with something to read: those on a stream
+that moved (or busy anyway). An idle worker with nothing in the new range
+is moved over it without a query of its own
 (``SubscriptionWorker.skip``).
 Idle workers hold their acknowledgements (batches delivered, ranges
 skipped); the LogWatch sends them all as steps, which the Stepper makes ONE
@@ -131,14 +132,15 @@ class LogWatch:
         waiting = [w for w in workers if w.retries_idle] if check_retries else []
         # Which streams moved is worth a read of the range only for idle workers, which might
         # be spared one (every worker is woken anyway when none is idle: a busy relay).
-        idle = [w.sub.consumer for w in workers if self.known is not None and w.idle_at == self.known]
+        idle = [w.sub for w in workers if self.known is not None and w.idle_at == self.known]
         async with self.ctx.pool.acquire() as conn:
             row = await conn.fetchrow(
                 sql.query("log_watch"),
                 self.known,
                 [w.sub.name for w in waiting],
                 [w.sub.ordered for w in waiting],
-                idle,
+                [s.name for s in idle],
+                [s.updated_at for s in idle],
             )
         self.rounds += 1
         assert row is not None
@@ -150,12 +152,13 @@ class LogWatch:
         if latest is None or latest == self.known:
             return
         known, self.known = self.known, latest
-        quiet = set(row["quiet"])
+        moved = None if row["streams"] is None else set(row["streams"])
+        changed = set(row["changed"])  # settings the relay has not reread yet: no skipping on old streams
         for worker in workers:
-            # Nothing for it in the range (judged by its consumer's streams in the database, so a
-            # subscription given another stream a moment ago is not moved past that stream's events).
-            if known is not None and worker.sub.consumer in quiet and worker.skip(known, latest):
-                continue
+            streams = worker.sub.streams
+            quiet = moved is not None and bool(streams) and moved.isdisjoint(streams)
+            if quiet and known is not None and worker.sub.name not in changed and worker.skip(known, latest):
+                continue  # nothing for it in the range: no read
             worker.wake.set()
 
     async def _flush(self) -> None:

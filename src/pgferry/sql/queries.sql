@@ -154,21 +154,21 @@ select ferry._fence($1, $2)
 select tick_id from ferry.consumers where name = $1
 
 -- name: log_watch
--- The relay's LogWatch in one round trip: the newest tick; which of the idle
--- consumers $4 have nothing on their streams (as the database has them now,
--- not as the relay last saw them) after tick $1 up to it: those may be moved
--- over the range without a read (none when $1 is NULL or no longer retained);
--- and which of the subscriptions $2 (with ordering $3) have a parked event due
--- now (due_retries' condition).
-with t as (select max(id) as latest from ferry.ticks),
-     r as (select case when $1::bigint is null or cardinality($4::text[]) = 0 then null
-                       when t.latest = $1 then '{}'::text[]
-                       else ferry._range_streams($1, t.latest) end as streams
-           from t)
+-- The relay's LogWatch in one round trip: the newest tick; the streams with
+-- events after tick $1 up to it ('{}' when none is newer; NULL when $1 is NULL
+-- or no longer retained, or when no idle subscription is asked about: unknown);
+-- which of the idle subscriptions $4 changed since the relay read them (their
+-- updated_at is not $5: a stream added a moment ago must not be skipped); and
+-- which of the subscriptions $2 (with ordering $3) have a parked event due now
+-- (due_retries' condition).
+with t as (select max(id) as latest from ferry.ticks)
 select t.latest,
-       array(select c.name from ferry.consumers c, r
-             where c.name = any ($4::text[]) and r.streams is not null and c.streams is not null
-               and not (c.streams && r.streams)) as quiet,
+       case when $1::bigint is null or cardinality($4::text[]) = 0 then null
+            when t.latest = $1 then '{}'::text[]
+            else ferry._range_streams($1, t.latest) end as streams,
+       array(select i.name from unnest($4::text[], $5::timestamptz[]) as i(name, seen)
+             left join ferry.subscriptions s on s.name = i.name
+             where s.updated_at is distinct from i.seen) as changed,
        array(select w.name from unnest($2::text[], $3::boolean[]) as w(name, ordered)
              where exists (
                  select 1 from ferry.retries r
