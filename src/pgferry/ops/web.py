@@ -36,10 +36,42 @@ log = logging.getLogger(__name__)
 GATHER_TIMEOUT = 5.0
 
 
-class OperatorWeb:
+class _Servers:
+    """What a relay's and a supervisor's web side share: the listening runners, the dashboard
+    and the pool it reads through, started and stopped the same way."""
+
+    def __init__(self) -> None:
+        self.runners: list[web.AppRunner] = []
+        self.pool: asyncpg.Pool | None = None
+        self.dashboard: Dashboard | None = None
+
+    async def _start_dashboard(self, host: str, port: int, token: str | None) -> str:
+        """Serves the dashboard (reading through ``self.pool``); returns its URL."""
+        assert self.pool is not None
+        dashboard = Dashboard(self.pool, host=host, token=token)
+        self.dashboard = dashboard
+        url = await _serve(self.runners, dashboard.app(), host, port)
+        dashboard.start_sampling()
+        log.info("dashboard: serving at %s/%s", url, " (token required)" if token else "")
+        return url + "/"
+
+    async def stop(self) -> None:
+        if self.dashboard is not None:
+            await self.dashboard.stop_sampling()
+            self.dashboard = None
+        for runner in self.runners:
+            await runner.cleanup()
+        self.runners.clear()
+        if self.pool is not None:
+            await self.pool.close()
+            self.pool = None
+
+
+class OperatorWeb(_Servers):
     """The metrics and dashboard servers of one relay run (a ``relay.surface.OperatorSurface``)."""
 
     def __init__(self, relay: RelayView) -> None:
+        super().__init__()
         self.relay = relay
         # Metrics hooks cost a little per event, so they are wired only when served.
         self.metrics = RelayMetrics() if relay.web.metrics_port is not None else None
@@ -50,9 +82,6 @@ class OperatorWeb:
                 observe_outcomes=self.metrics.observe_outcomes,
                 observe_round=self.metrics.observe_roundtrip("relay_round"),
             )
-        self.pool: asyncpg.Pool | None = None
-        self.runners: list[web.AppRunner] = []
-        self.dashboard: Dashboard | None = None
         self._status_lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -65,30 +94,13 @@ class OperatorWeb:
         if s.metrics_port is not None:
             app = web.Application()
             app.router.add_get("/metrics", self._metrics)
-            url = await self._serve(app, s.metrics_host, s.metrics_port)
+            url = await _serve(self.runners, app, s.metrics_host, s.metrics_port)
             self.relay.announce("metrics", url + "/metrics")
             log.info("metrics: serving Prometheus metrics at %s/metrics", url)
         if s.dashboard_port is not None:
-            dashboard = Dashboard(self.pool, host=s.dashboard_host, token=s.dashboard_token)
-            self.dashboard = dashboard
-            url = await self._serve(dashboard.app(), s.dashboard_host, s.dashboard_port)
-            dashboard.start_sampling()
-            self.relay.announce("dashboard", url + "/")
-            log.info("dashboard: serving at %s/%s", url, " (token required)" if s.dashboard_token else "")
-
-    async def _serve(self, app: web.Application, host: str, port: int) -> str:
-        return await _serve(self.runners, app, host, port)
-
-    async def stop(self) -> None:
-        if self.dashboard is not None:
-            await self.dashboard.stop_sampling()
-            self.dashboard = None
-        for runner in self.runners:
-            await runner.cleanup()
-        self.runners.clear()
-        if self.pool is not None:
-            await self.pool.close()
-            self.pool = None
+            self.relay.announce(
+                "dashboard", await self._start_dashboard(s.dashboard_host, s.dashboard_port, s.dashboard_token)
+            )
 
     async def _metrics(self, _: web.Request) -> web.Response:
         metrics = self.metrics
@@ -127,7 +139,7 @@ async def _serve(runners: list[web.AppRunner], app: web.Application, host: str, 
     return f"http://{shown}:{bound[1]}"
 
 
-class SupervisorWeb:
+class SupervisorWeb(_Servers):
     """The metrics and dashboard servers of `pgferry run --processes N`, in the supervisor.
 
     The dashboard is the same as a relay's: it reads PostgreSQL, where every child
@@ -137,10 +149,8 @@ class SupervisorWeb:
     """
 
     def __init__(self, supervisor: SupervisorView) -> None:
+        super().__init__()
         self.supervisor = supervisor
-        self.runners: list[web.AppRunner] = []
-        self.pool: asyncpg.Pool | None = None
-        self.dashboard: Dashboard | None = None
         self.session: ClientSession | None = None
 
     async def start(self) -> None:
@@ -157,26 +167,15 @@ class SupervisorWeb:
                 self.supervisor.url, min_size=1, max_size=3,
                 server_settings={"application_name": "pgferry operator web"},
             )  # fmt: skip
-            dashboard = Dashboard(self.pool, host=s.dashboard_host, token=s.dashboard_token)
-            self.dashboard = dashboard
-            url = await _serve(self.runners, dashboard.app(), s.dashboard_host, s.dashboard_port)
-            dashboard.start_sampling()
-            self.supervisor.announce("dashboard", url + "/")
-            log.info("dashboard: serving at %s/%s", url, " (token required)" if s.dashboard_token else "")
+            self.supervisor.announce(
+                "dashboard", await self._start_dashboard(s.dashboard_host, s.dashboard_port, s.dashboard_token)
+            )
 
     async def stop(self) -> None:
-        if self.dashboard is not None:
-            await self.dashboard.stop_sampling()
-            self.dashboard = None
-        for runner in self.runners:
-            await runner.cleanup()
-        self.runners.clear()
         if self.session is not None:
             await self.session.close()
             self.session = None
-        if self.pool is not None:
-            await self.pool.close()
-            self.pool = None
+        await super().stop()
 
     async def _metrics(self, _: web.Request) -> web.Response:
         children = self.supervisor.children()
