@@ -276,6 +276,7 @@ class Ferry:
         connect_timeout_ms: int = 5000,
         start_at: str = "now",
         filter: str | None = None,
+        partitions: int = 1,
     ) -> list[str]:
         """Create or update a webhook subscription (see ``ferry.subscribe`` in SQL).
 
@@ -283,6 +284,11 @@ class Ferry:
         plus ``$stream``, ``$key`` and ``$headers`` (``'$.record.amount > 100'``):
         only events for which it is true are sent. Like every setting it is
         declared whole on each call: ``None`` removes a filter set before.
+
+        ``partitions`` (1-256) spreads the events over that many partitions by
+        key hash, each delivered by its own worker, on any relay or relay
+        process: per-key order holds. Changing it on a live subscription
+        switches at a tick boundary once the old partitions have drained.
 
         Returns the streams among ``streams`` that nothing has written yet (no
         captured table writes them and no event of them was ever seen): often a
@@ -292,7 +298,7 @@ class Ferry:
         args = (
             name, list(streams), url, batch_size, max_in_flight, ordered, secret,
             _json(dict(headers or {}), "headers"), timeout_ms, max_attempts, max_age, retry_base_ms, retry_max_ms,
-            connect_timeout_ms, start_at, filter,
+            connect_timeout_ms, start_at, filter, partitions,
         )  # fmt: skip
         await self._admin("execute", "subscribe", *args)
         return list(await self._admin("fetchval", "unknown_streams", list(streams)))

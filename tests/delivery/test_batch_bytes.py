@@ -205,7 +205,7 @@ async def test_due_retries_stop_at_the_byte_bound_but_take_one_event_however_lar
     )
 
     async def due(bound: int | None, after: int = 0) -> list[int]:
-        rows = await conn.fetch(sql.query("due_retries"), "hook", False, 1000, bound)
+        rows = await conn.fetch(sql.query("due_retries"), "hook", False, 1000, bound, 0, 1)
         ids = [r["id"] for r in rows if r["id"] > after]
         await conn.execute("delete from ferry.retries where event_id = any($1::bigint[])", ids)
         return ids

@@ -76,6 +76,10 @@ def status(database_url: str | None, as_json: bool) -> None:
         columns.insert(1, ("filter", "filter"))
     if any(row["retention"] not in ("ok", "-") for row in rows):
         columns.insert(-1, ("retention", "retention"))
+    if any(row["partitions"] > 1 or row["draining"] for row in rows):  # only when some subscription has them
+        for row in rows:
+            row["partitioned"] = str(row["partitions"]) + (f" ({row['draining']} draining)" if row["draining"] else "")
+        columns.insert(2, ("partitioned", "partitions"))
     table("delivery status", rows, columns, styles=_STATUS_STYLES)
     _retention_table(inspect.holding_back(retention_rows))
     _relays_table(relay_rows)

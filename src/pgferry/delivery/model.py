@@ -10,9 +10,10 @@ import asyncpg
 import orjson
 
 
-def consumer_name(subscription: str) -> str:
-    """Each subscription reads the log through its own consumer."""
-    return f"webhook:{subscription}"
+def consumer_name(subscription: str, part: int = 0, parts: int = 1) -> str:
+    """Each subscription reads the log through its own consumer, one per partition (as
+    ferry._partition_consumer names them, migration 0018)."""
+    return f"webhook:{subscription}" if parts <= 1 else f"webhook:{subscription}#{part}/{parts}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +35,25 @@ class Subscription:
     state: str
     updated_at: datetime
     kind: str = "webhook"  # or "pg_net": each event is a request of its own (net.http_* API)
+    #: which partition of how many this is (a relay delivers partitions as units, migration 0018)
+    part: int = 0
+    parts: int = 1
+    #: after a change of partitions: an old partition reading up to its drain tick ...
+    draining: bool = False
+    #: ... that got there (its owner stops it and removes it) ...
+    drained: bool = False
+    #: ... and a new one, which reads and retries nothing while an old one remains
+    waiting: bool = False
 
     @property
     def consumer(self) -> str:
-        return consumer_name(self.name)
+        return consumer_name(self.name, self.part, self.parts)
+
+    @property
+    def unit(self) -> str:
+        """What a relay delivers, as logs and ferry.relays.owned name it: the subscription, or one
+        of its partitions ("orders#2/4")."""
+        return self.name if self.parts <= 1 else f"{self.name}#{self.part}/{self.parts}"
 
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> Subscription:
@@ -59,6 +75,11 @@ class Subscription:
             state=row["state"],
             updated_at=row["updated_at"],
             kind=row.get("kind", "webhook"),
+            part=row["part"],
+            parts=row["parts"],
+            draining=row["draining"],
+            drained=row["drained"],
+            waiting=row["waiting"],
         )
 
 

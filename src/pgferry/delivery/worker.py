@@ -271,7 +271,11 @@ class SubscriptionWorker:
         on its next round (every claim_interval seconds)."""
         if sub.max_in_flight != self.sub.max_in_flight:
             self.limit = asyncio.Semaphore(sub.max_in_flight)
+        done_waiting = self.sub.waiting and not sub.waiting
         self.sub = sub
+        if done_waiting:  # a new partition whose predecessors are gone: what it could not read, now
+            self.wake.set()
+            self.retry_wake.set()
         self.signer = Signer(sub.secrets)
         self._watch(sub)
 
@@ -511,10 +515,14 @@ class SubscriptionWorker:
         expired_at = 0.0  # when held events were last checked against max_age
         while not self.stopping.is_set():
             self.retry_wake.clear()
+            sub = self.sub
+            if sub.waiting:  # a new partition: the old ones retry parked events until they are gone
+                await wait_for_event(self.retry_wake, self.ctx.poll_interval)
+                continue
             if self.release_parked:
                 self.release_parked = False
                 async with self.ctx.pool.acquire() as conn:
-                    await conn.execute(sql.query("retries_release"), self.sub.name)
+                    await conn.execute(sql.query("retries_release"), sub.name, sub.part, sub.parts)
             probe = False
             if self.endpoint is not None and self.ctx.health.is_down(self.endpoint):
                 # Its events wait (held), but not beyond max_age; one request a second probes it.
@@ -527,13 +535,15 @@ class SubscriptionWorker:
                 probe = True
             async with self.ctx.pool.acquire() as conn:
                 if probe:  # the due event with the fewest attempts: probes spread over the held events
-                    rows = await conn.fetch(sql.query("retries_probe"), self.sub.name, self.sub.ordered)
+                    rows = await conn.fetch(sql.query("retries_probe"), sub.name, sub.ordered, sub.part, sub.parts)
                 else:
-                    rows = await conn.fetch(sql.query("due_retries"), self.sub.name, self.sub.ordered,
-                                            self.ctx.retry_fetch, self.ctx.read_bytes)  # fmt: skip
-                next_at = (
-                    None if rows else await conn.fetchval(sql.query("next_retry_at"), self.sub.name, self.sub.ordered)
-                )
+                    rows = await conn.fetch(sql.query("due_retries"), sub.name, sub.ordered,
+                                            self.ctx.retry_fetch, self.ctx.read_bytes, sub.part, sub.parts)  # fmt: skip
+                next_at = None
+                if not rows:
+                    next_at = await conn.fetchval(
+                        sql.query("next_retry_at"), sub.name, sub.ordered, sub.part, sub.parts
+                    )
             # Requests let go of are still in flight: their answers are recorded when they come.
             events = [OutEvent.from_row(r) for r in rows if r["id"] not in self.let_go]
             if not events:
@@ -555,7 +565,7 @@ class SubscriptionWorker:
 
     async def _expire_held(self) -> None:
         async with self.ctx.pool.acquire() as conn:
-            expired = await conn.fetchval(sql.query("retries_expire"), self.sub.name)
+            expired = await conn.fetchval(sql.query("retries_expire"), self.sub.name, self.sub.part, self.sub.parts)
         if expired:
             log.warning("subscription %s: %d held event(s) moved to dead letters (max_age passed)",
                         self.sub.name, expired)  # fmt: skip

@@ -45,12 +45,13 @@ DEFAULTS: dict[str, Any] = {
     "retry_base_ms": 1000,
     "retry_max_ms": 600000,
     "filter": None,  # a jsonpath predicate; None: every event of the streams
+    "partitions": 1,  # spread over this many partitions by key hash (migration 0018)
 }
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "streams": list, "url": str, "headers": dict, "headers_env": dict, "secret_env": (str, list),
     "from_beginning": bool, "batch_size": int, "max_in_flight": int, "ordered": bool, "timeout_ms": int,
     "connect_timeout_ms": int, "max_attempts": int, "max_age": str, "retry_base_ms": int, "retry_max_ms": int,
-    "filter": str,
+    "filter": str, "partitions": int,
 }  # fmt: skip
 
 
@@ -245,12 +246,13 @@ async def execute(conn: asyncpg.Connection, changes: list[Change]) -> None:
                         s["max_in_flight"], s["ordered"], None, orjson.dumps(want.headers).decode(), s["timeout_ms"],
                         s["max_attempts"], s["max_age"], s["retry_base_ms"], s["retry_max_ms"],
                         s["connect_timeout_ms"], "beginning" if want.from_beginning else "now", s["filter"],
+                        s["partitions"],
                     )  # fmt: skip
                     if change.action == "create" or "secrets" in change.fields:
                         await conn.execute(sql.query("set_secrets"), want.name, want.secrets)
                 await conn.execute(sql.query("set_managed_by"), want.name, MANAGED_BY)
     except asyncpg.PostgresError as exc:
-        if exc.sqlstate in ("22023", "22004", "42704", "22007", "22008"):
+        if exc.sqlstate in ("22023", "22004", "42704", "22007", "22008", "55000"):
             raise PgferryError(str(exc)) from exc
         raise
 

@@ -107,7 +107,7 @@ async def subscription_status(conn: asyncpg.Connection) -> list[dict[str, Any]]:
     rows = _rows(await conn.fetch(sql.query("subscription_status")))
     health_rows = {r["name"]: dict(r) for r in await conn.fetch(sql.query("endpoint_health"))}
     down = {r["name"]: r["down_since"] for r in await conn.fetch(sql.query("endpoints_down"))}
-    retention = {r["consumer"]: r for r in await retention_status(conn)}
+    retention = _worst_per_subscription(await retention_status(conn))
     now = datetime.now(UTC)
     for row in rows:
         extra = health_rows.get(row["name"], {})
@@ -120,9 +120,9 @@ async def subscription_status(conn: asyncpg.Connection) -> list[dict[str, Any]]:
         row["rate_per_s"] = (row["delivered_1m"] or 0) / 60
         row["health"] = health(row, now)
         row["unknown_streams"] = []
-        held = retention.get(f"webhook:{row['name']}", {})
+        held, gap_events = retention.get(row["name"], ({}, 0))
         row["retention"] = retention_summary(held) if held else "-"
-        row["gap_events"] = held.get("gap_events", 0)
+        row["gap_events"] = gap_events
     never = [r["name"] for r in rows if r["last_attempt_at"] is None and not r["parked"] and not r["dead"]]
     if never:
         found = await conn.fetch(sql.query("subscriptions_unknown_streams"), never)
@@ -138,6 +138,25 @@ async def retention_status(conn: asyncpg.Connection) -> list[dict[str, Any]]:
     """ferry.retention_status(): per consumer, how close it is to the retention limit, stalled or not,
     and the events its gaps lost."""
     return _rows(await conn.fetch(sql.query("retention_status")))
+
+
+def _worst_per_subscription(rows: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], int]]:
+    """Per subscription, the retention row of its partition closest to the limit (a stalled one
+    first), and the events the gaps of all its partitions lost."""
+    worst: dict[str, tuple[dict[str, Any], int]] = {}
+    for row in rows:
+        name = row["subscription"]
+        if name is None:
+            continue
+        held, lost = worst.get(name, (None, 0))
+        if held is None or _closeness(row) > _closeness(held):
+            held = row
+        worst[name] = (held, lost + (row.get("gap_events") or 0))
+    return worst
+
+
+def _closeness(row: dict[str, Any]) -> tuple[bool, float]:
+    return row["stalled_at"] is not None, max(row["time_pct"] or 0.0, row["size_pct"] or 0.0)
 
 
 def retention_summary(row: dict[str, Any]) -> str:

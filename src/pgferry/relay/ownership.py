@@ -1,5 +1,7 @@
-"""Which relay delivers which subscription.
+"""Which relay delivers which subscription (or partition of one).
 
+What a relay claims is a consumer: a subscription's, or one partition's of a
+subscription of several (migration 0018); "subscription" below means either.
 Each relay keeps one "ownership" connection and holds a session advisory lock
 per subscription it delivers. Locks vanish with the connection, so when a
 relay dies its subscriptions are free at once and survivors claim them on
@@ -8,7 +10,8 @@ ferry.relays (for `pgferry status`) and hold a shared "presence" lock; each
 claims at most its fair share (subscriptions / relays holding the presence
 lock, rounded up) and hands back extras, so load spreads as relays join.
 The same connection LISTENs for ticks and hands them to the LogWatch, which
-wakes the workers concerned.
+wakes the workers concerned. After a change of partitions, the relay that
+owns an old partition stops it once it has drained, and removes it.
 """
 
 from __future__ import annotations
@@ -147,15 +150,18 @@ class Ownership:
         )
         if self.observe_round is not None:
             self.observe_round(time.perf_counter() - started)
-        active = {r["name"]: Subscription.from_row(r) for r in rows}
+        active = {sub.unit: sub for sub in map(Subscription.from_row, rows)}
         relays = max(1, rows[0]["live_relays"]) if rows else 1
         # Reap workers that ended on their own (e.g. 410 disabled them) or whose subscription went away.
         for name in list(self.owned):
             owned = self.owned[name]
             if name not in active or owned.task.done():
                 await self._release(conn, name, graceful=True)
-        for name, sub in active.items():
-            if name in self.owned and self.owned[name].worker.sub.updated_at != sub.updated_at:
+        for name, sub in list(active.items()):
+            if sub.drained:  # an old partition, done: nobody delivers it any more
+                await self._retire(conn, sub)
+                del active[name]
+            elif name in self.owned and self.owned[name].worker.sub != sub:
                 try:
                     self.owned[name].worker.update(sub)
                 except ValueError as exc:
@@ -194,19 +200,43 @@ class Ownership:
                 owned = self.owned.pop(name)
                 await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, owned.lock_key)
 
+    async def _retire(self, conn: asyncpg.Connection, sub: Subscription) -> None:
+        """Removes an old partition that drained after a change of partitions, once its worker (if
+        this relay runs it) has stopped and recorded what it still had in flight."""
+        if sub.unit in self.owned:
+            owned = self.owned.pop(sub.unit)
+            await self._stop_worker(sub.unit, owned, graceful=True)
+            key = owned.lock_key
+        else:
+            key = await conn.fetchval(sql.query("consumer_lock_key"), sub.consumer)
+            if not await conn.fetchval(sql.query("try_advisory_lock"), CONSUMER_LOCK_CLASS, key):
+                return  # its owner retires it
+        try:
+            await conn.execute(sql.query("drop_drained_consumer"), sub.consumer)
+            log.info("delivery: partition %s drained after the change of partitions; removed", sub.unit)
+        finally:
+            await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, key)
+
     def in_flight(self) -> dict[str, int]:
-        """Events in requests in flight, per subscription this relay delivers."""
-        return {name: owned.worker.in_flight for name, owned in self.owned.items()}
+        """Events in requests in flight, per subscription this relay delivers (its partitions summed)."""
+        return self._per_subscription(lambda w: w.in_flight)
+
+    def _per_subscription(self, value: Callable[[SubscriptionWorker], int]) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for owned in self.owned.values():
+            name = owned.worker.sub.name
+            totals[name] = totals.get(name, 0) + value(owned.worker)
+        return totals
 
     def _stats(self) -> dict[str, dict[str, Any]]:
-        workers = {n: o.worker for n, o in self.owned.items()}
+        down = {o.worker.sub.name: o.worker.endpoint_down_since() for o in self.owned.values()}
         return {
-            "in_flight": {n: w.in_flight for n, w in workers.items()},
-            "delivered_1m": {n: w.delivered.last(60) for n, w in workers.items()},
-            "failed_5m": {n: w.failed.last(300) for n, w in workers.items()},
-            "attempts_5m": {n: w.failed.last(300) + w.delivered.last(300) for n, w in workers.items()},
-            "delivered_total": {n: w.delivered.total for n, w in workers.items()},
-            "endpoint_down": {n: since.isoformat() for n, w in workers.items() if (since := w.endpoint_down_since())},
+            "in_flight": self.in_flight(),
+            "delivered_1m": self._per_subscription(lambda w: w.delivered.last(60)),
+            "failed_5m": self._per_subscription(lambda w: w.failed.last(300)),
+            "attempts_5m": self._per_subscription(lambda w: w.failed.last(300) + w.delivered.last(300)),
+            "delivered_total": self._per_subscription(lambda w: w.delivered.total),
+            "endpoint_down": {n: since.isoformat() for n, since in down.items() if since},
         }
 
     async def _release(self, conn: asyncpg.Connection, name: str, *, graceful: bool) -> None:

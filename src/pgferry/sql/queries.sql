@@ -100,7 +100,8 @@ from ferry.batch_events(start_tick => $1, end_tick => $2, streams => $3, reader 
 select ferry.finish_batch($1, $2)
 
 -- name: relay_round
-select live_relays, (subscription).* from ferry.relay_round($1, $2, $3, $4, $5::text::jsonb)
+select live_relays, consumer, part, parts, draining, drained, waiting, (subscription).*
+from ferry.relay_round($1, $2, $3, $4, $5::text::jsonb)
 
 -- name: announce_presence
 select pg_advisory_lock_shared($1::int, $2::int)
@@ -150,6 +151,11 @@ select ferry._claim_consumer($1)
 -- name: fence
 select ferry._fence($1, $2)
 
+-- name: drop_drained_consumer
+-- A partition that drained after a change of partitions (ferry._subscription_consumers), removed
+-- by the relay that owns it once its worker has stopped and recorded everything.
+delete from ferry.consumers where name = $1 and drain_to is not null and tick_id >= drain_to
+
 -- name: consumer_tick
 select tick_id from ferry.consumers where name = $1
 
@@ -190,6 +196,7 @@ where subscription = $1 and event_id = any ($2::bigint[]) and last_error like 'i
 -- payload is rendered to be measured, and only those returned are rendered). With ordering
 -- on ($2), a key's events come in order from its earliest parked one, up to the first that is
 -- not due yet (the worker's lanes send them in order and stop a key at its first failure).
+-- Only those of partition $5 of $6 (migration 0018: each partition's worker retries its own).
 select r.event_id as id, r.stream, r.key, r.payload::text as payload, r.headers::text as headers,
        r.event_created_at as created_at, r.attempts, r.first_failed_at
 from (
@@ -198,6 +205,7 @@ from (
            row_number() over (order by r.event_id rows unbounded preceding) as n
     from ferry.retries r
     where r.subscription = $1 and r.next_attempt_at <= now()
+      and ($6::int <= 1 or ferry._partition_of(r.key, r.event_id, $6::int) = $5::int)
       and (not $2 or r.key is null or not exists (
             select 1 from ferry.retries r2
             where r2.subscription = r.subscription and r2.key = r.key and r2.event_id < r.event_id
@@ -216,6 +224,7 @@ with expired as (
     delete from ferry.retries r
     using ferry.subscriptions s
     where r.subscription = $1 and s.name = r.subscription and r.first_failed_at < now() - s.max_age
+      and ($3::int <= 1 or ferry._partition_of(r.key, r.event_id, $3::int) = $2::int)
       and (r.last_error is null or r.last_error not like 'in flight:%')
     returning r.*, s.max_age
 ), buried as (
@@ -233,12 +242,13 @@ select count(*) from buried
 -- The parked event a probe of the subscription's down endpoint carries: a due one
 -- (each keeps its own backoff) with the fewest attempts, so that an outage's probes
 -- spread over the held events instead of using up a few events' attempts. With
--- ordering on ($2), only the earliest parked event of a key.
+-- ordering on ($2), only the earliest parked event of a key. Partition $3 of $4's only.
 select r.event_id as id, r.stream, r.key, r.payload::text as payload, r.headers::text as headers,
        r.event_created_at as created_at, r.attempts, r.first_failed_at
 from ferry.retries r
 where r.subscription = $1 and r.next_attempt_at <= now()
   and (r.last_error is null or r.last_error not like 'in flight:%')
+  and ($4::int <= 1 or ferry._partition_of(r.key, r.event_id, $4::int) = $3::int)
   and (not $2 or r.key is null or not exists (
         select 1 from ferry.retries r2
         where r2.subscription = r.subscription and r2.key = r.key and r2.event_id < r.event_id))
@@ -248,13 +258,15 @@ limit 1
 -- name: retries_release
 -- The subscription's endpoint answers again: everything parked is due now (but
 -- events whose requests are still in flight, which are recorded when they come).
-update ferry.retries set next_attempt_at = now()
-where subscription = $1 and next_attempt_at > now() and (last_error is null or last_error not like 'in flight:%')
+update ferry.retries r set next_attempt_at = now()
+where r.subscription = $1 and r.next_attempt_at > now() and (r.last_error is null or r.last_error not like 'in flight:%')
+  and ($3::int <= 1 or ferry._partition_of(r.key, r.event_id, $3::int) = $2::int)
 
 -- name: next_retry_at
--- With ordering on, only the earliest parked event of a key can be due.
+-- With ordering on, only the earliest parked event of a key can be due. Partition $3 of $4's only.
 select min(r.next_attempt_at) from ferry.retries r
 where r.subscription = $1
+  and ($4::int <= 1 or ferry._partition_of(r.key, r.event_id, $4::int) = $3::int)
   and (not $2 or r.key is null or not exists (
         select 1 from ferry.retries r2
         where r2.subscription = r.subscription and r2.key = r.key and r2.event_id < r.event_id))
@@ -276,7 +288,7 @@ select max_body_bytes from ferry.config
 select ferry.subscribe($1, $2, $3, batch_size => $4, max_in_flight => $5, ordered => $6, secret => $7,
                        headers => $8::text::jsonb, timeout_ms => $9, max_attempts => $10, max_age => $11::text::interval,
                        retry_base_ms => $12, retry_max_ms => $13, connect_timeout_ms => $14, start_at => $15,
-                       filter => $16)
+                       filter => $16, partitions => $17)
 
 -- name: filter_check
 -- Refuse a subscription filter that ferry.subscribe would refuse, with its reason (`pgferry apply` plans with it).
@@ -332,8 +344,8 @@ from ferry.gaps g where $1 between g.first_event_id and g.last_event_id order by
 
 -- name: list_subscriptions
 select name, streams, url, headers, cardinality(secrets) as secrets, batch_size, max_in_flight, ordered, timeout_ms,
-       connect_timeout_ms, max_attempts, max_age::text as max_age, retry_base_ms, retry_max_ms, filter, state,
-       state_reason, created_at, updated_at
+       connect_timeout_ms, max_attempts, max_age::text as max_age, retry_base_ms, retry_max_ms, filter, partitions,
+       state, state_reason, created_at, updated_at
 from ferry.subscriptions order by name
 
 -- name: dlq_list
@@ -449,7 +461,9 @@ select s.name, s.state as subscription_state,
        coalesce(r.attempts, d.attempts) as attempts_so_far, r.next_attempt_at, d.id as dead_letter_id, d.died_at,
        coalesce(d.last_status, r.last_status) as last_status, coalesce(d.last_error, r.last_error) as last_error
 from ferry.subscriptions s
-left join ferry.consumers c on c.name = 'webhook:' || s.name
+left join lateral (  -- the cursor of the partition that delivers it (migration 0018)
+    select min(c.tick_id) as tick_id from ferry.consumers c
+    where c.subscription = s.name and ferry._partition_of($4, $1, c.parts) = c.part) c on true
 left join ferry.ticks t on t.id = c.tick_id
 left join ferry.retries r on r.subscription = s.name and r.event_id = $1
 left join ferry.dead_letters d on d.subscription = s.name and d.event_id = $1
@@ -484,7 +498,8 @@ select queued, skipped, last_tick, end_tick from ferry.replay($1, $2, $3, $4, $5
 -- name: subscription_settings
 -- What `pgferry apply` compares a file against; secrets only to compare, never shown.
 select s.name, s.streams, s.url, s.headers, s.secrets, s.batch_size, s.max_in_flight, s.ordered, s.timeout_ms,
-       s.connect_timeout_ms, s.max_attempts, s.max_age, s.retry_base_ms, s.retry_max_ms, s.filter, s.managed_by
+       s.connect_timeout_ms, s.max_attempts, s.max_age, s.retry_base_ms, s.retry_max_ms, s.filter, s.partitions,
+       s.managed_by
 from ferry.subscriptions s where coalesce(to_jsonb(s) ->> 'kind', 'webhook') = 'webhook'
 order by name
 

@@ -31,7 +31,8 @@ begin
         raise exception 'pgferry: replay needs exactly one of since (a time) or from_event (an event id)'
             using errcode = '22023';
     end if;
-    select c.tick_id into v_to from ferry.consumers c where c.name = 'webhook:' || p_subscription;
+    -- its slowest partition's cursor: every event up to it is passed (migration 0018)
+    select min(c.tick_id) into v_to from ferry.consumers c where c.subscription = p_subscription;
     select min(p.open_tick) into v_from from ferry.partitions p where p.state <> 'empty';
     if v_to is null or v_from is null or v_from >= v_to then
         return;

@@ -10,10 +10,10 @@
 -- the cursor stands (nothing read since) is extended instead of adding a
 -- row, so a consumer nobody reads keeps one gap per stall. Nothing is
 -- recorded when nothing is skipped. A 'retention' gap sets the consumer's
--- subscription (webhook:NAME) to 'stalled': relays stop delivering it until
+-- subscription to 'stalled' (any of its partitions' gaps): relays stop delivering it until
 -- it is resumed. Any open batch is dropped. Returns the events skipped.
 --
--- Calls:   -
+-- Calls:   ferry._partition_of
 -- Reads:   ferry.events, ferry.ticks
 -- Writes:  ferry.consumers, ferry.gaps, ferry.subscriptions
 -- Raises:  42704
@@ -47,10 +47,11 @@ begin
     from ferry.events e
     where (p_part is null or e.part = p_part)
       and (c.streams is null or e.stream = any (c.streams))
-      and (e.target is null or e.target = p_consumer)
+      and (e.target is null or e.target = coalesce('webhook:' || c.subscription, p_consumer))
+      and (c.parts <= 1 or ferry._partition_of(e.key, e.id, c.parts) = c.part)
       and not pg_visible_in_snapshot(e.txid, v_from)
       and (p_part is not null or pg_visible_in_snapshot(e.txid, v_to));
-    select s.name into v_sub from ferry.subscriptions s where 'webhook:' || s.name = p_consumer;
+    v_sub := c.subscription;
     if v_n > 0 then
         select * into v_gap from ferry.gaps g
         where g.consumer = p_consumer and g.cause = p_cause and p_cause = 'retention' and g.to_tick = c.tick_id

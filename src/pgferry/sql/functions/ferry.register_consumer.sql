@@ -6,7 +6,7 @@
 -- back retention of what it has not read.
 --
 -- Calls:   -
--- Reads:   ferry.partitions, ferry.ticks
+-- Reads:   ferry.partitions, ferry.subscriptions, ferry.ticks
 -- Writes:  ferry.consumers
 -- Raises:  22023
 -- Runs as: the caller (SECURITY INVOKER)
@@ -32,7 +32,11 @@ begin
         raise exception 'pgferry: start_at must be ''now'' or ''beginning'', got %', quote_literal(start_at)
             using errcode = '22023';
     end if;
-    insert into ferry.consumers (name, streams, tick_id) values (name, streams, v_tick)
+    -- A subscription's consumer knows its subscription (migration 0018), however it was made.
+    insert into ferry.consumers (name, streams, tick_id, subscription)
+    values (name, streams, v_tick,
+            (select s.name from ferry.subscriptions s
+             where register_consumer.name like 'webhook:%' and s.name = substr(register_consumer.name, 9)))
     on conflict on constraint consumers_pkey do update set streams = excluded.streams, updated_at = now();
     return (select c.tick_id from ferry.consumers c where c.name = register_consumer.name);
 end $$;

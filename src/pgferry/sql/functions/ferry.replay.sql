@@ -1,7 +1,7 @@
 -- ferry.replay( subscription text, since timestamptz default null, from_event bigint default null, after_tick bigint default null, until_tick bigint default null, max_rows integer default 1000) returns table (queued bigint, skipped bigint, last_tick bigint, end_tick bigint)
 --
 -- One chunk of a replay. A replay walks the log's tick ranges from the oldest
--- retained partition's opening tick up to the subscription's cursor as it was
+-- retained partition's opening tick up to the subscription's cursor (its slowest partition's) as it was
 -- when the replay started (until_tick), a range of about max_rows events at a
 -- time (sized from the event sequence stored with each tick, as next_batch
 -- does), so that the whole replay reads the retained log once. Matching events
@@ -49,7 +49,8 @@ begin
         raise exception 'pgferry: subscription % does not exist', quote_literal(v_sub) using errcode = '42704';
     end if;
     if v_until is null then
-        select c.tick_id into v_until from ferry.consumers c where c.name = 'webhook:' || v_sub;
+        -- its slowest partition's cursor: every event up to it is passed (migration 0018)
+        select min(c.tick_id) into v_until from ferry.consumers c where c.subscription = v_sub;
     end if;
     if v_start is null or not exists (select 1 from ferry.ticks t where t.id = v_start) then
         select greatest(min(p.open_tick), v_start) into v_start from ferry.partitions p where p.state <> 'empty';

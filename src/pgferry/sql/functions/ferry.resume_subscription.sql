@@ -9,7 +9,7 @@
 -- gap without seeing it.
 --
 -- Calls:   ferry._set_subscription_state, ferry.resume_consumer
--- Reads:   ferry.gaps, ferry.subscriptions
+-- Reads:   ferry.consumers, ferry.gaps, ferry.subscriptions
 -- Writes:  ferry.subscriptions (and what ferry.resume_consumer writes)
 -- Raises:  22023, 42704, 55000
 -- Runs as: the caller (SECURITY INVOKER)
@@ -31,7 +31,9 @@ begin
                   hint = 'Say where it reads on: from_position => ''retained'' (every event still in the log) or ''now''.';
     end if;
     if from_position is not null then
-        perform ferry.resume_consumer('webhook:' || name, from_position);
+        -- every partition of it (migration 0018)
+        perform ferry.resume_consumer(c.name, from_position)
+        from ferry.consumers c where c.subscription = resume_subscription.name;
     end if;
     perform ferry._set_subscription_state(name, 'active', null);
 end $$;

@@ -14,7 +14,7 @@
 -- ferry.maintain read it.
 --
 -- Calls:   -
--- Reads:   ferry.config, ferry.consumers, ferry.gaps, ferry.partitions, ferry.subscriptions, ferry.ticks
+-- Reads:   ferry.config, ferry.consumers, ferry.gaps, ferry.partitions, ferry.ticks
 -- Writes:  -
 -- Raises:  -
 -- Runs as: the caller (SECURITY INVOKER)
@@ -33,7 +33,7 @@ language sql stable as $$
         from ferry.partitions p),
     total as (select sum(pa.bytes)::bigint as log_bytes from parts pa),
     per as (
-        select c.name, c.streams, c.tick_id, c.stalled_at, c.stalled_reason,
+        select c.name, c.subscription, c.streams, c.tick_id, c.stalled_at, c.stalled_reason,
                coalesce(extract(epoch from now() - (select t2.created_at from ferry.ticks t2
                                                     where t2.id > c.tick_id order by t2.id limit 1)), 0)::float8
                    as lag_seconds,
@@ -47,7 +47,7 @@ language sql stable as $$
                case when cfg.max_retention_bytes is null or per.held_bytes = 0 then 0::float8
                     else 100.0 * total.log_bytes / cfg.max_retention_bytes end as size_pct
         from per, total, cfg)
-    select pct.name, s.name, pct.streams, pct.tick_id, greatest(pct.lag_seconds, 0), pct.held_bytes, pct.log_bytes,
+    select pct.name, pct.subscription, pct.streams, pct.tick_id, greatest(pct.lag_seconds, 0), pct.held_bytes, pct.log_bytes,
            pct.max_retention, pct.max_retention_bytes, greatest(pct.time_pct, 0), pct.size_pct,
            case when pct.stalled_at is not null then 'stalled'
                 when greatest(pct.time_pct, pct.size_pct) >= 80 then '80%'
@@ -55,7 +55,6 @@ language sql stable as $$
                 else 'ok' end,
            pct.stalled_at, pct.stalled_reason, g.n, g.events, g.last_at
     from pct
-    left join ferry.subscriptions s on 'webhook:' || s.name = pct.name
     left join lateral (select count(*) as n, coalesce(sum(gp.events), 0)::bigint as events, max(gp.updated_at) as last_at
                        from ferry.gaps gp where gp.consumer = pct.name) g on true
     order by pct.name

@@ -1,7 +1,7 @@
--- ferry.subscribe( name text, streams text[], url text, batch_size integer default 1, max_in_flight integer default 32, ordered boolean default false, secret text default null, headers jsonb default '{}', timeout_ms integer default 10000, max_attempts integer default 12, max_age interval default '3 days', retry_base_ms integer default 1000, retry_max_ms integer default 600000, connect_timeout_ms integer default 5000, start_at text default 'now', filter text default null) returns void
+-- ferry.subscribe( name text, streams text[], url text, batch_size integer default 1, max_in_flight integer default 32, ordered boolean default false, secret text default null, headers jsonb default '{}', timeout_ms integer default 10000, max_attempts integer default 12, max_age interval default '3 days', retry_base_ms integer default 1000, retry_max_ms integer default 600000, connect_timeout_ms integer default 5000, start_at text default 'now', filter text default null, partitions integer default 1) returns void
 --
--- Creates or updates a webhook subscription and its consumer
--- 'webhook:<name>'. Every setting is checked here, before the row exists (a
+-- Creates or updates a webhook subscription and its consumers
+-- ('webhook:<name>', one per partition since 0018). Every setting is checked here, before the row exists (a
 -- table CHECK would report the whole row, secret included). New in 0008: a
 -- NOTICE (SQLSTATE 01PF1, a warning) for each stream nothing has written yet;
 -- the subscription is saved all the same and delivers once events arrive.
@@ -27,14 +27,18 @@
 --             start_at            'now' or 'beginning' (new consumers only)
 --             filter              jsonpath predicate, e.g. '$.record.amount > 100'
 --                                 (ferry._check_filter); NULL delivers every event
+--             partitions          1-256 (migration 0018): events spread over this
+--                                 many partitions by key hash, each with its own
+--                                 consumer and worker (ferry._subscription_consumers
+--                                 says how a change on a live subscription drains)
 -- Returns:    nothing.
 -- Calls:      ferry._check_url, ferry._check_headers_map, ferry._check_secret,
---             ferry._check_filter, ferry.register_consumer, ferry._unknown_streams.
+--             ferry._check_filter, ferry._subscription_consumers, ferry._unknown_streams.
 -- Tables:     writes ferry.subscriptions, ferry.consumers; reads those of
 --             ferry._unknown_streams.
 -- Raises:     22023 on a bad argument (message says which, for a filter also
 --             why: not a jsonpath, not a predicate, an unknown variable); NOTICE 01PF1 per
---             unwritten stream.
+--             unwritten stream; 55000 when a change of partitions is still draining.
 -- Roles:      ferry_relay (and the installer). ferry_writer may not (42501).
 
 create or replace function ferry.subscribe(
@@ -53,7 +57,8 @@ create or replace function ferry.subscribe(
     retry_max_ms integer default 600000,
     connect_timeout_ms integer default 5000,
     start_at text default 'now',
-    filter text default null)
+    filter text default null,
+    partitions integer default 1)
 returns void language plpgsql as $$
 declare
     v_stream text;
@@ -95,18 +100,22 @@ begin
     if retry_base_ms is null or retry_max_ms is null or retry_base_ms < 0 or retry_max_ms < 0 then
         raise exception 'pgferry: retry_base_ms and retry_max_ms must be 0 or more' using errcode = '22023';
     end if;
+    if subscribe.partitions is null or subscribe.partitions not between 1 and 256 then
+        raise exception 'pgferry: partitions must be between 1 and 256, got %', coalesce(subscribe.partitions::text, 'NULL')
+            using errcode = '22023', hint = 'One partition per core the relays have is a good start.';
+    end if;
     if ordered is null then
         raise exception 'pgferry: ordered must be true or false' using errcode = '22023';
     end if;
 
     insert into ferry.subscriptions as s (name, streams, url, headers, secrets, batch_size, max_in_flight, ordered,
                                           timeout_ms, connect_timeout_ms, max_attempts, max_age, retry_base_ms, retry_max_ms,
-                                          filter)
+                                          filter, partitions)
     values (subscribe.name, subscribe.streams, subscribe.url, coalesce(subscribe.headers, '{}'),
             case when subscribe.secret is null then '{}' else array[subscribe.secret] end,
             subscribe.batch_size, subscribe.max_in_flight, subscribe.ordered, subscribe.timeout_ms,
             subscribe.connect_timeout_ms, subscribe.max_attempts, subscribe.max_age,
-            subscribe.retry_base_ms, subscribe.retry_max_ms, subscribe.filter)
+            subscribe.retry_base_ms, subscribe.retry_max_ms, subscribe.filter, subscribe.partitions)
     on conflict on constraint subscriptions_pkey do update set
         streams = excluded.streams, url = excluded.url, headers = excluded.headers,
         secrets = case when subscribe.secret is null then s.secrets else excluded.secrets end,
@@ -114,8 +123,9 @@ begin
         timeout_ms = excluded.timeout_ms, connect_timeout_ms = excluded.connect_timeout_ms,
         max_attempts = excluded.max_attempts, max_age = excluded.max_age,
         retry_base_ms = excluded.retry_base_ms, retry_max_ms = excluded.retry_max_ms, filter = excluded.filter,
+        partitions = excluded.partitions,
         updated_at = now();
-    perform ferry.register_consumer('webhook:' || subscribe.name, subscribe.streams, start_at);
+    perform ferry._subscription_consumers(subscribe.name, subscribe.streams, start_at, subscribe.partitions);
 
     -- Saved: now say which streams nothing has written yet (a typo sits idle forever).
     foreach v_stream in array ferry._unknown_streams(subscribe.streams) loop
@@ -128,4 +138,5 @@ begin
 end $$;
 
 grant execute on function ferry.subscribe(text, text[], text, integer, integer, boolean, text, jsonb, integer,
-                                          integer, interval, integer, integer, integer, text, text) to ferry_relay;
+                                          integer, interval, integer, integer, integer, text, text, integer)
+    to ferry_relay;

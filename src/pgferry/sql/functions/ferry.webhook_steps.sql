@@ -19,6 +19,12 @@
 --     same range with the same filter, unordered and with no backfill aimed
 --     at them, share ONE read of the union of their streams: each event
 --     comes back once, with the requests on its stream in reqs.
+-- Partitions (migration 0018): a consumer of partition p of N reads only the
+-- events ferry._partition_of puts there (requests share a read only with
+-- the same p and N); a draining one reads up to its drain_to tick and no
+-- further; a new one reads nothing while an old one has not reached its
+-- drain_to (ferry._subscription_consumers). A backfill aimed at the
+-- subscription ('webhook:<name>') is read by each of its partitions.
 -- A refused request gets one row, reqs = {i}, refused = the SQLSTATE
 -- webhook_step would raise: PF001 (cursor moved), PF002 (another relay's
 -- epoch), 42704 (no such consumer), 55000 (its tick is no longer retained).
@@ -53,7 +59,7 @@
 -- reads on alone (resume_after from a shared part) checks (b) over its own
 -- streams, which the shared part's ids bound as well.
 --
--- Calls:   ferry._batch_end, ferry._batch_split, ferry._filter_match, ferry.batch_events
+-- Calls:   ferry._batch_end, ferry._batch_split, ferry._filter_match, ferry._partition_of, ferry.batch_events
 -- Reads:   ferry.backfills, ferry.captures, ferry.consumers, ferry.events, ferry.retries, ferry.subscriptions, ferry.ticks
 -- Writes:  ferry.attempts, ferry.consumers
 -- Raises:  22023 (max_bytes not positive; resume_after[i] without peek_after[i] and peek_until[i])
@@ -146,7 +152,12 @@ begin
         with r as (
             select u.i::integer as i, u.s, u.cn, u.o, c.name as found, c.streams, c.owner_epoch, u.ep,
                    coalesce(u.pa, c.tick_id) as v_start, u.pu, u.ra, u.sp, sub.filter, sub.state,
-                   exists (select 1 from ferry.backfills b where b.target = u.cn) as targeted
+                   c.part, c.parts, c.drain_to, coalesce('webhook:' || c.subscription, u.cn) as target,
+                   exists (select 1 from ferry.backfills b
+                           where b.target = coalesce('webhook:' || c.subscription, u.cn)) as targeted,
+                   c.drain_to is null and exists (select 1 from ferry.consumers o
+                                                  where o.subscription = c.subscription and o.drain_to is not null
+                                                    and o.tick_id < o.drain_to) as waiting
             from unnest(subscriptions, consumers, epochs, ordered, peeks, peek_after, peek_until, resume_after, spans)
                  with ordinality as u(s, cn, ep, o, p, pa, pu, ra, sp, i)
             left join ferry.consumers c on c.name = u.cn
@@ -160,17 +171,20 @@ begin
             from r
         ), ends as (
             select k.*, case when k.why is null and k.v_start < v_latest and k.state is distinct from 'stalled'
-                             then coalesce(k.pu, ferry._batch_end(k.v_start, coalesce(k.sp, max_events))) end as v_end
+                                  and not k.waiting and k.v_start < coalesce(k.drain_to, v_latest)
+                             then least(coalesce(k.pu, ferry._batch_end(k.v_start, coalesce(k.sp, max_events))),
+                                        k.drain_to) end as v_end
             from checked k
         )
         -- Refusals one by one; the rest grouped by the range they read, their filter and where
         -- they resume in it (ordered requests, and those a backfill is aimed at, alone: their rows differ).
         select array_agg(e.i order by e.i) as members, array_agg(e.cn order by e.i) as member_consumers,
                min(e.why) as why, e.v_start, e.v_end, e.ra as resume_after, e.filter, bool_or(e.o) as is_ordered,
-               min(e.s) as one_sub, min(e.cn) as one_consumer, min(e.streams) as one_streams
+               min(e.s) as one_sub, min(e.target) as one_target, min(e.streams) as one_streams,
+               min(e.part) as part, min(e.parts) as parts
         from ends e
         where e.why is not null or e.v_end is not null
-        group by e.v_start, e.v_end, e.ra, e.filter, e.why,
+        group by e.v_start, e.v_end, e.ra, e.filter, e.why, e.part, e.parts,
                  case when e.why is not null or e.o or e.targeted then e.i end
     loop
         if g.why is not null then
@@ -193,8 +207,9 @@ begin
                            g.is_ordered and ev.key is not null
                            and exists (select 1 from ferry.retries rt where rt.subscription = g.one_sub and rt.key = ev.key),
                            null::bigint
-                    from ferry.batch_events(g.v_start, g.v_end, g.one_streams, g.one_consumer) ev
-                    where ferry._filter_match(g.filter::jsonpath, ev.stream, ev.key, ev.headers, ev.payload);
+                    from ferry.batch_events(g.v_start, g.v_end, g.one_streams, g.one_target) ev
+                    where ferry._filter_match(g.filter::jsonpath, ev.stream, ev.key, ev.headers, ev.payload)
+                      and (g.parts <= 1 or ferry._partition_of(ev.key, ev.id, g.parts) = g.part);
             else
                 return query
                     with ms as (  -- the members on each stream
@@ -209,6 +224,7 @@ begin
                     from ferry.batch_events(g.v_start, g.v_end, (select array_agg(ms.stream) from ms), null) ev
                     join ms on ms.stream = ev.stream
                     where ferry._filter_match(g.filter::jsonpath, ev.stream, ev.key, ev.headers, ev.payload)
+                      and (g.parts <= 1 or ferry._partition_of(ev.key, ev.id, g.parts) = g.part)
                     order by ev.id;
             end if;
         else
@@ -216,7 +232,7 @@ begin
             -- (a cursor), rendered as text once, until the bound; then the cut (header).
             if v_alone then
                 v_streams := g.one_streams;
-                v_reader := g.one_consumer;
+                v_reader := g.one_target;
             else
                 select array_agg(distinct st.stream) into v_streams
                 from unnest(g.member_consumers) as u(cn)
@@ -229,7 +245,8 @@ begin
             a_created := '{}';
             for v_row in select e.id, e.txid, e.stream, e.key, e.payload::text as payload, e.headers::text as headers,
                                 e.created_at,
-                                ferry._filter_match(g.filter::jsonpath, e.stream, e.key, e.headers, e.payload) as wanted
+                                ferry._filter_match(g.filter::jsonpath, e.stream, e.key, e.headers, e.payload)
+                                and (g.parts <= 1 or ferry._partition_of(e.key, e.id, g.parts) = g.part) as wanted
                          from ferry.batch_events(g.v_start, g.v_end, v_streams, v_reader) e
                          where e.id > coalesce(g.resume_after, 0)
                          order by e.id loop

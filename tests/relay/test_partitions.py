@@ -1,0 +1,229 @@
+"""Partitioned subscriptions (migration 0018): one subscription's events spread over N partitions by
+key hash, each with its own consumer and worker, claimed by any relay like a subscription. Per-key
+order holds while partitions move between relays, and across a change of N on a live subscription."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+import orjson
+import pytest
+
+import pgferry
+from pgferry.delivery.model import consumer_name
+from pgferry.receiver import Received, Receiver, Respond, Slow
+from tests.delivery.conftest import RunningRelay
+from tests.helpers import eventually
+from tests.relay.test_relay import RelayProcess
+
+KEYS = 24
+
+
+def deliveries(receiver: Receiver) -> list[tuple[str, int]]:
+    """(key, n) of every request answered, in the order answered (batch_size 1: one event each)."""
+    return [(r.headers["pgferry-key"], orjson.loads(r.body)["n"]) for r in receiver.received]
+
+
+def first_arrivals_in_key_order(seen: list[tuple[str, int]]) -> None:
+    """Each key's events arrived (first time) in the order they were written, none missing."""
+    firsts: dict[str, list[int]] = defaultdict(list)
+    for key, n in seen:
+        if n not in firsts[key]:
+            firsts[key].append(n)
+    for key, ns in firsts.items():
+        assert ns == sorted(ns), f"key {key} out of order: {ns}"
+        assert ns == list(range(len(ns))), f"key {key} lost events: {ns}"
+
+
+class Writer:
+    """Publishes one event per key per transaction, keys k0.., each key's events numbered from 0."""
+
+    def __init__(self, ferry: pgferry.Ferry, stream: str = "s") -> None:
+        self.ferry, self.stream, self.rounds = ferry, stream, 0
+
+    async def round(self) -> None:
+        async with self.ferry.pool.acquire() as conn, conn.transaction():
+            for k in range(KEYS):
+                await conn.execute(
+                    "select ferry.publish($1, $2::text::jsonb, $3)",
+                    self.stream, orjson.dumps({"n": self.rounds}).decode(), f"k{k}",
+                )  # fmt: skip
+        self.rounds += 1
+
+    async def run(self, rounds: int, pause: float) -> None:
+        for _ in range(rounds):
+            await self.round()
+            await asyncio.sleep(pause)
+
+    @property
+    def events(self) -> int:
+        return self.rounds * KEYS
+
+
+async def units(conn: asyncpg.Connection) -> dict[str, list[str]]:
+    """What each live relay delivers (ferry.relays.owned)."""
+    rows = await conn.fetch("select id, owned from ferry.relays where heartbeat_at > now() - interval '5 seconds'")
+    return {r["id"]: sorted(r["owned"]) for r in rows}
+
+
+async def test_partitions_are_consumers_named_and_filled_as_documented(
+    conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    await ferry.subscribe("hot", ["s"], "http://127.0.0.1:9/hook", partitions=4)
+    rows = await conn.fetch("select name, part, parts from ferry.consumers where subscription = 'hot' order by part")
+    assert [r["name"] for r in rows] == [consumer_name("hot", p, 4) for p in range(4)]
+    assert [r["name"] for r in rows] == [
+        await conn.fetchval("select ferry._partition_consumer('hot', $1, 4)", p) for p in range(4)
+    ]
+    # Keys spread evenly and always land in the same partition; events without a key go by id.
+    spread = await conn.fetch(
+        "select ferry._partition_of('key-' || g, g, 4) as p, count(*) as n from generate_series(1, 8000) g group by 1"
+    )
+    assert sorted(r["p"] for r in spread) == [0, 1, 2, 3]
+    assert all(1700 < r["n"] < 2300 for r in spread), spread
+    assert await conn.fetchval("select ferry._partition_of('a', 1, 4) = ferry._partition_of('a', 999, 4)")
+    assert [await conn.fetchval("select ferry._partition_of(null, $1, 4)", i) for i in range(4)] == [0, 1, 2, 3]
+    status = {r["name"]: r for r in await ferry.status()}
+    assert status["hot"]["partitions"] == 4 and status["hot"]["draining"] == 0
+    # Subscribing again with the same number changes nothing; removing it removes every partition.
+    await ferry.subscribe("hot", ["s", "t"], "http://127.0.0.1:9/hook", partitions=4)
+    assert (
+        await conn.fetchval("select count(*) from ferry.consumers where subscription = 'hot' and streams = '{s,t}'")
+        == 4
+    )
+    await ferry.unsubscribe("hot")
+    assert await conn.fetchval("select count(*) from ferry.consumers where name like 'webhook:hot%'") == 0
+
+
+@pytest.mark.parametrize("partitions", [0, 257])
+async def test_a_bad_number_of_partitions_is_refused_clearly(ferry: pgferry.Ferry, partitions: int) -> None:
+    with pytest.raises(pgferry.PgferryError, match="partitions must be between 1 and 256"):
+        await ferry.subscribe("hot", ["s"], "http://127.0.0.1:9/hook", partitions=partitions)
+
+
+async def test_partitions_spread_over_relays_and_move_when_one_is_killed(
+    pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    receiver = Receiver(lambda _: Respond())
+    url = await receiver.start()
+    await ferry.subscribe("hot", ["s"], url, partitions=4, ordered=True)
+    relays = [RelayProcess(pgferry_cmd, db_url), RelayProcess(pgferry_cmd, db_url)]
+    writer = Writer(ferry)
+    try:
+
+        async def split_evenly() -> bool:
+            owned = await units(conn)
+            return len(owned) == 2 and sorted(len(u) for u in owned.values()) == [2, 2]
+
+        await eventually(split_evenly, timeout=30, what="each relay delivering 2 of the 4 partitions")
+        assert sorted(u for us in (await units(conn)).values() for u in us) == [f"hot#{p}/4" for p in range(4)]
+        writing = asyncio.create_task(writer.run(rounds=60, pause=0.05))
+        await eventually(_at_least(receiver, 4 * KEYS), timeout=20, what="both relays delivering")
+        relays[0].proc.send_signal(signal.SIGKILL)
+        relays[0].proc.wait()
+
+        async def one_owns_all() -> bool:
+            owned = await units(conn)
+            return any(len(u) == 4 for u in owned.values())
+
+        await eventually(one_owns_all, timeout=30, what="the survivor delivering all 4 partitions")
+        await writing
+        await eventually(lambda: _distinct(receiver, writer.events), timeout=30, what="every event")
+        first_arrivals_in_key_order(deliveries(receiver))
+    finally:
+        for relay in relays:
+            relay.stop()
+        await receiver.stop()
+
+
+async def test_each_partition_retries_its_own_parked_events(
+    db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    failed_once: set[str] = set()
+
+    def first_attempt_fails(request: Received) -> Respond:
+        webhook_id = request.headers["webhook-id"]
+        if webhook_id in failed_once:
+            return Respond()
+        failed_once.add(webhook_id)
+        return Respond(500)
+
+    receiver = Receiver(first_attempt_fails)
+    url = await receiver.start()
+    await ferry.subscribe("hot", ["s"], url, partitions=4, ordered=True, retry_base_ms=10, retry_max_ms=50)
+    writer = Writer(ferry)
+    relay = RunningRelay(db_url)
+    try:
+        await writer.run(rounds=5, pause=0.02)
+        await eventually(lambda: _distinct(receiver, writer.events), timeout=30, what="every event, once retried")
+        await asyncio.sleep(0.5)  # a duplicate retry would come now
+        seen = deliveries(receiver)
+        assert len(seen) == writer.events, "a parked event was retried by more than one partition"
+        first_arrivals_in_key_order(seen)
+        assert await conn.fetchval("select count(*) from ferry.retries") == 0
+    finally:
+        await relay.stop()
+        await receiver.stop()
+
+
+async def test_changing_partitions_live_keeps_every_keys_order_and_delivers_each_event_once(
+    db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    # Before each change a burst the endpoint answers slowly: the old partitions are still
+    # draining it when the new ones get later events of the same keys, answered at once.
+    slow: set[int] = set()
+    receiver = Receiver(lambda r: Slow(0.03) if orjson.loads(r.body)["n"] in slow else Respond())
+    url = await receiver.start()
+
+    async def subscribe(partitions: int) -> None:
+        await ferry.subscribe("hot", ["s"], url, ordered=True, max_in_flight=4, partitions=partitions)
+
+    await subscribe(1)
+    writer = Writer(ferry)
+    relays = [RunningRelay(db_url), RunningRelay(db_url)]
+    try:
+        for partitions in (4, 2, 1, 3):
+            slow.update(range(writer.rounds, writer.rounds + 4))
+            await writer.run(rounds=4, pause=0)
+            await eventually(lambda: _ticked(conn), what="a tick covering the burst")
+            await subscribe(partitions)
+            await writer.run(rounds=3, pause=0)
+            with pytest.raises(pgferry.PgferryError, match="still switching"):
+                await subscribe(5)
+            await eventually(lambda: _drained(conn), timeout=30, what="the old partitions draining")
+            names = {r["name"] for r in await conn.fetch("select name from ferry.consumers where subscription = 'hot'")}
+            assert names == {consumer_name("hot", p, partitions) for p in range(partitions)}
+        await eventually(lambda: _distinct(receiver, writer.events), timeout=30, what="every event")
+        seen = deliveries(receiver)
+        assert len(seen) == writer.events, "an event was delivered twice"
+        first_arrivals_in_key_order(seen)
+    finally:
+        for relay in relays:
+            await relay.stop()
+        await receiver.stop()
+
+
+async def _ticked(conn: asyncpg.Connection) -> bool:
+    """Whether the newest tick covers every event written (the change's tick will)."""
+    return await conn.fetchval(  # type: ignore[no-any-return]
+        "select (select event_seq from ferry.ticks order by id desc limit 1) >= (select max(id) from ferry.events)"
+    )
+
+
+async def _drained(conn: asyncpg.Connection) -> bool:
+    return await conn.fetchval("select count(*) from ferry.consumers where drain_to is not null") == 0  # type: ignore[no-any-return]
+
+
+def _at_least(receiver: Receiver, n: int) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return len(receiver.received) >= n
+
+    return check
+
+
+async def _distinct(receiver: Receiver, n: int) -> bool:
+    return len({r.headers["webhook-id"] for r in receiver.received}) >= n
