@@ -176,6 +176,46 @@ def webhooks(database_url: str | None, scale: float, only: tuple[int, ...], time
     _run_bench(database_url, go)
 
 
+@click.command("scale")
+@database_url_option
+@click.option("--only", "only", multiple=True, type=click.IntRange(1, 3), default=(2, 1), show_default=True,
+              help="Scenario number(s) of `bench webhooks` to run (1-3).")  # fmt: skip
+@click.option("--layouts", default="1,2,4,2r", show_default=True, metavar="LIST",
+              help="Relay layouts, one after the other: N (one relay of N processes), Mr (M relays of one "
+                   "process), NxM (M relays of N processes); one partition per process.")  # fmt: skip
+@click.option("--scale", default=1.0, show_default=True, type=click.FloatRange(0.01),
+              help="Multiply every scenario's transaction count (1.0: the seed's pgbench -c 10 -t 1000).")  # fmt: skip
+@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for deliveries after the inserts.")
+@click.option("--rate", type=click.FloatRange(1), metavar="TX/S",
+              help="Throttle pgbench to this many transactions/s in all (pgbench -R): a load the machine can "
+                   "insert and deliver at once, instead of inserts taking every core.")  # fmt: skip
+@click.option("--backlog", is_flag=True,
+              help="Deliver after the inserts (subscription paused meanwhile): ev/s is the drain rate, what "
+                   "delivery alone reaches with every core to itself.")  # fmt: skip
+def scale(
+    database_url: str | None,
+    only: tuple[int, ...],
+    layouts: str,
+    scale: float,
+    timeout: float,
+    rate: float | None,
+    backlog: bool,
+) -> None:
+    """One hot subscription across partitions, relay processes and relays, side by side (exit 1 if not 100%)."""
+    from pgferry.bench.context import BenchSettings, scratch_database
+    from pgferry.bench.scale import parse_layouts, print_table, run_scale_bench
+
+    deployments = parse_layouts(layouts)
+
+    async def go(admin_url: str) -> bool:
+        async with scratch_database(BenchSettings(), admin_url) as ctx:
+            results = await run_scale_bench(ctx.url, only, deployments, scale, timeout, rate, backlog)
+        print_table(results)
+        return all(o.unique == o.inserted for _, o in results)
+
+    _run_bench(database_url, go)
+
+
 @click.command()
 @database_url_option
 @click.option("--minutes", default=20.0, show_default=True, type=click.FloatRange(0.1), help="Minutes of load.")
@@ -530,6 +570,7 @@ def register(group: click.Group) -> None:
     group.add_command(capture)
     group.add_command(fanout)
     group.add_command(webhooks)
+    group.add_command(scale)
     group.add_command(filter_)
     group.add_command(memory)
     group.add_command(soak)

@@ -19,7 +19,6 @@ import asyncpg
 
 from pgferry import db, sql
 from pgferry.bench.sqlfiles import query
-from pgferry.delivery.model import consumer_name
 from pgferry.errors import PgferryError
 from pgferry.relay.leader import TICKER_LOCK
 from pgferry.schema import CONSUMER_LOCK_CLASS, LOCK_CLASS
@@ -69,9 +68,9 @@ async def running_relay(
                         raise RelayFailed(f"the relay exited with code {proc.returncode}:\n{_tail(log_path)}")
                     exited.cancel()
                     waiter.result()
-                    for sub in await conn.fetch(query("active_subscriptions")):
-                        key = await conn.fetchval(sql.query("consumer_lock_key"), consumer_name(sub["name"]))
-                        await wait_for_lock(conn, key, f"delivery of {sub['name']}", classid=CONSUMER_LOCK_CLASS)
+                    for consumer in await conn.fetch(query("active_consumers")):
+                        key = await conn.fetchval(sql.query("consumer_lock_key"), consumer["name"])
+                        await wait_for_lock(conn, key, f"delivery of {consumer['name']}", classid=CONSUMER_LOCK_CLASS)
                 finally:
                     await conn.close()
                 yield proc
@@ -83,6 +82,29 @@ async def running_relay(
                     except TimeoutError:
                         proc.kill()
                         await proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def running_relays(url: str, *, relays: int, processes: int, max_seconds: float) -> AsyncIterator[None]:
+    """``relays`` relays (`pgferry run --processes PROCESSES` each), until the block ends. The block
+    starts once the relay processes have spread what there is to deliver (every one delivering
+    something, or every consumer delivered), not while the first still holds everything."""
+    async with contextlib.AsyncExitStack() as stack:
+        for _ in range(relays):
+            await stack.enter_async_context(
+                running_relay(url, max_seconds=max_seconds, args=("--processes", str(processes)))
+            )
+        conn = await db.connect(url)
+        try:
+            want = min(relays * processes, len(await conn.fetch(query("active_consumers"))))
+            deadline = time.monotonic() + 30
+            while await conn.fetchval(query("relays_delivering")) < want:
+                if time.monotonic() > deadline:
+                    raise RelayFailed(f"the {relays * processes} relay processes did not share the work within 30 s")
+                await asyncio.sleep(0.1)
+        finally:
+            await conn.close()
+        yield
 
 
 def _tail(path: Path, lines: int = 20) -> str:

@@ -30,7 +30,7 @@ import click
 
 from pgferry import db
 from pgferry.bench.pgbench import run_pgbench
-from pgferry.bench.relay import running_relay
+from pgferry.bench.relay import running_relays
 from pgferry.bench.report import Latency, ms, num
 from pgferry.bench.sqlfiles import named
 from pgferry.bench.tracking_receiver import RESET_PATH, STATS_PATH
@@ -73,6 +73,20 @@ def scenarios(scale: float) -> list[Scenario]:
         Scenario("pg_net API: net.http_post trigger, 1-row inserts", 1, 1, t(1000), pg_net=True),
         Scenario("pg_net API, receiver fails 10% (500)", 1, 1, t(1000), fail_rate=0.10, pg_net=True),
     ]
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """How the subscription and the relays are laid out (`pgferry bench scale`)."""
+
+    partitions: int = 1
+    processes: int = 1  # per relay (pgferry run --processes)
+    relays: int = 1  # pgferry run commands
+
+    @property
+    def name(self) -> str:
+        relays = f"{self.relays} relays x " if self.relays > 1 else ""
+        return f"{relays}{self.processes} process{'es' if self.processes > 1 else ''}, {self.partitions} partition(s)"
 
 
 @dataclass
@@ -204,7 +218,17 @@ async def warm_up(
     )
 
 
-async def run_scenario(url: str, scenario: Scenario, timeout: float, rate: float | None = None) -> Outcome:
+async def run_scenario(
+    url: str,
+    scenario: Scenario,
+    timeout: float,
+    rate: float | None = None,
+    deployment: Deployment = Deployment(),
+    backlog: bool = False,
+) -> Outcome:
+    """``backlog``: the subscription is paused while pgbench inserts and resumed after, and the
+    throughput is the drain rate (events / (last receipt - first receipt)): what delivery alone
+    reaches, the inserts not taking the cores meanwhile."""
     conn = await db.connect(url)
     try:
         async with tracking_receiver(scenario.fail_rate, scenario.drop_rate) as hook, stats_of(hook) as receiver_stats:
@@ -216,17 +240,24 @@ async def run_scenario(url: str, scenario: Scenario, timeout: float, rate: float
             else:
                 await conn.execute(named("webhooks.sql", "reset"))
                 await conn.execute(
-                    named("webhooks.sql", "subscribe"), hook, scenario.batch_size, scenario.max_in_flight
-                )
+                    named("webhooks.sql", "subscribe"),
+                    hook, scenario.batch_size, scenario.max_in_flight, deployment.partitions,
+                )  # fmt: skip
                 table = "spice_harvests"
             await conn.execute(named("webhooks.sql", "checkpoint"))  # no scenario pays for an earlier one's WAL
             port = urlsplit(hook).port or 80
             script = (SINGLE_ROW if scenario.rows_per_tx == 1 else HUNDRED_ROWS).replace("spice_harvests", table)
-            async with running_relay(url, max_seconds=timeout + 600):
+            async with running_relays(
+                url, relays=deployment.relays, processes=deployment.processes, max_seconds=timeout + 600
+            ):
                 before = await warm_up(conn, url, scenario, script, table, receiver_stats, timeout)
+                if backlog:
+                    await conn.execute(named("webhooks.sql", "pause"))
                 started = time.time()
                 await run_pgbench(url, script, clients=scenario.clients, transactions=scenario.transactions, rate=rate)
                 insert_end = time.time()
+                if backlog:
+                    await conn.execute(named("webhooks.sql", "resume"))
                 rows = await conn.fetchval(named("webhooks.sql", "rows").replace("spice_harvests", table))
                 inserted = rows - before.rows
                 deadline = insert_end + timeout
@@ -245,6 +276,8 @@ async def run_scenario(url: str, scenario: Scenario, timeout: float, rate: float
     finally:
         await conn.close()
     last_at = last_at or insert_end
+    # The drain rate after a backlog: from the first receipt, not the first insert.
+    delivering_since = stats["first_at"] if backlog and stats["first_at"] else started
     return Outcome(
         scenario=scenario,
         inserted=inserted,
@@ -253,7 +286,7 @@ async def run_scenario(url: str, scenario: Scenario, timeout: float, rate: float
         dead=dead,
         failed_attempts=failed,
         insert_seconds=insert_end - started,
-        throughput=delivered / max(1e-9, last_at - started),
+        throughput=delivered / max(1e-9, last_at - delivering_since),
         latency=Latency.of(stats["latencies_ms"]),
         last_after_commit_s=last_at - insert_end,
         time_wait_running=time_wait_running,

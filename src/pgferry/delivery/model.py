@@ -50,6 +50,11 @@ class Subscription:
         return consumer_name(self.name, self.part, self.parts)
 
     @property
+    def generation(self) -> tuple[str, int]:
+        """The subscription and its number of partitions: the partitions delivered together."""
+        return self.name, self.parts
+
+    @property
     def unit(self) -> str:
         """What a relay delivers, as logs and ferry.relays.owned name it: the subscription, or one
         of its partitions ("orders#2/4")."""

@@ -23,6 +23,7 @@ import os
 import socket
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -168,10 +169,13 @@ class Ownership:
                     log.error("delivery: keeping the old settings of subscription %s: %s", name, exc)
 
         share = math.ceil(len(active) / relays)
+        # A hot subscription's partitions spread over the relays first: each takes at most its
+        # share of every subscription's partitions (claiming in name order would put them together).
+        held = Counter(o.worker.sub.generation for o in self.owned.values())
         for name, sub in active.items():
             if len(self.owned) >= share:
                 break
-            if name in self.owned:
+            if name in self.owned or held[sub.generation] >= math.ceil(sub.parts / relays):
                 continue
             key = await conn.fetchval(sql.query("consumer_lock_key"), sub.consumer)
             if await conn.fetchval(sql.query("try_advisory_lock"), CONSUMER_LOCK_CLASS, key):
@@ -189,10 +193,14 @@ class Ownership:
                     continue
                 task = asyncio.create_task(worker.run(), name=f"deliver {name}")
                 self.owned[name] = _Owned(worker, task, key)
+                held[sub.generation] += 1
                 log.info("delivery: now delivering subscription %s -> %s", name, _host(sub.url))
         # Every extra at once: with several relays starting together, the first to claim takes
         # everything, and handing back one per round would take minutes with 1,000 subscriptions.
         extras = sorted(self.owned)[share:]
+        for generation in held:  # partitions beyond this relay's share of their subscription
+            mine = sorted(u for u, o in self.owned.items() if o.worker.sub.generation == generation)
+            extras += [u for u in mine[math.ceil(generation[1] / relays) :] if u not in extras]
         if extras:
             log.info("delivery: handing %d subscription(s) to other relays (fair share %d)", len(extras), share)
             await asyncio.gather(*(self._stop_worker(n, self.owned[n], True) for n in extras))

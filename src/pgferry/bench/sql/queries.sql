@@ -44,8 +44,13 @@ select exists (
       and l.classid = $1::int::oid and l.objid = $2::int::oid and l.objsubid = 2
 )
 
--- name: active_subscriptions
-select name from ferry.subscriptions where state = 'active'
+-- name: active_consumers
+-- The consumers a relay delivers: one per active subscription, or per partition of one.
+select c.name from ferry.consumers c join ferry.subscriptions s on s.name = c.subscription where s.state = 'active'
+
+-- name: relays_delivering
+-- Live relays (relay processes) that deliver something.
+select count(*) from ferry.relays where heartbeat_at > now() - interval '5 seconds' and cardinality(owned) > 0
 
 -- name: database_xacts
 -- Transactions (queries, for autocommit clients) the database has run so far.

@@ -17,7 +17,13 @@ truncate ferry.events, ferry.attempts, ferry.retries, ferry.dead_letters;
 
 -- name: subscribe
 select ferry.subscribe('bench', array['public.spice_harvests'], $1, batch_size => $2, max_in_flight => $3,
-                       retry_base_ms => 100, retry_max_ms => 2000, max_attempts => 1000)
+                       retry_base_ms => 100, retry_max_ms => 2000, max_attempts => 1000, partitions => $4)
+
+-- name: pause
+select ferry.pause_subscription('bench')
+
+-- name: resume
+select ferry.resume_subscription('bench')
 
 -- name: checkpoint
 checkpoint
