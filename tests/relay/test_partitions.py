@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 import pgferry
+from pgferry import sql
 from pgferry.delivery.model import consumer_name
 from pgferry.receiver import Received, Receiver, Respond, Slow
 from tests.delivery.conftest import RunningRelay
@@ -99,6 +100,38 @@ async def test_partitions_are_consumers_named_and_filled_as_documented(
     assert await conn.fetchval("select count(*) from ferry.consumers where name like 'webhook:hot%'") == 0
 
 
+@pytest.mark.parametrize("max_bytes", [None, 1 << 20])
+@pytest.mark.parametrize("subscriptions", [("a",), ("a", "b")])
+async def test_each_partition_reads_its_own_events_alone_or_sharing_a_read(
+    conn: asyncpg.Connection, ferry: pgferry.Ferry, max_bytes: int | None, subscriptions: tuple[str, ...]
+) -> None:
+    """ferry.webhook_steps directly, unbounded (a relay older than 0015) and bounded (every relay since):
+    partitions split a range between them, and partition p of two subscriptions share one read."""
+    for name in subscriptions:
+        await ferry.subscribe(name, ["s"], "http://127.0.0.1:9/hook", partitions=2)
+    start = await conn.fetchval("select ferry.tick(true)")
+    ids = [await ferry.publish("s", {"n": n}, key=f"k{n % 7}" if n % 5 else None) for n in range(60)]
+    await conn.fetchval("select ferry.tick(true)")
+    requests = [(s, p) for s in subscriptions for p in (0, 1)]
+    n = len(requests)
+    rows = await conn.fetch(
+        sql.query("webhook_steps"),
+        [s for s, _ in requests], [consumer_name(s, p, 2) for s, p in requests], [None] * n, [False] * n,
+        [None] * n, [None] * n, [True] * n, [start] * n, [], [], [], [], [], None, max_bytes, None, None, None,
+    )  # fmt: skip
+    got: dict[int, list[int]] = defaultdict(list)
+    for row in rows:
+        if row["id"] is not None:
+            for req in row["reqs"]:
+                got[req].append(row["id"])
+    of = dict(await conn.fetch("select id, ferry._partition_of(key, id, 2) from ferry.events where id = any($1)", ids))
+    for req, (_, part) in enumerate(requests, 1):
+        assert got[req] == [i for i in ids if of[i] == part], f"request {req} (partition {part})"
+    assert got[1] and got[2]
+    reads = {tuple(r["reqs"]) for r in rows if r["id"] is not None}
+    assert reads == ({(1, 3), (2, 4)} if len(subscriptions) == 2 else {(1,), (2,)})  # partition p of a and b: one read
+
+
 @pytest.mark.parametrize("partitions", [0, 257])
 async def test_a_bad_number_of_partitions_is_refused_clearly(ferry: pgferry.Ferry, partitions: int) -> None:
     with pytest.raises(pgferry.PgferryError, match="partitions must be between 1 and 256"):
@@ -168,6 +201,33 @@ async def test_each_partition_retries_its_own_parked_events(
     finally:
         await relay.stop()
         await receiver.stop()
+
+
+async def test_a_backfill_for_a_partitioned_subscription_reaches_it_once_and_nobody_else(
+    db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    await conn.execute("create table items (id int primary key, name text)")
+    await conn.execute("insert into items select g, 'item ' || g from generate_series(1, 200) g")
+    await conn.execute("select ferry.capture_table('items')")  # rows that exist: only the backfill sends them
+    receiver, other = Receiver(lambda _: Respond()), Receiver(lambda _: Respond())
+    url, other_url = await receiver.start(), await other.start()
+    await ferry.subscribe("hot", ["public.items"], url, partitions=3)
+    await ferry.subscribe("bystander", ["public.items"], other_url)
+    relay = RunningRelay(db_url)
+    try:
+        backfill = await conn.fetchval("select ferry.backfill('items', subscription => 'hot', chunk_size => 50)")
+        while (await conn.fetchrow("select * from ferry.backfill_chunk($1)", backfill))["state"] == "running":
+            pass
+        await eventually(lambda: _distinct(receiver, 200), timeout=20, what="every row, as READ events")
+        await asyncio.sleep(0.3)
+        ids = sorted(orjson.loads(r.body)["record"]["id"] for r in receiver.received)
+        assert ids == list(range(1, 201)), "a row missing or sent twice"
+        assert {orjson.loads(r.body)["type"] for r in receiver.received} == {"READ"}
+        assert other.received == [], "the backfill reached another subscription"
+    finally:
+        await relay.stop()
+        await receiver.stop()
+        await other.stop()
 
 
 async def test_changing_partitions_live_keeps_every_keys_order_and_delivers_each_event_once(
