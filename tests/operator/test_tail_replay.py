@@ -213,6 +213,7 @@ _NO_SCHEMA_NEEDED = {
     ("subscription", "secret"),  # no database at all
     ("bench", "capture"),  # the benchmarks install into a scratch database of their own
     ("bench", "webhooks"),
+    ("bench", "scale"),
     ("bench", "filter"),
     ("bench", "soak"),
     ("bench", "outage"),

@@ -80,11 +80,12 @@ class Subscription:
             state=row["state"],
             updated_at=row["updated_at"],
             kind=row.get("kind", "webhook"),
-            part=row["part"],
-            parts=row["parts"],
-            draining=row["draining"],
-            drained=row["drained"],
-            waiting=row["waiting"],
+            # a ferry.relay_round row says which unit; a plain ferry.subscriptions row is the whole one
+            part=row.get("part", 0),
+            parts=row.get("parts", 1),
+            draining=row.get("draining", False),
+            drained=row.get("drained", False),
+            waiting=row.get("waiting", False),
         )
 
 
