@@ -15,11 +15,8 @@ from collections.abc import Sequence
 
 import click
 
-from pgferry import db
 from pgferry.bench.report import ms, num
-from pgferry.bench.sqlfiles import named
-from pgferry.bench.webhooks import Deployment, Outcome, run_scenario, scenarios
-from pgferry.schema import install
+from pgferry.bench.webhooks import Deployment, Outcome, prepare, run_scenario, scenarios
 
 
 def parse_layouts(text: str) -> tuple[Deployment, ...]:
@@ -53,12 +50,7 @@ async def run_scale_bench(
     rate: float | None = None,
     backlog: bool = False,
 ) -> list[tuple[Deployment, Outcome]]:
-    conn = await db.connect(url)
-    try:
-        await install(conn, addons=["pg_net"])
-        await conn.execute(named("webhooks.sql", "setup"))
-    finally:
-        await conn.close()
+    await prepare(url)
     every = scenarios(scale)
     results = []
     for number in scenario_numbers:

@@ -320,15 +320,20 @@ def print_table(outcomes: list[Outcome]) -> None:
     )
 
 
-async def run_webhooks_bench(
-    url: str, scale: float, only: tuple[int, ...], timeout: float, rate: float | None = None
-) -> list[Outcome]:
+async def prepare(url: str) -> None:
+    """pgferry (with the pg_net add-on) and the seed's captured table, in the scratch database."""
     conn = await db.connect(url)
     try:
         await install(conn, addons=["pg_net"])
         await conn.execute(named("webhooks.sql", "setup"))
     finally:
         await conn.close()
+
+
+async def run_webhooks_bench(
+    url: str, scale: float, only: tuple[int, ...], timeout: float, rate: float | None = None
+) -> list[Outcome]:
+    await prepare(url)
     outcomes = []
     for number, scenario in enumerate(scenarios(scale), start=1):
         if only and number not in only:

@@ -153,8 +153,6 @@ begin
             select u.i::integer as i, u.s, u.cn, u.o, c.name as found, c.streams, c.owner_epoch, u.ep,
                    coalesce(u.pa, c.tick_id) as v_start, u.pu, u.ra, u.sp, sub.filter, sub.state,
                    c.part, c.parts, c.drain_to, coalesce('webhook:' || c.subscription, u.cn) as target,
-                   exists (select 1 from ferry.backfills b
-                           where b.target = coalesce('webhook:' || c.subscription, u.cn)) as targeted,
                    c.drain_to is null and exists (select 1 from ferry.consumers o
                                                   where o.subscription = c.subscription and o.drain_to is not null
                                                     and o.tick_id < o.drain_to) as waiting
@@ -164,7 +162,7 @@ begin
             left join ferry.subscriptions sub on sub.name = u.s
             where u.p and not (u.i::integer = any (v_refused))
         ), checked as (
-            select r.*,
+            select r.*, exists (select 1 from ferry.backfills b where b.target = r.target) as targeted,
                    case when r.found is null then '42704'
                         when r.ep is not null and r.owner_epoch <> r.ep then 'PF002'
                         when not exists (select 1 from ferry.ticks t where t.id = r.v_start) then '55000' end as why
