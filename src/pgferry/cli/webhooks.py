@@ -1,7 +1,8 @@
-"""`pgferry subscription ...`: webhook subscriptions (streams -> URL)."""
+"""`pgferry subscription ...`: subscriptions (streams -> a webhook URL, a NATS subject or a Redis stream)."""
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import sys
@@ -17,13 +18,16 @@ from pgferry.ops.inspect import unwritten_warning
 
 @click.group()
 def subscription() -> None:
-    """Manage webhook subscriptions (streams -> URL)."""
+    """Manage subscriptions (streams -> webhook URL, NATS JetStream subject or Redis stream)."""
 
 
 @subscription.command("add")
 @database_url_option
 @click.argument("name")
-@click.option("--url", required=True, help="Endpoint URL (http or https).")
+@click.option("--url", required=True,
+              help="Where to deliver: http(s)://... (webhook), nats://host:4222/<subject> (JetStream) or "
+                   "redis://host:6379/<db>?stream=<name> (Redis Streams); subjects and streams may use {stream} "
+                   "and {key}. Broker credentials: `pgferry subscription credentials`.")  # fmt: skip
 @click.option("--stream", "streams", multiple=True, required=True, help="Stream to deliver (repeatable).")
 @click.option("--batch-size", default=1, show_default=True, help='Events per request; >1 sends {"data": [...]}.')
 @click.option("--max-in-flight", default=32, show_default=True, help="Requests in flight at once.")
@@ -121,6 +125,36 @@ def resume(database_url: str | None, name: str, from_position: str | None) -> No
 
 
 remove = _state_command("remove", "unsubscribe", "removed")
+
+
+@subscription.command("credentials")
+@database_url_option
+@click.argument("name")
+@click.option("--user", help="User name (NATS or Redis ACL user).")
+@click.option("--password-env", metavar="VAR", help="Read the password from this environment variable.")
+@click.option("--token-env", metavar="VAR", help="Read a NATS token from this environment variable.")
+@click.option("--creds-file", metavar="PATH", help="A NATS .creds file, read by the relay.")
+@click.option("--clear", is_flag=True, help="Remove the credentials.")
+def credentials(database_url: str | None, name: str, user: str | None, password_env: str | None,
+                token_env: str | None, creds_file: str | None, clear: bool) -> None:  # fmt: skip
+    """Set the credentials broker subscription NAME connects with (never shown by status or list).
+
+    Secrets come from environment variables, never from the command line (`ps`, shell history).
+    """
+    values: dict[str, str] = {}
+    if user is not None:
+        values["user"] = user
+    for key, var in (("password", password_env), ("token", token_env)):
+        if var is not None:
+            if var not in os.environ:
+                raise click.BadParameter(f"environment variable {var} is not set", param_hint=f"--{key}-env")
+            values[key] = os.environ[var]
+    if creds_file is not None:
+        values["creds_file"] = creds_file
+    if clear == bool(values):
+        raise click.UsageError("give --user/--password-env, --token-env or --creds-file, or --clear alone")
+    with_ferry(database_url, lambda f: f.set_credentials(name, values or None))
+    click.echo(f"subscription {name}: credentials {'removed' if clear else 'set (' + ', '.join(values) + ')'}")
 
 
 @subscription.command("secret")

@@ -44,6 +44,8 @@ class Subscription:
     drained: bool = False
     #: ... and a new one, which reads and retries nothing while an old one remains
     waiting: bool = False
+    #: a broker's user/password, token or creds file (ferry.set_subscription_credentials): never shown
+    credentials: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def consumer(self) -> str:
@@ -86,6 +88,7 @@ class Subscription:
             draining=row.get("draining", False),
             drained=row.get("drained", False),
             waiting=row.get("waiting", False),
+            credentials=dict(row.get("credentials") or {}),
         )
 
 

@@ -18,13 +18,16 @@ does (up to 30).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
 
+from pgferry import sql
 from pgferry.delivery.fasthttp import FastSender
 from pgferry.delivery.http import HttpResult
 from pgferry.delivery.model import OutEvent, Subscription
+from pgferry.delivery.sink import Prepared, Sink
 
 #: libcurl's default since 8.3 (pg_net sets CURLOPT_FOLLOWLOCATION and no CURLOPT_MAXREDIRS).
 MAX_REDIRECTS = 30
@@ -112,3 +115,34 @@ def timeout_text(event: OutEvent, result: HttpResult) -> str:
         return TIMEOUT_TEXT.format(timeout=timeout_ms, total=result.latency_ms, dns=0.0, handshake=0.0, exchange=0.0)
     return TIMEOUT_TEXT.format(timeout=timeout_ms, total=t.total_ms, dns=t.dns_ms, handshake=t.connect_ms,
                                exchange=t.exchange_ms)  # fmt: skip
+
+
+class PgNetSink(Sink):
+    """Each event is a request of its own, with its own URL and timeout: no endpoint health, no
+    letting go (pg_net's timeouts are the requests' own), and any answer but 429 and 5xx is final."""
+
+    @property
+    def batch_size(self) -> int:
+        return 1
+
+    def may_let_go(self, detach_after: float) -> bool:
+        return False
+
+    async def ready(self, events: Sequence[OutEvent]) -> Sequence[OutEvent]:
+        """The requests not cancelled (deleted from net.http_request_queue) meanwhile."""
+        if not events:
+            return events
+        async with self.ctx.pool.acquire() as conn:
+            queued = {r["id"] for r in await conn.fetch(sql.query("net_requests_queued"), [e.id for e in events])}
+        return [e for e in events if e.id in queued]
+
+    async def send(
+        self, chunk: Sequence[OutEvent], prepared: Prepared, on_wire: Callable[[], bool] | None, *, fresh: bool
+    ) -> HttpResult:
+        return await send(self.ctx.http, self.sub, chunk[0], max_body_bytes=self.ctx.max_body_bytes)
+
+    def delivered(self, result: HttpResult) -> bool:
+        return is_final(result)
+
+    def response_row(self, event: OutEvent, result: HttpResult) -> tuple[Any, ...] | None:
+        return response_row(event, result)

@@ -74,7 +74,7 @@ def _body(events: Sequence[OutEvent], batched: bool) -> bytes:
     return b'{"data":[' + b",".join(items) + b"]}"
 
 
-def _event_headers(event: OutEvent) -> dict[str, str]:
+def event_headers(event: OutEvent) -> dict[str, str]:
     try:
         headers = event.header_map()
     except ValueError as exc:  # e.g. nested deeper than orjson decodes; stored fine by PostgreSQL
@@ -99,7 +99,7 @@ def build(sub: Subscription, events: Sequence[OutEvent], signer: Signer, *, max_
     headers: dict[str, str] = {"content-type": "application/json", **{k.lower(): v for k, v in sub.headers.items()}}
     if not batched:
         event = events[0]
-        for name, value in _event_headers(event).items():
+        for name, value in event_headers(event).items():
             if name.lower() not in _RESERVED:
                 headers[name.lower()] = value
         headers["pgferry-stream"] = event.stream

@@ -46,14 +46,14 @@ import asyncpg
 
 from pgferry import db, sql
 from pgferry.aio import wait_for_event
-from pgferry.delivery import pg_net, request
+from pgferry.delivery.brokers import Brokers
 from pgferry.delivery.counters import RollingCounter
 from pgferry.delivery.fasthttp import FastSender
 from pgferry.delivery.health import Admission, Endpoint, EndpointHealth
-from pgferry.delivery.http import HttpResult, endpoint_of
+from pgferry.delivery.http import HttpResult
 from pgferry.delivery.model import OutEvent, Subscription
 from pgferry.delivery.retry import judge
-from pgferry.delivery.signing import Signer
+from pgferry.delivery.sink import Sink, sink_for
 from pgferry.delivery.steps import Step, Stepper, StepRefused
 
 log = logging.getLogger(__name__)
@@ -120,6 +120,8 @@ class DeliveryContext:
     pool: asyncpg.Pool
     http: FastSender  # webhook POSTs and pg_net requests
     global_limit: asyncio.Semaphore
+    #: connections to message brokers (NATS JetStream and Redis sinks)
+    brokers: Brokers = field(default_factory=Brokers)
     max_body_bytes: int = 1 << 20
     max_batch_events: int | None = None
     #: what a subscription's reads hold at once (DEFAULT_MAX_BATCH_BYTES); None: unbounded
@@ -214,7 +216,7 @@ class SubscriptionWorker:
         #: the ownership epoch the relay claimed the subscription in: every read and recording
         #: checks it, so that a relay that lost the subscription stops (migration 0016)
         self.epoch = epoch
-        self.signer = Signer(sub.secrets)
+        self.sink: Sink = sink_for(sub, ctx)
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.in_flight = 0
@@ -247,9 +249,9 @@ class SubscriptionWorker:
         self._watch(sub)
 
     def _watch(self, sub: Subscription) -> None:
-        """Follow the health of the subscription's endpoint (webhooks only: each pg_net request
-        has its own URL and timeout, as in pg_net)."""
-        endpoint = endpoint_of(sub.url) if sub.kind == "webhook" else None
+        """Follow the health of the subscription's endpoint (none for pg_net: each request has
+        its own URL and timeout, as in pg_net)."""
+        endpoint = self.sink.endpoint
         if endpoint == self.endpoint:
             return
         if self.endpoint is not None:
@@ -276,7 +278,7 @@ class SubscriptionWorker:
         if done_waiting:  # a new partition whose predecessors are gone: what it could not read, now
             self.wake.set()
             self.retry_wake.set()
-        self.signer = Signer(sub.secrets)
+        self.sink = sink_for(sub, self.ctx)
         self._watch(sub)
 
     def skip(self, from_tick: int, to_tick: int) -> bool:
@@ -478,15 +480,8 @@ class SubscriptionWorker:
             return await conn.fetchval(sql.query("consumer_tick"), self.sub.consumer)  # type: ignore[no-any-return]
 
     async def _deliver_batch(self, events: Sequence[OutEvent], blocked: set[str]) -> _Bookkeeping:
-        if self.sub.kind == "pg_net" and events:
-            events = await self._still_queued(events)
+        events = await self.sink.ready(events)
         return await self._deliver_and_account(events, blocked, from_batch=True)
-
-    async def _still_queued(self, events: Sequence[OutEvent]) -> list[OutEvent]:
-        """The pg_net requests not cancelled (deleted from net.http_request_queue) meanwhile."""
-        async with self.ctx.pool.acquire() as conn:
-            queued = {r["id"] for r in await conn.fetch(sql.query("net_requests_queued"), [e.id for e in events])}
-        return [e for e in events if e.id in queued]
 
     async def _deliver_and_account(
         self, events: Sequence[OutEvent], blocked: set[str], *, from_batch: bool, probe: bool = False
@@ -575,13 +570,10 @@ class SubscriptionWorker:
     async def _send(
         self, chunk: Sequence[OutEvent], on_wire: Callable[[], bool] | None = None, admission: Admission | None = None
     ) -> HttpResult | Held:
-        sub = self.sub
-        req = None
-        if sub.kind != "pg_net":
-            try:
-                req = request.build(sub, chunk, self.signer, max_body_bytes=self.ctx.max_body_bytes)
-            except request.BadRequest as exc:
-                return HttpResult(None, exc.error_class, str(exc), None, 0.0)
+        sub, sink = self.sub, self.sink
+        prepared = sink.prepare(chunk)
+        if isinstance(prepared, HttpResult):
+            return prepared
         endpoint = self.endpoint
         if endpoint is None:
             admission = Admission.SEND
@@ -606,7 +598,7 @@ class SubscriptionWorker:
         async with self.limit, self.ctx.global_limit:
             self.in_flight += len(chunk)
             try:
-                result = await self._transmit(chunk, req, gate, fresh=admission is Admission.PROBE)
+                result = await sink.send(chunk, prepared, gate, fresh=admission is Admission.PROBE)
             except Exception as exc:  # a bug of ours must cost a retry, not the worker
                 log.exception("subscription %s: unexpected error sending events %s", sub.name, [e.id for e in chunk])
                 result = HttpResult(None, "internal", f"pgferry internal error: {exc!r}", None, 0.0)
@@ -618,29 +610,8 @@ class SubscriptionWorker:
             if held:
                 return Held(self.ctx.health.down_note(endpoint))
             if self.ctx.health.report(endpoint, result, admission):
-                self.ctx.http.drop_idle(endpoint)
+                sink.endpoint_down()
         return result
-
-    async def _transmit(
-        self,
-        chunk: Sequence[OutEvent],
-        req: request.Request | None,
-        on_wire: Callable[[], bool] | None,
-        *,
-        fresh: bool = False,
-    ) -> HttpResult:
-        sub = self.sub
-        if req is None:
-            return await pg_net.send(self.ctx.http, sub, chunk[0], max_body_bytes=self.ctx.max_body_bytes)
-        return await self.ctx.http.send(
-            sub.url,
-            req.body,
-            req.headers,
-            timeout=sub.timeout_ms / 1000,
-            connect_timeout=sub.connect_timeout_ms / 1000,
-            on_wire=on_wire,
-            fresh=fresh,
-        )
 
     async def _deliver(
         self, events: Sequence[OutEvent], blocked: set[str], probe: bool = False
@@ -649,9 +620,7 @@ class SubscriptionWorker:
         requests) the event to set once those outcomes are committed."""
         sending = _Sending(admission=Admission.PROBE if probe else None)
         work = asyncio.ensure_future(self._send_all(events, blocked, sending))
-        # pg_net requests carry their own timeouts and are not let go of.
-        patient = self.sub.kind == "pg_net" or self.sub.timeout_ms / 1000 <= self.ctx.detach_after
-        patience = None if patient else self.ctx.detach_after
+        patience = self.ctx.detach_after if self.sink.may_let_go(self.ctx.detach_after) else None
         try:
             await asyncio.wait({work}, timeout=patience)
         except BaseException:
@@ -683,7 +652,7 @@ class SubscriptionWorker:
 
     async def _send_all(self, events: Sequence[OutEvent], blocked: set[str], sending: _Sending) -> None:
         sub = self.sub
-        batch_size = 1 if sub.kind == "pg_net" else sub.batch_size
+        batch_size = self.sink.batch_size
         if not sub.ordered:
             chunks = deque(events[i : i + batch_size] for i in range(0, len(events), batch_size))
 
@@ -793,15 +762,13 @@ class SubscriptionWorker:
                 (sub.name, event.id, attempt, result.status, result.error_class, result.error,
                  result.response, result.latency_ms, now)
             )  # fmt: skip
-            if sub.kind == "pg_net" and pg_net.is_final(result):
+            if self.sink.delivered(result):
                 books.delivered.append(event.id)
-                books.responses.append(pg_net.response_row(event, result))
+                self._respond(books, event, result)
                 continue
-            if result.ok:
-                books.delivered.append(event.id)
-                continue
-            if result.status == 410 and sub.kind == "webhook":
-                books.gone = f"endpoint answered 410 Gone at {now:%Y-%m-%d %H:%M:%S}Z; resume the subscription to retry"
+            gone = self.sink.gone(result)
+            if gone is not None:
+                books.gone = f"{gone} at {now:%Y-%m-%d %H:%M:%S}Z; resume the subscription to retry"
             first_failed = event.first_failed_at or now
             probe = event.id in self.probes
             if probe:
@@ -809,13 +776,17 @@ class SubscriptionWorker:
             verdict = judge(sub, result, attempt, first_failed, now, probe=probe)
             if verdict.dead:
                 books.bury.append(_buried(event, attempt, first_failed, result))
-                if sub.kind == "pg_net":
-                    books.responses.append(pg_net.response_row(event, result))
+                self._respond(books, event, result)
             else:
                 books.park.append(_parked(event, attempt, first_failed, verdict.next_attempt_at or now, result))
         self.delivered.add(len(books.delivered))
         self.failed.add(len(books.attempts) - len(books.delivered))
         return books
+
+    def _respond(self, books: _Bookkeeping, event: OutEvent, result: HttpResult) -> None:
+        row = self.sink.response_row(event, result)
+        if row is not None:
+            books.responses.append(row)
 
     async def _record(self, books: _Bookkeeping, *, advance: tuple[int, int] | None) -> None:
         """Records attempts, parks and buries failures, and moves the cursor over the batch

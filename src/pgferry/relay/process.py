@@ -18,6 +18,7 @@ import asyncpg
 
 from pgferry import db, sql
 from pgferry.delivery.addresses import AddressPolicy
+from pgferry.delivery.brokers import Brokers
 from pgferry.delivery.fasthttp import FastSender, tls_context
 from pgferry.delivery.worker import DEFAULT_MAX_BATCH_BYTES, PIPELINE_DEPTH, DeliveryContext
 from pgferry.log.ticker import Ticker, TickerSettings
@@ -206,7 +207,7 @@ class Relay:
                 liveness=self.settings.liveness,
             )
         ]
-        pool = http = None
+        pool = http = brokers = None
         if self.settings.deliver:
             # Delivery bookkeeping commits without waiting for its WAL flush: if a
             # crash loses such a commit, the batch's cursor move is lost with it
@@ -225,9 +226,11 @@ class Relay:
             log.info("delivery: %s", policy.describe())
             tls = tls_context(self.settings.ca_file)
             http = FastSender(pool_size=self.settings.pool_size, policy=policy, tls=tls)
+            brokers = Brokers(policy)
             ctx = DeliveryContext(
                 pool=pool,
                 http=http,
+                brokers=brokers,
                 global_limit=asyncio.Semaphore(self.settings.max_in_flight),
                 max_body_bytes=max_body_bytes,
                 max_batch_bytes=self.settings.max_batch_bytes,
@@ -255,6 +258,8 @@ class Relay:
                 await surface.stop()
             if http is not None:
                 await http.close()
+            if brokers is not None:
+                await brokers.close()
             if pool is not None:
                 # close() waits for every connection to be given back; one stuck on a
                 # silent network must not keep the process from exiting.

@@ -509,6 +509,9 @@ update ferry.subscriptions set managed_by = $2 where name = $1 and managed_by is
 -- name: set_secrets
 select ferry.set_subscription_secrets($1, $2)
 
+-- name: set_credentials
+select ferry.set_subscription_credentials($1, $2::text::jsonb)
+
 -- name: normalize_interval
 select $1::text::interval
 

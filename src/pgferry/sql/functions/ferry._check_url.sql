@@ -1,6 +1,9 @@
 -- ferry._check_url(url text) returns void
 --
--- IP literals in always-refused ranges are refused at subscribe, as before,
+-- The scheme chooses the sink: http(s) webhooks, nats:// (JetStream: a
+-- subject template as path) or redis:// (Redis Streams: a stream template
+-- as ?stream=); templates may use {stream} and {key} (delivery/destinations.py
+-- parses them fully on the relay). IP literals in always-refused ranges are refused at subscribe, as before,
 -- unless the session's pgferry.allow_addresses lists them (e.g.
 -- `alter database app set pgferry.allow_addresses = '169.254.10.0/24'`). This
 -- is only the early error: the relay decides on the address it connects to,
@@ -27,9 +30,23 @@ begin
         raise exception 'pgferry: % is not an absolute URL', quote_literal(url)
             using errcode = '22023', hint = 'Use http://host[:port]/path or https://host[:port]/path.';
     end if;
-    if v_scheme not in ('http', 'https') then
-        raise exception 'pgferry: unsupported URL scheme %; webhooks are sent over http or https', quote_literal(v_scheme)
-            using errcode = '22023';
+    if v_scheme not in ('http', 'https', 'nats', 'redis') then
+        raise exception 'pgferry: unsupported URL scheme %', quote_literal(v_scheme)
+            using errcode = '22023',
+                  hint = 'Webhooks use http:// or https://, NATS JetStream nats://host:4222/<subject>, '
+                         'Redis Streams redis://host:6379/<db>?stream=<name>.';
+    end if;
+    if v_scheme = 'nats' and url !~ '^[A-Za-z]+://[^/]+/[^/?#]+$' then
+        raise exception 'pgferry: % names no subject to publish to', quote_literal(url)
+            using errcode = '22023', hint = 'Use nats://host:4222/<subject>, e.g. nats://127.0.0.1:4222/orders.{key}.';
+    end if;
+    if v_scheme = 'redis' and url !~ '^[A-Za-z]+://[^/?#]+(/[0-9]*)?[?](.*&)?stream=[^&]' then
+        raise exception 'pgferry: % names no Redis stream', quote_literal(url)
+            using errcode = '22023', hint = 'Use redis://host:6379/<db>?stream=<name>, e.g. ?stream=orders:{key}.';
+    end if;
+    if v_scheme in ('nats', 'redis') and regexp_replace(url, '\{(stream|key)\}', '', 'g') ~ '[{}]' then
+        raise exception 'pgferry: % has an unknown placeholder or a stray brace', quote_literal(url)
+            using errcode = '22023', hint = 'A subject or stream name may use {stream} and {key}.';
     end if;
     if url !~ '^[A-Za-z]+://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]+)(:[0-9]{1,5})?([/?#][^[:space:][:cntrl:]]*)?$' then
         raise exception 'pgferry: malformed URL %', quote_literal(url)

@@ -1,0 +1,175 @@
+"""The relay's connections to message brokers, one per broker and set of credentials.
+
+Every subscription of a relay that publishes to the same broker with the
+same credentials shares one connection, made on first use and checked
+against the relay's address policy (``delivery.addresses``) like a webhook's.
+A connection that cannot be made is an attempt that failed (error class
+``connect`` or ``auth``), retried like any other; the clients' own retries
+are off, so that every try that reached the wire is an attempt the engine
+sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from pgferry.delivery.addresses import DEFAULT_POLICY, AddressPolicy, RefusedAddress, allowed_addresses
+
+if TYPE_CHECKING:
+    import nats.aio.client
+    import nats.js
+    import redis.asyncio
+
+log = logging.getLogger(__name__)
+
+#: Seconds a broker connection may take to be made.
+CONNECT_TIMEOUT_S = 5.0
+
+ClientKey = tuple[str, str, int, int, tuple[tuple[str, str], ...]]
+
+
+class BrokerUnreachable(Exception):
+    """No connection to the broker: ``error_class`` is ``connect``, ``auth`` or ``refused_address``."""
+
+    def __init__(self, error_class: str, message: str) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+
+
+class Brokers:
+    def __init__(self, policy: AddressPolicy = DEFAULT_POLICY) -> None:
+        self.policy = policy
+        self._clients: dict[ClientKey, asyncio.Future[Any]] = {}
+        self._closing: set[asyncio.Future[None]] = set()
+
+    async def _client(self, key: ClientKey, make: Callable[[str], Awaitable[Any]], alive: Callable[[Any], bool]) -> Any:
+        future = self._clients.get(key)
+        if future is not None and future.done() and (future.exception() is not None or not alive(future.result())):
+            del self._clients[key]
+            future = None
+        if future is None:
+            future = self._clients[key] = asyncio.ensure_future(self._connect(key, make))
+        return await asyncio.shield(future)
+
+    async def _connect(self, key: ClientKey, make: Callable[[str], Awaitable[Any]]) -> Any:
+        host, port = key[1], key[2]
+        try:
+            addresses = await allowed_addresses(host, port, self.policy)
+        except RefusedAddress as exc:
+            raise BrokerUnreachable("refused_address", str(exc)) from None
+        except OSError as exc:
+            raise BrokerUnreachable("dns", f"cannot resolve {host}: {exc}") from None
+        ip = addresses[0][1]
+        try:
+            async with asyncio.timeout(2 * CONNECT_TIMEOUT_S):  # however the client retries inside
+                return await make(f"[{ip}]" if ":" in ip else ip)
+        except TimeoutError:
+            raise BrokerUnreachable(
+                "connect", f"no connection to {host}:{port} within {2 * CONNECT_TIMEOUT_S:g} s"
+            ) from None
+
+    async def jetstream(
+        self, host: str, port: int, credentials: Mapping[str, str]
+    ) -> tuple[nats.aio.client.Client, nats.js.JetStreamContext]:
+        import nats  # noqa: PLC0415 - loaded by relays that publish to NATS only
+        import nats.errors  # noqa: PLC0415
+
+        async def make(ip: str) -> tuple[Any, Any]:
+            options: dict[str, Any] = {}
+            if "token" in credentials:
+                options["token"] = credentials["token"]
+            if "user" in credentials:
+                options["user"], options["password"] = credentials["user"], credentials.get("password", "")
+            if "creds_file" in credentials:
+                options["user_credentials"] = credentials["creds_file"]
+
+            async def quiet(exc: Exception) -> None:  # failed publishes say what matters
+                log.debug("NATS %s:%d: %s", host, port, exc)
+
+            try:
+                client = await nats.connect(
+                    f"nats://{ip}:{port}",
+                    connect_timeout=CONNECT_TIMEOUT_S,
+                    # No reconnecting inside the client: it would hold publishes in its buffer and keep
+                    # retrying a refused login; a closed connection is made anew by the next send.
+                    allow_reconnect=False,
+                    max_reconnect_attempts=1,  # nats-py's first connect tries this many servers (0: forever)
+                    reconnect_time_wait=0.1,
+                    error_cb=quiet,
+                    name="pgferry relay",
+                    **options,
+                )
+            except (nats.errors.NoServersError, OSError, TimeoutError) as exc:
+                raise BrokerUnreachable("connect", f"cannot connect to NATS at {host}:{port}: {exc}") from None
+            except nats.errors.Error as exc:
+                text = str(exc)
+                auth = "authorization" in text.lower() or "auth" in type(exc).__name__.lower()
+                raise BrokerUnreachable("auth" if auth else "connect", f"NATS at {host}:{port}: {text}") from None
+            return client, client.jetstream()
+
+        key = ("nats", host, port, 0, tuple(sorted(credentials.items())))
+        return await self._client(key, make, lambda c: not c[0].is_closed)  # type: ignore[no-any-return]
+
+    async def redis(self, host: str, port: int, db: int, credentials: Mapping[str, str]) -> redis.asyncio.Redis:
+        import redis.asyncio  # noqa: PLC0415 - loaded by relays that append to Redis only
+        import redis.exceptions  # noqa: PLC0415
+        from redis.asyncio.retry import Retry  # noqa: PLC0415
+        from redis.backoff import NoBackoff  # noqa: PLC0415
+
+        async def make(ip: str) -> redis.asyncio.Redis:
+            client = redis.asyncio.Redis(
+                host=ip,
+                port=port,
+                db=db,
+                username=credentials.get("user"),
+                password=credentials.get("password"),
+                socket_connect_timeout=CONNECT_TIMEOUT_S,
+                retry=Retry(NoBackoff(), 0),
+                max_connections=64,
+            )
+            try:
+                await client.ping()
+            except redis.exceptions.AuthenticationError as exc:
+                await client.aclose()
+                raise BrokerUnreachable("auth", f"Redis at {host}:{port}: {exc}") from None
+            except redis.exceptions.ResponseError as exc:
+                await client.aclose()
+                auth = "NOAUTH" in str(exc) or "WRONGPASS" in str(exc)
+                raise BrokerUnreachable("auth" if auth else "connect", f"Redis at {host}:{port}: {exc}") from None
+            except (redis.exceptions.ConnectionError, OSError, TimeoutError) as exc:
+                await client.aclose()
+                raise BrokerUnreachable("connect", f"cannot connect to Redis at {host}:{port}: {exc}") from None
+            return client
+
+        key = ("redis", host, port, db, tuple(sorted(credentials.items())))
+        return await self._client(key, make, lambda _: True)  # type: ignore[no-any-return]
+
+    def forget(self, scheme: str, host: str, port: int) -> None:
+        """Drop the broker's connections (it was just marked down): the next send connects anew."""
+        for key in [k for k in self._clients if k[:3] == (scheme, host, port)]:
+            future = self._clients.pop(key)
+            if future.done() and future.exception() is None:
+                closing = asyncio.ensure_future(_close(future.result()))
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        futures, self._clients = list(self._clients.values()), {}
+        for future in futures:
+            if future.done() and future.exception() is None:
+                await _close(future.result())
+            else:
+                future.cancel()
+
+
+async def _close(client: Any) -> None:
+    try:
+        if isinstance(client, tuple):  # NATS: (connection, JetStream context)
+            await client[0].close()
+        else:
+            await client.aclose()
+    except Exception as exc:  # noqa: BLE001 - closing a broken connection: nothing to do about it
+        log.debug("closing a broker connection: %s", exc)

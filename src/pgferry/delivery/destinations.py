@@ -1,0 +1,157 @@
+"""Broker destinations as subscription URLs: parsed, validated, and their name templates rendered.
+
+- ``nats://host[:4222]/<subject template>``: NATS JetStream (``delivery.jetstream``);
+- ``redis://host[:6379][/<db>]?stream=<stream template>[&maxlen=N][&dedup_window=S]``:
+  Redis Streams (``delivery.redis_streams``).
+
+A template may use ``{stream}`` (the event's stream) and ``{key}`` (its key),
+e.g. ``orders.{key}``, so that per-key subjects and streams work. In a NATS
+subject the key becomes exactly one token: bytes other than letters, digits,
+``-`` and ``_`` are percent-encoded (a key ``a.b`` gives ``a%2Eb``, never two
+tokens or a wildcard); the stream name keeps its dots (``public.orders``
+gives two tokens). An event without a key (or with an empty one) renders as
+``_``. The exact key always travels in the message itself.
+
+Credentials never go in the URL (``ferry.set_subscription_credentials``
+stores them apart, like signing secrets), so a URL can be shown anywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from pgferry.delivery.model import OutEvent
+
+DEFAULT_NATS_PORT = 4222
+DEFAULT_REDIS_PORT = 6379
+#: JetStream's own default duplicate window; Redis keeps its deduplication marks as long.
+DEFAULT_DEDUP_WINDOW_S = 120
+
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+_KNOWN = {"stream", "key"}
+_TOKEN_SAFE = re.compile(r"[A-Za-z0-9_-]")
+_SUBJECT_SAFE = re.compile(r"[A-Za-z0-9_.-]")
+
+
+class BadDestination(ValueError):
+    """The URL does not name a destination pgferry can deliver to; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """A name with ``{stream}`` and ``{key}`` placeholders."""
+
+    text: str
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(_PLACEHOLDER.findall(self.text)) - _KNOWN)
+        if unknown:
+            raise BadDestination(f"unknown placeholder {{{unknown[0]}}} in {self.text!r}; use {{stream}} or {{key}}")
+        rest = self.text.replace("{stream}", "").replace("{key}", "")
+        if "{" in rest or "}" in rest:
+            raise BadDestination(f"unbalanced braces in {self.text!r}")
+
+    @property
+    def fixed(self) -> bool:
+        return "{" not in self.text
+
+    def render(self, event: OutEvent, *, subject: bool) -> str:
+        if self.fixed:
+            return self.text
+        stream = _encode(event.stream, _SUBJECT_SAFE) if subject else event.stream
+        key = event.key or "_"
+        if subject:
+            key = _encode(key, _TOKEN_SAFE) if key != "_" else key
+        return self.text.replace("{stream}", stream).replace("{key}", key)
+
+
+def _encode(text: str, safe: re.Pattern[str]) -> str:
+    return "".join(c if safe.fullmatch(c) else "".join(f"%{b:02X}" for b in c.encode()) for c in text)
+
+
+@dataclass(frozen=True, slots=True)
+class NatsDestination:
+    host: str
+    port: int
+    subject: Template
+
+    @property
+    def address(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class RedisDestination:
+    host: str
+    port: int
+    db: int
+    stream: Template
+    maxlen: int | None
+    dedup_window_s: int
+
+    @property
+    def address(self) -> str:
+        return f"redis://{self.host}:{self.port}/{self.db}"
+
+
+def parse_nats(url: str) -> NatsDestination:
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        raise BadDestination("credentials do not go in the URL; set them with ferry.set_subscription_credentials")
+    subject = unquote(parts.path.lstrip("/"))
+    if not subject:
+        raise BadDestination(f"{url!r} names no subject; use nats://host:4222/<subject>, e.g. orders.{{key}}")
+    template = Template(subject)
+    probe = template.text.replace("{stream}", "s").replace("{key}", "k")
+    if any(c.isspace() for c in probe) or any(t in ("", "*", ">") for t in probe.split(".")):
+        raise BadDestination(f"{subject!r} is not a subject to publish to (no spaces, empty tokens or wildcards)")
+    return NatsDestination(_host(parts.hostname, url), _port(parts, DEFAULT_NATS_PORT), template)
+
+
+def parse_redis(url: str) -> RedisDestination:
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        raise BadDestination("credentials do not go in the URL; set them with ferry.set_subscription_credentials")
+    path = parts.path.strip("/")
+    if path and not path.isdigit():
+        raise BadDestination(f"{path!r} is not a Redis database number; use redis://host:6379/0?stream=<name>")
+    query = parse_qs(parts.query, keep_blank_values=True)
+    unknown = sorted(set(query) - {"stream", "maxlen", "dedup_window"})
+    if unknown:
+        raise BadDestination(f"unknown parameter {unknown[0]!r}; use stream=, maxlen= and dedup_window=")
+    stream = query.get("stream", [""])[-1]
+    if not stream:
+        raise BadDestination(f"{url!r} names no stream; add ?stream=<name>, e.g. ?stream=orders:{{key}}")
+    return RedisDestination(
+        _host(parts.hostname, url),
+        _port(parts, DEFAULT_REDIS_PORT),
+        int(path or 0),
+        Template(stream),
+        _positive(query, "maxlen", None),
+        _positive(query, "dedup_window", DEFAULT_DEDUP_WINDOW_S) or DEFAULT_DEDUP_WINDOW_S,
+    )
+
+
+def _host(host: str | None, url: str) -> str:
+    if not host:
+        raise BadDestination(f"{url!r} names no host")
+    return host
+
+
+def _port(parts: object, default: int) -> int:
+    try:
+        port = parts.port  # type: ignore[attr-defined]
+    except ValueError as exc:
+        raise BadDestination(str(exc)) from None
+    return int(port or default)
+
+
+def _positive(query: dict[str, list[str]], name: str, default: int | None) -> int | None:
+    if name not in query:
+        return default
+    value = query[name][-1]
+    if not value.isdigit() or int(value) < 1:
+        raise BadDestination(f"{name}={value!r}: expected a positive whole number")
+    return int(value)

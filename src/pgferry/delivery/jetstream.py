@@ -1,0 +1,162 @@
+"""The NATS JetStream sink: each event is one message, published with an acknowledgement.
+
+A subscription's URL ``nats://host:4222/<subject template>`` names the
+subject (``delivery.destinations``); a JetStream stream must capture it (the
+operator creates streams: their limits, replicas and retention are policy).
+Each event is a message whose data is the event's payload exactly as stored
+(the body a webhook with batch_size 1 gets) and whose headers are the
+subscription's headers, the event's headers, ``webhook-id``,
+``pgferry-stream`` and ``pgferry-key``. A chunk of ``batch_size`` events is
+published at once and succeeds when JetStream acknowledged every message.
+
+Exactly-once handoff: every message carries ``Nats-Msg-Id``
+``<subscription>/<webhook-id>``, so a message re-sent after a relay died
+between JetStream's acknowledgement and pgferry's bookkeeping is dropped by
+the stream's duplicate window (``duplicate_window``, 2 minutes by default)
+instead of stored twice. The subscription's name is part of the id so that
+two subscriptions publishing the same event into one stream (say, to
+``orders.{key}`` and to ``audit.orders``) are not taken for duplicates of
+each other. A re-send after the window (a subscription paused for longer
+with an unanswered publish in flight) can store a second copy; consumers
+that must never see one deduplicate by ``webhook-id``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pgferry.delivery import request
+from pgferry.delivery.brokers import BrokerUnreachable
+from pgferry.delivery.destinations import BadDestination, NatsDestination, parse_nats
+from pgferry.delivery.health import Endpoint
+from pgferry.delivery.http import HttpResult
+from pgferry.delivery.model import OutEvent, Subscription
+from pgferry.delivery.sink import Prepared, Sink
+
+if TYPE_CHECKING:
+    from pgferry.delivery.worker import DeliveryContext
+
+#: JetStream's error code for a message over the stream's max_msg_size.
+MESSAGE_TOO_LARGE_CODES = frozenset((10054,))
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+
+    @property
+    def size(self) -> int:
+        return len(self.data) + sum(len(k) + len(v) + 4 for k, v in self.headers.items())
+
+
+def message_of(sub: Subscription, dest: NatsDestination, event: OutEvent) -> Message:
+    """One event as a JetStream message (``request.BadRequest`` if its headers cannot be sent)."""
+    webhook_id = request.message_id([event])
+    headers = {**sub.headers, **request.event_headers(event), "webhook-id": webhook_id, "pgferry-stream": event.stream}
+    if event.key is not None:
+        headers["pgferry-key"], encoded = request.key_header(event.key)
+        if encoded:
+            headers["pgferry-key-encoding"] = "percent"
+    headers["Nats-Msg-Id"] = f"{sub.name}/{webhook_id}"
+    return Message(dest.subject.render(event, subject=True), event.payload.encode(), headers)
+
+
+class JetStreamSink(Sink):
+    def __init__(self, sub: Subscription, ctx: DeliveryContext) -> None:
+        super().__init__(sub, ctx)
+        self.dest: NatsDestination | None = None
+        self.problem: str | None = None
+        try:
+            self.dest = parse_nats(sub.url)
+        except BadDestination as exc:  # ferry.subscribe checks the URL: only a row edited by hand gets here
+            self.problem = f"subscription URL: {exc}"
+
+    @property
+    def endpoint(self) -> Endpoint | None:
+        return ("nats", self.dest.host, self.dest.port) if self.dest is not None else None
+
+    def prepare(self, chunk: Sequence[OutEvent]) -> Prepared | HttpResult:
+        if self.dest is None:
+            return HttpResult(None, "config", self.problem, None, 0.0)
+        try:
+            messages = [message_of(self.sub, self.dest, e) for e in chunk]
+        except request.BadRequest as exc:
+            return HttpResult(None, exc.error_class, str(exc), None, 0.0)
+        for m in messages:
+            if m.size > self.ctx.max_body_bytes:
+                return _too_large(m, self.ctx.max_body_bytes, "the relay's limit (ferry.config.max_body_bytes)")
+        return messages
+
+    async def send(
+        self, chunk: Sequence[OutEvent], prepared: Prepared, on_wire: Callable[[], bool] | None, *, fresh: bool
+    ) -> HttpResult:
+        assert self.dest is not None
+        messages: list[Message] = prepared
+        started = time.perf_counter()
+        dest = self.dest
+        if fresh:
+            self.ctx.brokers.forget("nats", dest.host, dest.port)
+        try:
+            client, js = await self.ctx.brokers.jetstream(dest.host, dest.port, self.sub.credentials)
+        except BrokerUnreachable as exc:
+            return _failed(exc.error_class, str(exc), started)
+        for m in messages:
+            if m.size > client.max_payload:
+                return _too_large(m, client.max_payload, f"the max_payload of the NATS server at {dest.address}")
+        if on_wire is not None and not on_wire():
+            return HttpResult(None, "withdrawn", "not sent", None, 0.0)
+        timeout = self.sub.timeout_ms / 1000
+        outcomes = await asyncio.gather(
+            *(js.publish(m.subject, m.data, timeout=timeout, headers=m.headers) for m in messages),
+            return_exceptions=True,
+        )
+        for m, outcome in zip(messages, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                return _explain(outcome, m, dest, client.max_payload, timeout, started)
+        return HttpResult(None, None, None, None, (time.perf_counter() - started) * 1000)
+
+    def endpoint_down(self) -> None:
+        if self.dest is not None:
+            self.ctx.brokers.forget("nats", self.dest.host, self.dest.port)
+
+
+def _explain(exc: BaseException, m: Message, dest: NatsDestination, max_payload: int, timeout: float,
+             started: float) -> HttpResult:  # fmt: skip
+    """What a failed publish of ``m`` is recorded as."""
+    import nats.errors  # noqa: PLC0415
+    import nats.js.errors  # noqa: PLC0415
+
+    if isinstance(exc, nats.js.errors.NoStreamResponseError | nats.errors.NoRespondersError):
+        return _failed(
+            "no_stream",
+            f"no JetStream stream captures subject {m.subject!r} on {dest.address}; create one whose "
+            "subjects match it (nats stream add --subjects ...)",
+            started,
+        )
+    if isinstance(exc, nats.js.errors.APIError):
+        if exc.err_code in MESSAGE_TOO_LARGE_CODES:
+            return _too_large(m, None, f"the JetStream stream's max_msg_size ({exc.description})")
+        return _failed("rejected", f"JetStream refused subject {m.subject!r}: {exc}", started)
+    if isinstance(exc, nats.errors.MaxPayloadError):
+        return _too_large(m, max_payload, f"the max_payload of the NATS server at {dest.address}")
+    if isinstance(exc, nats.errors.TimeoutError | TimeoutError):
+        return _failed("timeout", f"no acknowledgement from JetStream for {m.subject!r} within {timeout:g} s", started)
+    if isinstance(exc, Exception):
+        return _failed("connect", f"NATS at {dest.address}: {type(exc).__name__}: {exc}", started)
+    raise exc
+
+
+def _failed(error_class: str, error: str, started: float) -> HttpResult:
+    return HttpResult(None, error_class, error, None, (time.perf_counter() - started) * 1000)
+
+
+def _too_large(m: Message, limit: int | None, whose: str) -> HttpResult:
+    over = f"over {limit} bytes, " if limit is not None else ""
+    error = f"message for {m.subject!r} is {m.size} bytes, {over}{whose}"
+    return HttpResult(None, "too_large", error, None, 0.0)

@@ -1,0 +1,101 @@
+"""Broker URLs: parsing, clear refusals (in Python and in ferry.subscribe), and name templates."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from urllib.parse import unquote
+
+import asyncpg
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import pgferry
+from pgferry.delivery.destinations import BadDestination, parse_nats, parse_redis
+from pgferry.delivery.model import OutEvent
+from pgferry.errors import PgferryError
+from tests.helpers import cli
+
+
+def _event(stream: str = "public.orders", key: str | None = "42") -> OutEvent:
+    return OutEvent(1, stream, key, "{}", None, datetime.now(UTC))
+
+
+def test_urls_parse_into_host_port_and_templates() -> None:
+    nats = parse_nats("nats://broker:4223/orders.{key}")
+    assert (nats.host, nats.port, nats.subject.render(_event(), subject=True)) == ("broker", 4223, "orders.42")
+    assert parse_nats("nats://broker/{stream}").subject.render(_event(), subject=True) == "public.orders"
+    r = parse_redis("redis://cache:6380/2?stream=orders:{key}&maxlen=1000&dedup_window=60")
+    assert (r.host, r.port, r.db, r.maxlen, r.dedup_window_s) == ("cache", 6380, 2, 1000, 60)
+    assert r.stream.render(_event(key="a b.c"), subject=False) == "orders:a b.c"
+    assert r.stream.render(_event(key=None), subject=False) == "orders:_"
+    assert parse_redis("redis://cache?stream=s").port == 6379
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("nats://broker:4222/", "names no subject"),
+        ("nats://broker:4222/orders.*", "wildcards"),
+        ("nats://broker:4222/orders..x", "empty tokens"),
+        ("nats://broker:4222/orders.{id}", "unknown placeholder {id}"),
+        ("nats://u:p@broker:4222/orders", "credentials do not go in the URL"),
+        ("redis://cache:6379/0", "names no stream"),
+        ("redis://cache:6379/x?stream=s", "not a Redis database number"),
+        ("redis://cache:6379/0?stream=s&maxlen=0", "maxlen='0'"),
+        ("redis://cache:6379/0?stream=s&ttl=5", "unknown parameter 'ttl'"),
+        ("redis://cache:6379/0?stream=s{key", "unbalanced braces"),
+    ],
+)
+def test_bad_urls_are_refused_with_what_is_wrong(url: str, says: str) -> None:
+    parse = parse_nats if url.startswith("nats") else parse_redis
+    with pytest.raises(BadDestination, match=None) as caught:
+        parse(url)
+    assert says in str(caught.value)
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_a_key_is_always_exactly_one_publishable_token_that_decodes_back(key: str) -> None:
+    subject = parse_nats("nats://b/orders.{key}.v1").subject.render(_event(key=key), subject=True)
+    tokens = subject.split(".")
+    assert len(tokens) == 3 and tokens[0] == "orders" and tokens[2] == "v1"
+    token = tokens[1]
+    assert token and token.isascii() and not any(c.isspace() or c in "*>" for c in token)
+    assert unquote(token) == key or (key == "_" and token == "_")
+
+
+async def test_subscribe_refuses_bad_broker_urls_in_sql_and_in_python(conn: asyncpg.Connection,
+                                                                        ferry: pgferry.Ferry) -> None:  # fmt: skip
+    for url, says in [
+        ("nats://127.0.0.1:4222", "names no subject"),
+        ("redis://127.0.0.1:6379/0", "names no Redis stream"),
+        ("nats://127.0.0.1:4222/a.{nope}", "unknown placeholder"),
+        ("kafka://127.0.0.1:9092/t", "unsupported URL scheme"),
+    ]:
+        with pytest.raises(asyncpg.InvalidParameterValueError, match=says):
+            await conn.execute("select ferry.subscribe('x', array['s'], $1)", url)
+    with pytest.raises(PgferryError, match="maxlen"):
+        await ferry.subscribe("x", ["s"], "redis://127.0.0.1:6379/0?stream=s&maxlen=-1")
+    assert await conn.fetchval("select count(*) from ferry.subscriptions") == 0
+
+
+async def test_credentials_are_checked_kept_apart_and_never_listed(
+    conn: asyncpg.Connection, pgferry_cmd: list[str], db_url: str
+) -> None:
+    await conn.execute("select ferry.subscribe('b', array['s'], 'nats://127.0.0.1:4222/s')")
+    with pytest.raises(asyncpg.InvalidParameterValueError, match="unknown credential 'pass'"):
+        await conn.execute("""select ferry.set_subscription_credentials('b', '{"pass": "x"}')""")
+    with pytest.raises(asyncpg.UndefinedObjectError, match="does not exist"):
+        await conn.execute("""select ferry.set_subscription_credentials('nope', '{"token": "x"}')""")
+    done = await cli(pgferry_cmd, db_url, "subscription", "credentials", "b", "--user", "pf", "--password-env",
+                     "PF_SECRET", env={"PF_SECRET": "hunter22"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "credentials set (user, password)" in done.stdout and "hunter22" not in done.stdout
+    assert await conn.fetchval("select credentials from ferry.subscriptions") == {"user": "pf", "password": "hunter22"}
+    for command in (["subscription", "list", "--json"], ["status", "--json"]):
+        shown = await cli(pgferry_cmd, db_url, *command)
+        assert shown.returncode == 0 and "hunter22" not in shown.stdout + shown.stderr
+    missing = await cli(pgferry_cmd, db_url, "subscription", "credentials", "b", "--password-env", "PF_UNSET")
+    assert missing.returncode != 0 and "PF_UNSET is not set" in missing.stderr
+    cleared = await cli(pgferry_cmd, db_url, "subscription", "credentials", "b", "--clear")
+    assert cleared.returncode == 0 and await conn.fetchval("select credentials from ferry.subscriptions") == {}

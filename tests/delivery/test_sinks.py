@@ -1,0 +1,343 @@
+"""Broker sinks against real servers: NATS JetStream (nats-server) and Redis Streams (redis-server).
+
+Each test starts its own broker on 127.0.0.1. What the broker holds at the end
+is read with the brokers' own clients (nats-py, redis-py), never through
+pgferry's sink code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import asyncpg
+import nats
+import orjson
+import pytest
+import redis.asyncio
+
+import pgferry
+from tests.brokers import NatsServer, RedisServer, redis_server_binary
+from tests.delivery.conftest import RunningRelay
+from tests.delivery.test_webhooks import FAST_RETRY
+from tests.helpers import eventually
+from tests.relay.test_relay import RelayProcess
+
+needs_redis = pytest.mark.skipif(redis_server_binary() is None, reason="redis-server is not installed")
+
+
+@pytest.fixture
+def nats_server() -> Iterator[NatsServer]:
+    server = NatsServer()
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+async def js(nats_server: NatsServer) -> AsyncIterator[Any]:
+    client = await nats.connect(nats_server.url)
+    yield client.jetstream()
+    await client.close()
+
+
+def redis_client(port: int, **options: Any) -> Any:
+    """redis-py's client, typed loosely: its replies' types depend on decode_responses."""
+    return redis.asyncio.Redis(port=port, decode_responses=True, **options)
+
+
+async def stream_messages(js: Any, stream: str) -> list[Any]:
+    """Every message the JetStream stream holds, in stream order."""
+    info = await js.stream_info(stream)
+    return [await js.get_msg(stream, seq) for seq in range(info.state.first_seq, info.state.last_seq + 1)]
+
+
+async def test_jetstream_gets_each_event_once_on_its_key_subject(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, nats_server: NatsServer, js: Any
+) -> None:
+    await js.add_stream(name="ORDERS", subjects=["orders.>"])
+    await ferry.subscribe("to-nats", ["s"], f"{nats_server.url}/orders.{{key}}", batch_size=10, ordered=True)
+    ids = [await ferry.publish("s", {"n": n}, key=f"k.{n % 3}", headers={"trace": f"t{n}"}) for n in range(30)]
+    keyless = await ferry.publish("s", {"n": "none"})
+
+    async def stored() -> bool:
+        return bool((await js.stream_info("ORDERS")).state.messages >= 31)
+
+    await eventually(stored, what="31 messages in JetStream")
+    messages = await stream_messages(js, "ORDERS")
+    assert len(messages) == 31
+    by_id = {m.headers["webhook-id"]: m for m in messages}
+    assert set(by_id) == {f"evt_{i}" for i in [*ids, keyless]}
+    first = by_id[f"evt_{ids[0]}"]
+    assert first.subject == "orders.k%2E0"  # the key is one token: its dot is encoded
+    assert orjson.loads(first.data) == {"n": 0}
+    assert first.headers["pgferry-key"] == "k.0" and first.headers["pgferry-stream"] == "s"
+    assert first.headers["trace"] == "t0"
+    assert first.headers["Nats-Msg-Id"] == f"to-nats/evt_{ids[0]}"
+    assert by_id[f"evt_{keyless}"].subject == "orders._"
+    for k in range(3):  # per-key order, as JetStream stored them
+        of_key = [orjson.loads(m.data)["n"] for m in messages if m.subject == f"orders.k%2E{k}"]
+        assert of_key == list(range(k, 30, 3))
+    await eventually(recorded(conn, "to-nats", 31), what="31 attempts recorded")
+    assert await conn.fetchval("select count(*) from ferry.attempts where error_class is not null") == 0
+
+
+def recorded(conn: asyncpg.Connection, subscription: str, count: int):  # type: ignore[no-untyped-def]
+    async def check() -> bool:
+        got = await conn.fetchval("select count(*) from ferry.attempts where subscription = $1", subscription)
+        return bool(got == count)
+
+    return check
+
+
+@needs_redis
+async def test_redis_gets_each_event_once_on_its_key_stream(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, redis_server: RedisServer
+) -> None:
+    url = f"{redis_server.url}/3?stream=orders:{{key}}&maxlen=1000"
+    await ferry.subscribe("to-redis", ["s"], url, batch_size=10, ordered=True)
+    ids = [await ferry.publish("s", {"n": n}, key=f"k {n % 3}", headers={"trace": f"t{n}"}) for n in range(30)]
+    keyless = await ferry.publish("s", {"n": "none"})
+    client = redis_client(redis_server.port, db=3)
+
+    async def stored() -> bool:
+        lengths = [await client.xlen(k) for k in ("orders:k 0", "orders:k 1", "orders:k 2", "orders:_")]
+        return bool(sum(lengths) >= 31)
+
+    await eventually(stored, what="31 entries in Redis")
+    entries = {k: await client.xrange(k) for k in ("orders:k 0", "orders:k 1", "orders:k 2", "orders:_")}
+    assert sum(map(len, entries.values())) == 31
+    first = entries["orders:k 0"][0][1]
+    assert first["webhook-id"] == f"evt_{ids[0]}" and first["stream"] == "s" and first["key"] == "k 0"
+    assert orjson.loads(first["payload"]) == {"n": 0} and orjson.loads(first["headers"]) == {"trace": "t0"}
+    assert "key" not in entries["orders:_"][0][1] and entries["orders:_"][0][1]["webhook-id"] == f"evt_{keyless}"
+    for k in range(3):  # per-key order, as Redis stored them
+        assert [orjson.loads(f["payload"])["n"] for _, f in entries[f"orders:k {k}"]] == list(range(k, 30, 3))
+    await eventually(recorded(conn, "to-redis", 31), what="31 attempts recorded")
+    await client.aclose()
+
+
+@needs_redis
+async def test_a_relay_killed_three_times_leaves_exactly_one_message_per_event(
+    pgferry_cmd: list[str],
+    db_url: str,
+    conn: asyncpg.Connection,
+    ferry: pgferry.Ferry,
+    nats_server: NatsServer,
+    js: Any,
+    redis_server: RedisServer,
+) -> None:
+    await js.add_stream(name="EO", subjects=["eo.>"])
+    await ferry.subscribe("eo-nats", ["s"], f"{nats_server.url}/eo.{{key}}", batch_size=50, ordered=True)
+    await ferry.subscribe("eo-redis", ["s"], f"{redis_server.url}/0?stream=eo:{{key}}", batch_size=50, ordered=True)
+    keys, rounds = 8, 60
+    relay = RelayProcess(pgferry_cmd, db_url)
+
+    async def write() -> None:  # one writer: each key's n grows in commit order
+        for r in range(rounds):
+            await conn.execute(
+                "select ferry.publish('s', jsonb_build_object('k', k, 'n', $1::int), 'key' || k) "
+                "from generate_series(0, $2 - 1) k, generate_series(1, 20) i", r, keys)  # fmt: skip
+            await asyncio.sleep(0.1)
+
+    async def redis_entries() -> list[dict[str, str]]:
+        return [f for k in range(keys) for _, f in await client.xrange(f"eo:key{k}")]
+
+    writer = asyncio.create_task(write())
+    client = redis_client(redis_server.port)
+
+    async def counts() -> tuple[int, int]:
+        return (await js.stream_info("EO")).state.messages, len(await redis_entries())
+
+    try:
+        for _ in range(3):  # kill -9 mid-run, once this relay is delivering to both brokers
+            before = await counts()
+
+            async def delivering(before: tuple[int, int] = before) -> bool:
+                now = await counts()
+                return now[0] > before[0] and now[1] > before[1]
+
+            await eventually(delivering, timeout=30, what="the relay to deliver")
+            await asyncio.sleep(0.3)
+            relay.stop()
+            relay = RelayProcess(pgferry_cmd, db_url)
+        await writer
+        total = keys * rounds * 20
+
+        async def all_there() -> bool:
+            nats_count = (await js.stream_info("EO")).state.messages
+            return nats_count >= total and len(await redis_entries()) >= total
+
+        await eventually(all_there, timeout=60, what=f"{total} messages in each broker")
+        await asyncio.sleep(1.0)  # anything still on its way would be a duplicate
+        for name, items in (
+            ("JetStream", [(m.headers["webhook-id"], orjson.loads(m.data)) for m in await stream_messages(js, "EO")]),
+            ("Redis", [(f["webhook-id"], orjson.loads(f["payload"])) for f in await redis_entries()]),
+        ):
+            ids = [i for i, _ in items]
+            assert len(ids) == total and len(set(ids)) == total, f"{name}: {len(ids) - len(set(ids))} duplicate(s)"
+            for k in range(keys):
+                of_key = [p["n"] for _, p in items if p["k"] == k]
+                assert of_key == sorted(of_key), f"{name}: key {k} out of order"
+        await client.aclose()
+    finally:
+        writer.cancel()
+        relay.stop()
+
+
+async def _attempt_errors(conn: asyncpg.Connection, subscription: str) -> list[tuple[str, str]]:
+    rows = await conn.fetch(
+        "select error_class, error from ferry.attempts where subscription = $1 and error_class is not null order by id",
+        subscription,
+    )
+    return [(r["error_class"], r["error"]) for r in rows]
+
+
+def _failed_with(conn: asyncpg.Connection, subscription: str, error_class: str):  # type: ignore[no-untyped-def]
+    async def check() -> bool:
+        return any(c == error_class for c, _ in await _attempt_errors(conn, subscription))
+
+    return check
+
+
+async def test_a_subject_no_stream_captures_is_retried_with_its_name_until_a_stream_does(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, nats_server: NatsServer, js: Any
+) -> None:
+    await conn.execute(f"select ferry.subscribe('lost', array['s'], '{nats_server.url}/nowhere.{{key}}', "
+                       f"timeout_ms => 2000, {FAST_RETRY})")  # fmt: skip
+    event = await ferry.publish("s", {"n": 1}, key="a")
+    await eventually(_failed_with(conn, "lost", "no_stream"), what="a no_stream attempt")
+    error = next(e for c, e in await _attempt_errors(conn, "lost") if c == "no_stream")
+    assert "'nowhere.a'" in error and "create one" in error
+    assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
+    await js.add_stream(name="LATE", subjects=["nowhere.>"])
+
+    async def delivered() -> bool:
+        return bool((await js.stream_info("LATE")).state.messages == 1)
+
+    await eventually(delivered, what="the event once a stream captures its subject")
+    assert (await js.get_msg("LATE", 1)).headers["webhook-id"] == f"evt_{event}"
+    assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
+
+
+async def test_a_message_over_the_servers_max_payload_is_dead_lettered_with_the_reason(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    server = NatsServer("max_payload: 2048")
+    server.start()
+    try:
+        client = await nats.connect(server.url)
+        js: Any = client.jetstream()
+        await js.add_stream(name="SMALL", subjects=["small"])
+        await ferry.subscribe("small", ["s"], f"{server.url}/small")
+        big = await ferry.publish("s", {"blob": "x" * 4000})
+        fine = await ferry.publish("s", {"n": 1})
+
+        async def buried() -> bool:
+            return bool(await conn.fetchval("select count(*) from ferry.dead_letters") == 1)
+
+        await eventually(buried, what="the big event in dead letters")
+        letter = await conn.fetchrow("select event_id, last_error from ferry.dead_letters")
+        assert letter["event_id"] == big and "max_payload" in letter["last_error"]
+        assert "2048" in letter["last_error"]
+
+        async def stored() -> bool:
+            return bool((await js.stream_info("SMALL")).state.messages == 1)
+
+        await eventually(stored, what="the small event")
+        assert (await js.get_msg("SMALL", 1)).headers["webhook-id"] == f"evt_{fine}"
+        await client.close()
+    finally:
+        server.close()
+
+
+@needs_redis
+async def test_brokers_down_and_back_get_everything_once_and_a_webhook_beside_them_is_not_held_up(
+    relay: RunningRelay,
+    conn: asyncpg.Connection,
+    ferry: pgferry.Ferry,
+    nats_server: NatsServer,
+    js: Any,
+    redis_server: RedisServer,
+    receiver_factory: Any,
+) -> None:
+    await js.add_stream(name="DOWN", subjects=["down"])
+    receiver, url = await receiver_factory()
+    for name, target in (("n", f"{nats_server.url}/down"), ("r", f"{redis_server.url}/0?stream=down")):
+        await conn.execute(f"select ferry.subscribe('{name}', array['s'], '{target}', timeout_ms => 1500, "
+                           f"{FAST_RETRY})")  # fmt: skip
+    await ferry.subscribe("hook", ["s"], url)
+    first = await ferry.publish("s", {"n": 0})
+    client = redis_client(redis_server.port)
+
+    async def counts() -> tuple[int, int]:
+        return (await js.stream_info("DOWN")).state.messages, await client.xlen("down")
+
+    async def have(n: int) -> bool:
+        return await counts() == (n, n)
+
+    await eventually(lambda: have(1), what="the first event in both brokers")
+    nats_server.stop()
+    redis_server.stop()
+    ids = [await ferry.publish("s", {"n": n}) for n in range(1, 21)]
+
+    async def hook_got_all() -> bool:
+        return {first, *ids} <= {int(r.headers["webhook-id"][4:]) for r in receiver.received}
+
+    await eventually(hook_got_all, what="the webhook's events while both brokers are down")
+    await eventually(_failed_with(conn, "r", "connect"), what="Redis failures recorded")
+    await eventually(_failed_with(conn, "n", "connect"), what="NATS failures recorded")
+    assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
+    nats_server.start()
+    redis_server.start()
+    await eventually(lambda: have(21), timeout=30, what="all 21 events in both brokers")
+    await asyncio.sleep(1.0)
+    assert await counts() == (21, 21)
+    await client.aclose()
+
+
+@needs_redis
+async def test_wrong_or_missing_credentials_are_recorded_as_auth_until_they_are_set(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    nats_server = NatsServer('authorization { user: "pf", password: "s3cret" }')
+    redis_server = RedisServer()
+    nats_server.start()
+    redis_server.start()
+    try:
+        client = await nats.connect(nats_server.url, user="pf", password="s3cret")
+        js = client.jetstream()
+        await js.add_stream(name="AUTH", subjects=["auth"])
+        rclient = redis_client(redis_server.port)
+        await rclient.config_set("requirepass", "r3dis")
+        for name, target in (("n", f"{nats_server.url}/auth"), ("r", f"{redis_server.url}/0?stream=auth")):
+            await conn.execute(f"select ferry.subscribe('{name}', array['s'], '{target}', {FAST_RETRY})")
+        await ferry.publish("s", {"n": 1})
+        await eventually(_failed_with(conn, "n", "auth"), what="a NATS auth failure")
+        await eventually(_failed_with(conn, "r", "auth"), what="a Redis auth failure")
+        assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
+        await conn.execute("""select ferry.set_subscription_credentials('n', '{"user": "pf", "password": "s3cret"}')""")
+        await conn.execute("""select ferry.set_subscription_credentials('r', '{"password": "r3dis"}')""")
+        await rclient.aclose()
+        rclient = redis_client(redis_server.port, password="r3dis")
+
+        async def delivered() -> bool:
+            return bool((await js.stream_info("AUTH")).state.messages == 1 and await rclient.xlen("auth") == 1)
+
+        await eventually(delivered, timeout=20, what="delivery once the credentials are set")
+        errors = " ".join(e for _, e in await _attempt_errors(conn, "n") + await _attempt_errors(conn, "r"))
+        assert "s3cret" not in errors and "r3dis" not in errors
+        await client.close()
+        await rclient.aclose()
+    finally:
+        nats_server.close()
+        redis_server.close()
