@@ -18,7 +18,7 @@ import pytest
 import redis.asyncio
 
 import pgferry
-from tests.brokers import NatsServer, RedisServer, redis_server_binary
+from pgferry.bench.brokers import NatsServer, RedisServer, redis_server_binary
 from tests.delivery.conftest import RunningRelay
 from tests.delivery.test_webhooks import FAST_RETRY
 from tests.helpers import eventually
@@ -238,17 +238,20 @@ async def test_a_message_over_the_servers_max_payload_is_dead_lettered_with_the_
         client = await nats.connect(server.url)
         js: Any = client.jetstream()
         await js.add_stream(name="SMALL", subjects=["small"])
+        await js.add_stream(name="TINY", subjects=["tiny"], max_msg_size=500)
         await ferry.subscribe("small", ["s"], f"{server.url}/small")
+        await ferry.subscribe("tiny", ["t"], f"{server.url}/tiny")
         big = await ferry.publish("s", {"blob": "x" * 4000})
         fine = await ferry.publish("s", {"n": 1})
+        over_stream = await ferry.publish("t", {"blob": "x" * 1000})  # under max_payload, over max_msg_size
 
         async def buried() -> bool:
-            return bool(await conn.fetchval("select count(*) from ferry.dead_letters") == 1)
+            return bool(await conn.fetchval("select count(*) from ferry.dead_letters") == 2)
 
-        await eventually(buried, what="the big event in dead letters")
-        letter = await conn.fetchrow("select event_id, last_error from ferry.dead_letters")
-        assert letter["event_id"] == big and "max_payload" in letter["last_error"]
-        assert "2048" in letter["last_error"]
+        await eventually(buried, what="the big events in dead letters")
+        letters = {r["event_id"]: r["last_error"] for r in await conn.fetch("select * from ferry.dead_letters")}
+        assert "max_payload" in letters[big] and "2048" in letters[big]
+        assert "max_msg_size" in letters[over_stream]
 
         async def stored() -> bool:
             return bool((await js.stream_info("SMALL")).state.messages == 1)

