@@ -19,9 +19,10 @@ import redis.asyncio
 
 import pgferry
 from pgferry.bench.brokers import NatsServer, RedisServer, redis_server_binary
+from pgferry.ops import inspect
 from tests.delivery.conftest import RunningRelay
 from tests.delivery.test_webhooks import FAST_RETRY
-from tests.helpers import eventually
+from tests.helpers import cli, eventually
 from tests.relay.test_relay import RelayProcess
 
 needs_redis = pytest.mark.skipif(redis_server_binary() is None, reason="redis-server is not installed")
@@ -219,6 +220,11 @@ async def test_a_subject_no_stream_captures_is_retried_with_its_name_until_a_str
     error = next(e for c, e in await _attempt_errors(conn, "lost") if c == "no_stream")
     assert "'nowhere.a'" in error and "create one" in error
     assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
+    # The operator surface is the webhooks': status counts it as parked, trace shows why.
+    status = next(r for r in await ferry.status() if r["name"] == "lost")
+    assert status["parked"] == 1 and status["url"].startswith("nats://")
+    traced = await inspect.trace(conn, event)
+    assert any(a["error_class"] == "no_stream" for a in traced.attempts)
     await js.add_stream(name="LATE", subjects=["nowhere.>"])
 
     async def delivered() -> bool:
@@ -344,3 +350,41 @@ async def test_wrong_or_missing_credentials_are_recorded_as_auth_until_they_are_
     finally:
         nats_server.close()
         redis_server.close()
+
+
+@needs_redis
+async def test_a_replay_inside_the_dedup_window_adds_nothing_and_after_it_appends_again(
+    relay: RunningRelay,
+    conn: asyncpg.Connection,
+    ferry: pgferry.Ferry,
+    redis_server: RedisServer,
+    pgferry_cmd: list[str],
+    db_url: str,
+) -> None:
+    await ferry.subscribe("rp", ["s"], f"{redis_server.url}/0?stream=rp&dedup_window=2")
+    for n in range(3):
+        await ferry.publish("s", {"n": n})
+    client = redis_client(redis_server.port)
+
+    async def length(n: int) -> bool:
+        return bool(await client.xlen("rp") == n)
+
+    async def replayed() -> None:
+        done = await cli(pgferry_cmd, db_url, "replay", "rp", "--since", "10m", "--json")
+        assert done.returncode == 0 and orjson.loads(done.stdout)["queued"] == 3, done.stderr
+        await eventually(_no_retries(conn), what="the replay to be recorded")
+
+    await eventually(lambda: length(3), what="3 entries")
+    await replayed()  # within the window: the same webhook-ids, dropped as duplicates
+    assert await client.xlen("rp") == 3
+    await asyncio.sleep(4.1)  # two windows: the marks are gone
+    await replayed()
+    await eventually(lambda: length(6), what="the replayed entries")
+    await client.aclose()
+
+
+def _no_retries(conn: asyncpg.Connection):  # type: ignore[no-untyped-def]
+    async def check() -> bool:
+        return bool(await conn.fetchval("select count(*) from ferry.retries") == 0)
+
+    return check

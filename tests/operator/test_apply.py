@@ -121,3 +121,33 @@ async def test_apply_refuses_bad_files_before_touching_anything(
     refused = await cli(pgferry_cmd, db_url, "apply", str(path))
     assert refused.returncode == 1 and "unsupported URL scheme 'gopher'" in refused.stderr
     assert await conn.fetchval("select count(*) from ferry.subscriptions") == 0
+
+
+BROKERS = """
+[subscriptions.to-nats]
+streams = ["public.orders"]
+url = "nats://127.0.0.1:4222/orders.{key}"
+credentials_env = { user = "NATS_USER", password = "NATS_PASSWORD" }
+
+[subscriptions.to-redis]
+streams = ["public.orders"]
+url = "redis://127.0.0.1:6379/0?stream=orders"
+"""
+
+
+async def test_apply_sets_broker_credentials_from_the_environment_and_never_shows_them(
+    pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    path = tmp_path / "pgferry.toml"
+    path.write_text(BROKERS)
+    env = {"NATS_USER": "pf", "NATS_PASSWORD": "pw-secret-3"}
+    applied = await cli(pgferry_cmd, db_url, "apply", str(path), env=env)
+    assert applied.returncode == 0, applied.stderr
+    assert "user, password from the environment" in applied.stdout and "pw-secret-3" not in applied.stdout
+    stored = await conn.fetchval("select credentials from ferry.subscriptions where name = 'to-nats'")
+    assert stored == {"user": "pf", "password": "pw-secret-3"}
+    again = await cli(pgferry_cmd, db_url, "apply", str(path), "--dry-run", env={**env, "NATS_PASSWORD": "new-4"})
+    assert "credentials" in again.stdout and "new-4" not in again.stdout
+    path.write_text(BROKERS.replace('user = "NATS_USER"', 'pass = "NATS_USER"'))
+    refused = await cli(pgferry_cmd, db_url, "apply", str(path), env=env)
+    assert refused.returncode != 0 and "credentials_env.pass: expected one of user" in refused.stderr

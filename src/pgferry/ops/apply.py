@@ -47,8 +47,11 @@ DEFAULTS: dict[str, Any] = {
     "filter": None,  # a jsonpath predicate; None: every event of the streams
     "partitions": 1,  # spread over this many partitions by key hash (migration 0018)
 }
+#: what credentials_env may name (ferry.set_subscription_credentials)
+CREDENTIALS = ("user", "password", "token", "creds_file")
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "streams": list, "url": str, "headers": dict, "headers_env": dict, "secret_env": (str, list),
+    "credentials_env": dict,
     "from_beginning": bool, "batch_size": int, "max_in_flight": int, "ordered": bool, "timeout_ms": int,
     "connect_timeout_ms": int, "max_attempts": int, "max_age": str, "retry_base_ms": int, "retry_max_ms": int,
     "filter": str, "partitions": int,
@@ -63,6 +66,8 @@ class Desired:
     headers: dict[str, str]
     secret_headers: set[str]
     secrets: list[str]
+    #: a broker's credentials, read from the environment (credentials_env)
+    credentials: dict[str, str]
     from_beginning: bool
     settings: dict[str, Any]
 
@@ -132,6 +137,11 @@ def _desired(path: Path, name: str, spec: Any, env: Mapping[str, str]) -> Desire
         secret_headers.add(str(header))
     names = spec.get("secret_env", [])
     secrets = [_env(env, var, f"{where}: secret_env") for var in ([names] if isinstance(names, str) else names)]
+    credentials = {}
+    for key, var in spec.get("credentials_env", {}).items():
+        if key not in CREDENTIALS:
+            raise PgferryError(f"{where}: credentials_env.{key}: expected one of {', '.join(CREDENTIALS)}")
+        credentials[key] = _env(env, str(var), f"{where}: credentials_env.{key}")
     settings = {key: spec.get(key, default) for key, default in DEFAULTS.items()}
     return Desired(
         name=name,
@@ -140,6 +150,7 @@ def _desired(path: Path, name: str, spec: Any, env: Mapping[str, str]) -> Desire
         headers=headers,
         secret_headers=secret_headers,
         secrets=secrets,
+        credentials=credentials,
         from_beginning=spec.get("from_beginning", False),
         settings=settings,
     )
@@ -175,6 +186,8 @@ async def plan(conn: asyncpg.Connection, desired: list[Desired], *, prune: bool 
                 fields["headers"] = (None, _shown_headers(want))
             if want.secrets:
                 fields["secrets"] = (None, f"{len(want.secrets)} from the environment")
+            if want.credentials:
+                fields["credentials"] = (None, f"{', '.join(want.credentials)} from the environment")
             for key, value in want.settings.items():
                 if value != DEFAULTS[key]:
                     fields[key] = (None, value)
@@ -193,6 +206,11 @@ async def plan(conn: asyncpg.Connection, desired: list[Desired], *, prune: bool 
             fields["secrets"] = (
                 f"{len(have['secrets'] or [])} set",
                 f"{len(want.secrets)} from the environment (changed)",
+            )
+        if dict(have["credentials"] or {}) != want.credentials:
+            fields["credentials"] = (
+                ", ".join(have["credentials"] or {}) or "none",
+                f"{', '.join(want.credentials) or 'none'} from the environment (changed)",
             )
         for key, value in want.settings.items():
             old_value = have[key]
@@ -250,6 +268,9 @@ async def execute(conn: asyncpg.Connection, changes: list[Change]) -> None:
                     )  # fmt: skip
                     if change.action == "create" or "secrets" in change.fields:
                         await conn.execute(sql.query("set_secrets"), want.name, want.secrets)
+                    if "credentials" in change.fields:
+                        credentials = orjson.dumps(want.credentials).decode()
+                        await conn.execute(sql.query("set_credentials"), want.name, credentials)
                 await conn.execute(sql.query("set_managed_by"), want.name, MANAGED_BY)
     except asyncpg.PostgresError as exc:
         if exc.sqlstate in ("22023", "22004", "42704", "22007", "22008", "55000"):

@@ -496,8 +496,8 @@ select ferry.replay_count($1, $2, $3)
 select queued, skipped, last_tick, end_tick from ferry.replay($1, $2, $3, $4, $5, $6)
 
 -- name: subscription_settings
--- What `pgferry apply` compares a file against; secrets only to compare, never shown.
-select s.name, s.streams, s.url, s.headers, s.secrets, s.batch_size, s.max_in_flight, s.ordered, s.timeout_ms,
+-- What `pgferry apply` compares a file against; secrets and credentials only to compare, never shown.
+select s.name, s.streams, s.url, s.headers, s.secrets, s.credentials, s.batch_size, s.max_in_flight, s.ordered, s.timeout_ms,
        s.connect_timeout_ms, s.max_attempts, s.max_age, s.retry_base_ms, s.retry_max_ms, s.filter, s.partitions,
        s.managed_by
 from ferry.subscriptions s where coalesce(to_jsonb(s) ->> 'kind', 'webhook') = 'webhook'
