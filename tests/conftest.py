@@ -28,6 +28,30 @@ _counter = itertools.count()
 os.environ["PGFERRY_PROCESSES"] = "1"
 
 
+#: Tests whose assertions hold a clock (rates, seconds to recover, queries per second) or that load
+#: the machine on purpose: scripts/test runs them one at a time after the rest, which run on two
+#: workers (pytest-xdist). A test of timing beside another test's load reads the load, not pgferry.
+ALONE = (
+    "tests/bench/",
+    "tests/faults/",
+    "tests/delivery/test_endpoint_health.py",
+    "tests/delivery/test_idle_subscriptions.py",
+    "tests/delivery/test_many_subscriptions.py",
+    "tests/delivery/test_slow_requests.py",
+    "tests/log/test_retention_limits.py",
+    "tests/relay/test_fencing.py",
+    "tests/relay/test_supervisor.py",
+    "tests/tokens/test_token_store.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests that run alone (see ALONE)."""
+    for item in items:
+        if item.nodeid.startswith(ALONE):
+            item.add_marker(pytest.mark.alone)
+
+
 def pytest_asyncio_loop_factories() -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
     """Run the tests on uvloop, like `pgferry run` does."""
     return {"uvloop": uvloop.new_event_loop}

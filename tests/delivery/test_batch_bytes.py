@@ -16,7 +16,7 @@ import pytest
 
 from pgferry import sql
 from pgferry.cli.common import ByteSize
-from pgferry.delivery.worker import DeliveryContext
+from pgferry.delivery.context import DeliveryContext
 from pgferry.relay.process import RelaySettings
 from tests.helpers import tick
 

@@ -225,6 +225,7 @@ _NO_SCHEMA_NEEDED = {
     ("bench", "streams"),
     ("bench", "backfill"),
     ("bench", "fanout"),
+    ("bench", "sinks"),
     ("bench", "memory"),
     ("bench", "http"),  # no database at all
     ("run-child",),  # hidden: a child of `run --processes N`, whose supervisor checks the schema first
@@ -253,6 +254,7 @@ async def test_tail_and_every_other_command_say_in_one_line_that_the_schema_is_m
         ("run",): ["--exit-after", "20"],
         ("status",): [],
         ("subscription", "add"): ["x", "--url", "http://127.0.0.1:9/", "--stream", "s"],
+        ("subscription", "credentials"): ["x", "--user", "u"],
         ("subscription", "list"): [],
         ("subscription", "pause"): ["x"],
         ("subscription", "remove"): ["x"],

@@ -37,7 +37,7 @@ from pgferry.delivery.model import OutEvent, Subscription
 from pgferry.delivery.sink import Prepared, Sink
 
 if TYPE_CHECKING:
-    from pgferry.delivery.worker import DeliveryContext
+    from pgferry.delivery.context import DeliveryContext
 
 #: JetStream's error code for a message over the stream's max_msg_size.
 MESSAGE_TOO_LARGE_CODES = frozenset((10054,))

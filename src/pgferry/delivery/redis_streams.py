@@ -45,7 +45,7 @@ from pgferry.delivery.sink import Prepared, Sink
 if TYPE_CHECKING:
     import redis.asyncio
 
-    from pgferry.delivery.worker import DeliveryContext
+    from pgferry.delivery.context import DeliveryContext
 
 #: KEYS: the current and previous marks, then one stream key per event.
 #: ARGV: mark TTL, MAXLEN (0: none), then per event: webhook-id, number of fields, field/value pairs.

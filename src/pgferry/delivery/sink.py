@@ -11,7 +11,7 @@ class and a text, which is all retries, ``trace`` and metrics read).
 Implementations: webhooks (``delivery.webhook``), the pg_net API
 (``delivery.pg_net``), NATS JetStream (``delivery.jetstream``) and Redis
 Streams (``delivery.redis_streams``); which one a subscription gets follows
-from its kind and its URL's scheme (``sink_for``).
+from its kind and its URL's scheme (``delivery.worker.sink_for``).
 
 What a Kafka sink (aiokafka) would need, written down because no broker can
 run here to test one: ``prepare`` renders each event's topic, key (the
@@ -37,7 +37,7 @@ from pgferry.delivery.http import HttpResult
 from pgferry.delivery.model import OutEvent, Subscription
 
 if TYPE_CHECKING:
-    from pgferry.delivery.worker import DeliveryContext
+    from pgferry.delivery.context import DeliveryContext
 
 #: What a sink's prepare() hands to its send(): anything it likes.
 Prepared = Any
@@ -96,24 +96,3 @@ class Sink(abc.ABC):
     def endpoint_down(self) -> None:
         """The endpoint was just marked down: drop connections that may be dead without a word."""
         return None
-
-
-def sink_for(sub: Subscription, ctx: DeliveryContext) -> Sink:
-    """The sink a subscription delivers through: by its kind, then by its URL's scheme."""
-    # Each sink is imported when first used: a relay without broker subscriptions never loads their clients.
-    if sub.kind == "pg_net":
-        from pgferry.delivery.pg_net import PgNetSink  # noqa: PLC0415
-
-        return PgNetSink(sub, ctx)
-    scheme = sub.url.partition(":")[0].lower()
-    if scheme == "nats":
-        from pgferry.delivery.jetstream import JetStreamSink  # noqa: PLC0415
-
-        return JetStreamSink(sub, ctx)
-    if scheme == "redis":
-        from pgferry.delivery.redis_streams import RedisStreamsSink  # noqa: PLC0415
-
-        return RedisStreamsSink(sub, ctx)
-    from pgferry.delivery.webhook import WebhookSink  # noqa: PLC0415
-
-    return WebhookSink(sub, ctx)

@@ -40,8 +40,9 @@ from collections.abc import Callable, Collection
 import asyncpg
 
 from pgferry import db, sql
+from pgferry.delivery.context import DeliveryContext
 from pgferry.delivery.steps import StepRefused
-from pgferry.delivery.worker import DeliveryContext, SubscriptionWorker
+from pgferry.delivery.worker import SubscriptionWorker
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from pgferry.delivery.signing import Signer
 from pgferry.delivery.sink import Prepared, Sink
 
 if TYPE_CHECKING:
-    from pgferry.delivery.worker import DeliveryContext
+    from pgferry.delivery.context import DeliveryContext
 
 
 class WebhookSink(Sink):

@@ -46,15 +46,21 @@ import asyncpg
 
 from pgferry import db, sql
 from pgferry.aio import wait_for_event
-from pgferry.delivery.brokers import Brokers
+from pgferry.delivery.context import (
+    IN_FLIGHT,
+    PIPELINE_DEPTH,
+    DeliveryContext,
+    Held,
+    InFlight,
+    Outcome,
+)
 from pgferry.delivery.counters import RollingCounter
-from pgferry.delivery.fasthttp import FastSender
-from pgferry.delivery.health import Admission, Endpoint, EndpointHealth
+from pgferry.delivery.health import Admission, Endpoint
 from pgferry.delivery.http import HttpResult
 from pgferry.delivery.model import OutEvent, Subscription
 from pgferry.delivery.retry import judge
-from pgferry.delivery.sink import Sink, sink_for
-from pgferry.delivery.steps import Step, Stepper, StepRefused
+from pgferry.delivery.sink import Sink
+from pgferry.delivery.steps import Step, StepRefused
 
 log = logging.getLogger(__name__)
 
@@ -62,40 +68,14 @@ ATTEMPT_COLUMNS = (
     "subscription", "event_id", "attempt", "status", "error_class", "error", "response", "latency_ms", "created_at",
 )  # fmt: skip
 
-#: Batches in flight at once: one being sent while the next is read. A third
-#: made batch-100 throughput ~10% higher (60K vs 54K events/s) but the
-#: single-row p99 worse (median of runs 56 vs 37 ms): batches queue behind
-#: each other for the in-flight slots (docs/benchmarks.md).
-PIPELINE_DEPTH = 2
-#: Bytes of event payloads (and headers) a worker's reads hold at once: each read, of its up to
-#: PIPELINE_DEPTH batches and one retry round, is bounded to an equal share. A backlog of
-#: ~600 KB events took the relay to 1,274 MB without it (docs/benchmarks.md, "Memory").
-DEFAULT_MAX_BATCH_BYTES = 16 << 20
 #: The fewest events a range is sized for after a read the byte bound cut (see _batch_loop).
 READ_SPAN_MIN = 32
 #: ... and the most (the default of ferry.config.max_batch_events, when the relay sets none).
 READ_SPAN_MAX = 5000
-#: The largest bound one read takes (ferry.webhook_steps' max_bytes is an integer).
-MAX_READ_BYTES = (1 << 31) - 1
 #: SQLSTATE of ferry.advance_consumer when another process moved the cursor.
 CURSOR_MOVED = "PF001"
 #: SQLSTATE of ferry._fence when another relay claimed the subscription (migration 0016).
 OWNERSHIP_LOST = "PF002"
-
-
-class _InFlight:
-    """The outcome of an event whose request was still unanswered when its batch was recorded."""
-
-
-IN_FLIGHT = _InFlight()
-
-
-@dataclass(frozen=True, slots=True)
-class Held:
-    """The outcome of an event not sent because its endpoint is down (``note`` says since when)."""
-
-    note: str
-    ok = False
 
 
 #: What a parked in-flight event's row says (`pgferry trace` shows it as in flight).
@@ -109,47 +89,26 @@ WITHDRAWN = HttpResult(None, "withdrawn", "not sent", None, 0.0)
 #: The most a stopping worker waits to make its abandoned requests due at once.
 ABANDON_TIMEOUT_S = 2.0
 
-# None: not sent (waiting behind an earlier event of its key, or not on the wire when the batch let go)
-Outcome = tuple[OutEvent, HttpResult | Held | _InFlight | None]
 
+def sink_for(sub: Subscription, ctx: DeliveryContext) -> Sink:
+    """The sink a subscription delivers through: by its kind, then by its URL's scheme."""
+    # Each sink is imported when first used: a relay without broker subscriptions never loads their clients.
+    if sub.kind == "pg_net":
+        from pgferry.delivery.pg_net import PgNetSink  # noqa: PLC0415
 
-@dataclass
-class DeliveryContext:
-    """What every worker of a relay shares."""
+        return PgNetSink(sub, ctx)
+    scheme = sub.url.partition(":")[0].lower()
+    if scheme == "nats":
+        from pgferry.delivery.jetstream import JetStreamSink  # noqa: PLC0415
 
-    pool: asyncpg.Pool
-    http: FastSender  # webhook POSTs and pg_net requests
-    global_limit: asyncio.Semaphore
-    #: connections to message brokers (NATS JetStream and Redis sinks)
-    brokers: Brokers = field(default_factory=Brokers)
-    max_body_bytes: int = 1 << 20
-    max_batch_events: int | None = None
-    #: what a subscription's reads hold at once (DEFAULT_MAX_BATCH_BYTES); None: unbounded
-    max_batch_bytes: int | None = DEFAULT_MAX_BATCH_BYTES
-    retry_fetch: int = 1000
-    poll_interval: float = 1.0
-    #: seconds a batch waits for its slowest request before letting go of it (see the module doc)
-    detach_after: float = 1.0
-    #: metrics hook: (subscription, outcomes, from a log batch?) after each round
-    observe: Callable[[str, Sequence[Outcome], bool], None] | None = None
-    health: EndpointHealth = field(default_factory=EndpointHealth)
-    #: every worker's acknowledgements and reads, many subscriptions per statement
-    steps: Stepper = field(init=False)
-    #: set by a worker that went idle holding acknowledgements: the LogWatch records them soon
-    acks_waiting: asyncio.Event = field(default_factory=asyncio.Event)
+        return JetStreamSink(sub, ctx)
+    if scheme == "redis":
+        from pgferry.delivery.redis_streams import RedisStreamsSink  # noqa: PLC0415
 
-    def __post_init__(self) -> None:
-        if self.max_batch_bytes is not None and self.max_batch_bytes < PIPELINE_DEPTH + 1:
-            raise ValueError(f"max_batch_bytes must be at least {PIPELINE_DEPTH + 1}, got {self.max_batch_bytes}")
-        self.steps = Stepper(self.pool, self.max_batch_events, self.read_bytes)
+        return RedisStreamsSink(sub, ctx)
+    from pgferry.delivery.webhook import WebhookSink  # noqa: PLC0415
 
-    @property
-    def read_bytes(self) -> int | None:
-        """The byte bound of one read: a share of max_batch_bytes, so that what a worker holds
-        at once (PIPELINE_DEPTH batches and a retry round) stays within it."""
-        if self.max_batch_bytes is None:
-            return None
-        return min(self.max_batch_bytes // (PIPELINE_DEPTH + 1), MAX_READ_BYTES)
+    return WebhookSink(sub, ctx)
 
 
 @dataclass
@@ -744,7 +703,7 @@ class SubscriptionWorker:
                 books.park.append(_parked(event, event.attempts, event.first_failed_at or now, now, None,
                                           error=result.note))  # fmt: skip
                 continue
-            if isinstance(result, _InFlight):
+            if isinstance(result, InFlight):
                 due = now + timedelta(milliseconds=sub.timeout_ms) + IN_FLIGHT_MARGIN
                 books.park.append(_parked(event, event.attempts, event.first_failed_at or now, due, None,
                                           error=_IN_FLIGHT_NOTE))  # fmt: skip

@@ -27,7 +27,7 @@ from pgferry.capture.backfill import Progress as BackfillProgress
 from pgferry.delivery.http import HttpResult
 
 if TYPE_CHECKING:
-    from pgferry.delivery.worker import Outcome
+    from pgferry.delivery.context import Outcome
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600, 21600, 86400)

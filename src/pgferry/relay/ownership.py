@@ -34,10 +34,11 @@ import orjson
 from pgferry import db, sql
 from pgferry.aio import backoff_delay, wait_for_event
 from pgferry.db import CONNECTION_ERRORS
+from pgferry.delivery.context import DeliveryContext
 from pgferry.delivery.http import endpoint_of
 from pgferry.delivery.model import Subscription
 from pgferry.delivery.watch import LogWatch
-from pgferry.delivery.worker import DeliveryContext, SubscriptionWorker
+from pgferry.delivery.worker import SubscriptionWorker
 from pgferry.log.reader import TICK_CHANNEL
 from pgferry.schema import CONSUMER_LOCK_CLASS, LOCK_CLASS
 

@@ -19,8 +19,8 @@ import asyncpg
 from pgferry import db, sql
 from pgferry.delivery.addresses import AddressPolicy
 from pgferry.delivery.brokers import Brokers
+from pgferry.delivery.context import DEFAULT_MAX_BATCH_BYTES, PIPELINE_DEPTH, DeliveryContext
 from pgferry.delivery.fasthttp import FastSender, tls_context
-from pgferry.delivery.worker import DEFAULT_MAX_BATCH_BYTES, PIPELINE_DEPTH, DeliveryContext
 from pgferry.log.ticker import Ticker, TickerSettings
 from pgferry.relay.leader import TICKER_LOCK, lead
 from pgferry.relay.ownership import Ownership, OwnershipSettings

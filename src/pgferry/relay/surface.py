@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 from pgferry.errors import PgferryError
 
 if TYPE_CHECKING:
-    from pgferry.delivery.worker import Outcome
+    from pgferry.delivery.context import Outcome
 
 
 def is_loopback(host: str) -> bool:

@@ -1,0 +1,90 @@
+"""What every subscription worker of a relay shares, and what became of each event it sent.
+
+Kept apart from ``delivery.worker`` so that sinks, the metrics and the relay's
+surface can name these without importing the engine that uses them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from pgferry.delivery.brokers import Brokers
+from pgferry.delivery.fasthttp import FastSender
+from pgferry.delivery.health import EndpointHealth
+from pgferry.delivery.http import HttpResult
+from pgferry.delivery.model import OutEvent
+from pgferry.delivery.steps import Stepper
+
+#: Batches in flight at once: one being sent while the next is read. A third
+#: made batch-100 throughput ~10% higher (60K vs 54K events/s) but the
+#: single-row p99 worse (median of runs 56 vs 37 ms): batches queue behind
+#: each other for the in-flight slots (docs/benchmarks.md).
+PIPELINE_DEPTH = 2
+#: Bytes of event payloads (and headers) a worker's reads hold at once: each read, of its up to
+#: PIPELINE_DEPTH batches and one retry round, is bounded to an equal share. A backlog of
+#: ~600 KB events took the relay to 1,274 MB without it (docs/benchmarks.md, "Memory").
+DEFAULT_MAX_BATCH_BYTES = 16 << 20
+#: The largest bound one read takes (ferry.webhook_steps' max_bytes is an integer).
+MAX_READ_BYTES = (1 << 31) - 1
+
+
+class InFlight:
+    """The outcome of an event whose request was still unanswered when its batch was recorded."""
+
+
+IN_FLIGHT = InFlight()
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """The outcome of an event not sent because its endpoint is down (``note`` says since when)."""
+
+    note: str
+    ok = False
+
+
+# None: not sent (waiting behind an earlier event of its key, or not on the wire when the batch let go)
+Outcome = tuple[OutEvent, HttpResult | Held | InFlight | None]
+
+
+@dataclass
+class DeliveryContext:
+    """What every worker of a relay shares."""
+
+    pool: asyncpg.Pool
+    http: FastSender  # webhook POSTs and pg_net requests
+    global_limit: asyncio.Semaphore
+    #: connections to message brokers (NATS JetStream and Redis sinks)
+    brokers: Brokers = field(default_factory=Brokers)
+    max_body_bytes: int = 1 << 20
+    max_batch_events: int | None = None
+    #: what a subscription's reads hold at once (DEFAULT_MAX_BATCH_BYTES); None: unbounded
+    max_batch_bytes: int | None = DEFAULT_MAX_BATCH_BYTES
+    retry_fetch: int = 1000
+    poll_interval: float = 1.0
+    #: seconds a batch waits for its slowest request before letting go of it (see the module doc)
+    detach_after: float = 1.0
+    #: metrics hook: (subscription, outcomes, from a log batch?) after each round
+    observe: Callable[[str, Sequence[Outcome], bool], None] | None = None
+    health: EndpointHealth = field(default_factory=EndpointHealth)
+    #: every worker's acknowledgements and reads, many subscriptions per statement
+    steps: Stepper = field(init=False)
+    #: set by a worker that went idle holding acknowledgements: the LogWatch records them soon
+    acks_waiting: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        if self.max_batch_bytes is not None and self.max_batch_bytes < PIPELINE_DEPTH + 1:
+            raise ValueError(f"max_batch_bytes must be at least {PIPELINE_DEPTH + 1}, got {self.max_batch_bytes}")
+        self.steps = Stepper(self.pool, self.max_batch_events, self.read_bytes)
+
+    @property
+    def read_bytes(self) -> int | None:
+        """The byte bound of one read: a share of max_batch_bytes, so that what a worker holds
+        at once (PIPELINE_DEPTH batches and a retry round) stays within it."""
+        if self.max_batch_bytes is None:
+            return None
+        return min(self.max_batch_bytes // (PIPELINE_DEPTH + 1), MAX_READ_BYTES)
