@@ -19,6 +19,8 @@ import redis.asyncio
 
 import pgferry
 from pgferry.bench.brokers import NatsServer, RedisServer, redis_server_binary
+from pgferry.delivery.addresses import AddressPolicy, parse_networks
+from pgferry.delivery.brokers import Brokers, BrokerUnreachable
 from pgferry.ops import inspect
 from tests.delivery.conftest import RunningRelay
 from tests.delivery.test_webhooks import FAST_RETRY
@@ -388,3 +390,25 @@ def _no_retries(conn: asyncpg.Connection):  # type: ignore[no-untyped-def]
         return bool(await conn.fetchval("select count(*) from ferry.retries") == 0)
 
     return check
+
+
+@needs_redis
+async def test_brokers_are_held_to_the_relays_address_policy(
+    nats_server: NatsServer, redis_server: RedisServer
+) -> None:
+    strict = Brokers(AddressPolicy(strict=True))
+    for connect in (
+        strict.jetstream("127.0.0.1", nats_server.port, {}),
+        strict.redis("127.0.0.1", redis_server.port, 0, {}),
+        Brokers().redis("169.254.169.254", 6379, 0, {}),  # cloud metadata: refused in any mode
+    ):
+        with pytest.raises(BrokerUnreachable) as refused:
+            await connect
+        assert refused.value.error_class == "refused_address"
+        assert "to prevent SSRF" in str(refused.value), refused.value
+    allowed = Brokers(AddressPolicy(strict=True, allow=parse_networks("127.0.0.1/32")))
+    try:
+        await allowed.jetstream("127.0.0.1", nats_server.port, {})
+        assert await (await allowed.redis("127.0.0.1", redis_server.port, 0, {})).ping()
+    finally:
+        await allowed.close()
