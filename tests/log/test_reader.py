@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import signal
 import sys
@@ -151,3 +152,31 @@ async def test_unknown_consumer_and_bad_start_are_clear_errors(conn: asyncpg.Con
     with pytest.raises(asyncpg.PostgresError, match="is not the open batch"):
         await conn.execute("select ferry.register_consumer('c')")
         await conn.execute("select ferry.finish_batch('c', 12345)")
+
+
+async def test_leaving_the_loop_releases_the_consumer_without_waiting_for_the_garbage_collector(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """`break` out of `async for batch in ferry.read(...)` must close the reader's connection,
+    so that the next reader of the consumer (here, in the same process) takes over at once:
+    a reader kept alive by a reference cycle would hold the consumer's lock until the cyclic
+    garbage collector happened to run."""
+    await ferry.register_consumer("k")
+    first = await ferry.publish("s", {"n": 1})
+    await tick(conn)
+    gc.disable()
+    try:
+        async for batch in ferry.read("k", poll_interval=0.1):
+            assert [e.id for e in batch] == [first]
+            await batch.ack()
+            break
+        second = await ferry.publish("s", {"n": 2})
+        await tick(conn)
+        reader = aiter(ferry.read("k", poll_interval=0.1))
+        try:
+            batch = await asyncio.wait_for(anext(reader), 10)
+        finally:
+            await reader.aclose()  # type: ignore[attr-defined]
+        assert [e.id for e in batch] == [second]
+    finally:
+        gc.enable()

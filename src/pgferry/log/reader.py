@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -76,18 +77,25 @@ class StreamReader:
         self._conn: asyncpg.Connection | None = None
         #: one statement at a time on the connection: the reader's own, an ack, or a keepalive ping
         self._busy = asyncio.Lock()
-        self._iterator: AsyncIterator[Batch] | None = None
+        # Held weakly: the generator's frame holds the reader, so a strong reference back
+        # would make a cycle that only the cyclic garbage collector breaks, and a loop left
+        # with `break` would keep the connection (and the consumer's lock) until it ran.
+        # Weakly held, the generator is closed as soon as the loop lets go of it.
+        self._iterator: weakref.ref[AsyncGenerator[Batch, None]] | None = None
 
     def __aiter__(self) -> AsyncIterator[Batch]:
-        if self._iterator is None:
-            self._iterator = self._batches()
-        return self._iterator
+        iterator = self._iterator() if self._iterator is not None else None
+        if iterator is None:
+            iterator = self._batches()
+            self._iterator = weakref.ref(iterator)
+        return iterator
 
     async def close(self) -> None:
         """Stop reading: closes the connection, which releases the consumer to a standby."""
-        if self._iterator is not None:
-            await self._iterator.aclose()  # type: ignore[attr-defined]
-            self._iterator = None
+        iterator = self._iterator() if self._iterator is not None else None
+        self._iterator = None
+        if iterator is not None:
+            await iterator.aclose()
 
     async def __aenter__(self) -> StreamReader:
         return self
@@ -95,7 +103,7 @@ class StreamReader:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _batches(self) -> AsyncIterator[Batch]:
+    async def _batches(self) -> AsyncGenerator[Batch, None]:
         first = True
         failures = 0
         while True:
