@@ -8,7 +8,8 @@ pgferry's sink code.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+import signal
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
 import asyncpg
@@ -314,6 +315,61 @@ async def test_brokers_down_and_back_get_everything_once_and_a_webhook_beside_th
     await asyncio.sleep(1.0)
     assert await counts() == (21, 21)
     await client.aclose()
+
+
+@needs_redis
+async def test_brokers_frozen_past_the_timeout_record_timeouts_and_end_with_each_event_once(
+    relay: RunningRelay,
+    conn: asyncpg.Connection,
+    ferry: pgferry.Ferry,
+    nats_server: NatsServer,
+    js: Any,
+    redis_server: RedisServer,
+) -> None:
+    """A slow broker: frozen (SIGSTOP) while messages are on the way, so that some reach it and
+    are never answered in time. The attempts time out and are retried once it thaws; the retry
+    must not store them twice (JetStream drops a repeated Nats-Msg-Id, the Redis script a
+    repeated event id), and the order per key still holds."""
+    await js.add_stream(name="SLOW", subjects=["slow.>"])
+    for name, target in (("n", f"{nats_server.url}/slow.{{key}}"), ("r", f"{redis_server.url}/0?stream=slow:{{key}}")):
+        await conn.execute(f"select ferry.subscribe('{name}', array['s'], '{target}', timeout_ms => 500, "
+                           f"ordered => true, {FAST_RETRY})")  # fmt: skip
+    client = redis_client(redis_server.port)
+    keys = ["a", "b"]
+
+    async def counts() -> tuple[int, int]:
+        stored = sum([await client.xlen(f"slow:{k}") for k in keys])
+        return (await js.stream_info("SLOW")).state.messages, stored
+
+    await ferry.publish("s", {"n": 0}, key="a")
+    await eventually(lambda: _equals(counts(), (1, 1)), what="the first event in both brokers")
+    assert nats_server.proc is not None and redis_server.proc is not None
+    for proc in (nats_server.proc, redis_server.proc):
+        proc.send_signal(signal.SIGSTOP)
+    try:
+        for n in range(1, 41):
+            await ferry.publish("s", {"n": n}, key=keys[n % 2])
+        await eventually(_failed_with(conn, "n", "timeout"), what="NATS timeouts recorded")
+        await eventually(_failed_with(conn, "r", "timeout"), what="Redis timeouts recorded")
+    finally:
+        for proc in (nats_server.proc, redis_server.proc):
+            proc.send_signal(signal.SIGCONT)
+    await eventually(lambda: _equals(counts(), (41, 41)), timeout=30, what="all 41 events in both brokers")
+    await asyncio.sleep(1.5)  # a duplicate would land after the count was first reached
+    assert await counts() == (41, 41)
+    expected = {k: [n for n in range(41) if (n == 0 and k == "a") or (n > 0 and keys[n % 2] == k)] for k in keys}
+    for k in keys:
+        assert [orjson.loads(f["payload"])["n"] for _, f in await client.xrange(f"slow:{k}")] == expected[k]
+    by_subject: dict[str, list[int]] = {}
+    for m in await stream_messages(js, "SLOW"):
+        by_subject.setdefault(m.subject, []).append(orjson.loads(m.data)["n"])
+    assert by_subject == {f"slow.{k}": expected[k] for k in keys}
+    assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
+    await client.aclose()
+
+
+async def _equals(value: Awaitable[object], expected: object) -> bool:
+    return await value == expected
 
 
 @needs_redis
