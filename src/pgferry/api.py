@@ -28,6 +28,10 @@ from pgferry.streams.reader import StreamEvent, read_stream
 _BAD_INPUT = {"22023", "22004"}
 
 
+def _list(values: Sequence[str] | None) -> list[str] | None:
+    return None if values is None else list(values)
+
+
 def _json(value: Any, what: str) -> str:
     try:
         return orjson.dumps(value).decode()
@@ -192,6 +196,41 @@ class Ferry:
         offset older than retention raises ``OffsetExpired`` with the oldest one still there.
         """
         return read_stream(self.url, stream, after, poll_interval=poll_interval, max_events=max_events)
+
+    # -- capture -----------------------------------------------------------
+
+    async def capture_table(
+        self,
+        table: str,
+        *,
+        stream: str | None = None,
+        method: str = "trigger",
+        key_columns: Sequence[str] | None = None,
+        condition: str | None = None,
+        columns: Sequence[str] | None = None,
+        exclude_columns: Sequence[str] | None = None,
+    ) -> str:
+        """Capture a table's row changes into a stream (``ferry.capture_table``); returns the stream.
+
+        ``method``: 'trigger' (statement triggers, in the writer's transaction) or 'wal' (decoded
+        from the write-ahead log by the relay; needs ``wal_level = logical``).
+        """
+        args = (table, stream, _list(key_columns), condition, _list(columns), _list(exclude_columns), method)
+        return str(await self._capture_call("capture_table", *args))
+
+    async def uncapture_table(self, table: str) -> None:
+        """Stop capturing a table (its trigger, or its place in the WAL publication, goes)."""
+        await self._capture_call("uncapture_table", table)
+
+    async def _capture_call(self, query: str, *args: Any) -> Any:
+        async with self._connection() as conn:
+            try:
+                return await conn.fetchval(sql.query(query), *args)
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate[:2] in ("22", "25", "42", "55"):  # the table, its settings, wal_level, rights
+                    hint = getattr(exc, "hint", None)
+                    raise PgferryError(f"{exc}; {hint}" if hint else str(exc)) from None
+                raise
 
     # -- consuming ---------------------------------------------------------
 

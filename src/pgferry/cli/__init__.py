@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import click
 
-from pgferry.cli import backfill, core, dlq, operator, tokens, webhooks
+from pgferry.cli import backfill, capture, core, dlq, operator, tokens, webhooks
 from pgferry.cli.bench import bench
 from pgferry.cli.common import setup_logging
 
@@ -35,6 +35,7 @@ for command in (
     core.run,
     core.run_child,
     core.consumers,
+    capture.capture,
     backfill.backfill,
     webhooks.subscription,
     dlq.dlq,

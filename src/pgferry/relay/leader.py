@@ -24,6 +24,7 @@ from pgferry.schema import LOCK_CLASS
 log = logging.getLogger(__name__)
 
 TICKER_LOCK = 2
+WAL_CAPTURE_LOCK = 5
 
 
 async def lead(

@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING
 import asyncpg
 
 from pgferry import db, sql
+from pgferry.capture.wal import WalCapture, WalSettings
 from pgferry.delivery.addresses import AddressPolicy
 from pgferry.delivery.brokers import Brokers
 from pgferry.delivery.context import DEFAULT_MAX_BATCH_BYTES, PIPELINE_DEPTH, DeliveryContext
 from pgferry.delivery.fasthttp import FastSender, tls_context
 from pgferry.log.ticker import Ticker, TickerSettings
-from pgferry.relay.leader import TICKER_LOCK, lead
+from pgferry.relay.leader import TICKER_LOCK, WAL_CAPTURE_LOCK, lead
 from pgferry.relay.ownership import Ownership, OwnershipSettings
 from pgferry.relay.surface import (
     OperatorFactory,
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class RelaySettings:
     ticker: TickerSettings = field(default_factory=TickerSettings)
+    wal: WalSettings = field(default_factory=WalSettings)
     ownership: OwnershipSettings = field(default_factory=OwnershipSettings)
     leader_retry_interval: float = 1.0
     deliver: bool = True
@@ -192,6 +194,9 @@ class Relay:
         async def tick(conn: asyncpg.Connection, stop: asyncio.Event) -> None:
             await Ticker(conn, self.settings.ticker, observe=hooks.observe_tick).run(stop)
 
+        async def capture_wal(conn: asyncpg.Connection, stop: asyncio.Event) -> None:
+            await WalCapture(conn, self.settings.wal, observe=hooks.observe_wal).run(stop)
+
         def changed(leading: bool) -> None:
             self.is_ticker = leading
 
@@ -205,7 +210,16 @@ class Relay:
                 retry_interval=self.settings.leader_retry_interval,
                 on_change=changed,
                 liveness=self.settings.liveness,
-            )
+            ),
+            lead(
+                self.url,
+                WAL_CAPTURE_LOCK,
+                capture_wal,
+                stop,
+                name="wal capture",
+                retry_interval=self.settings.leader_retry_interval,
+                liveness=self.settings.liveness,
+            ),
         ]
         pool = http = brokers = None
         if self.settings.deliver:

@@ -97,6 +97,8 @@ class RelayHooks:
 
     #: (seconds the tick took, whether a tick was made)
     observe_tick: Callable[[float, bool], None] | None = None
+    #: events WAL capture appended in one step
+    observe_wal: Callable[[int], None] | None = None
     #: (subscription, outcomes, from a log batch?) after each delivery round
     observe_outcomes: Callable[[str, Sequence[Outcome], bool], None] | None = None
     #: seconds an ownership round took

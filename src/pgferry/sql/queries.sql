@@ -629,3 +629,35 @@ from ferry.backfills b
 where case when $1::bigint is not null then b.id = $1
            else b.state in ('running', 'paused') or b.finished_at > clock_timestamp() - $2::interval end
 order by b.id
+
+-- name: wal_slot
+-- WAL capture's slot (capture/wal.py), and what is wrong with it, if anything.
+select w.slot_name, w.publication, w.lsn::text as lsn,
+       case when s.slot_name is null then format('the replication slot %s is gone', w.slot_name)
+            when s.wal_status = 'lost' then format('PostgreSQL invalidated the replication slot %s (max_slot_wal_keep_size)', w.slot_name)
+       end as problem
+from ferry.wal_slot w left join pg_replication_slots s on s.slot_name = w.slot_name
+
+-- name: wal_slot_lost
+update ferry.wal_slot set invalidated_at = coalesce(invalidated_at, now()), note = $1
+
+-- name: wal_peek
+-- The slot's changes committed before $2, without consuming them: the relay advances the slot itself.
+select data from pg_logical_slot_peek_binary_changes($1, $2::text::pg_lsn, $3, 'proto_version', '1', 'publication_names', $4)
+
+-- name: wal_append
+select ferry._append_wal($1::text::pg_lsn, $2::text::pg_lsn, $3, $4::oid[], $5::text[]::"char"[], $6::jsonb[], $7::jsonb[], $8::jsonb[], $9::timestamptz[])
+
+-- name: wal_caught_up
+update ferry.wal_slot set caught_up_at = now()
+
+-- name: wal_advance
+select pg_replication_slot_advance($1, greatest($2::text::pg_lsn, confirmed_flush_lsn))
+from pg_replication_slots where slot_name = $1
+
+-- name: capture_table
+select ferry.capture_table($1::text::regclass, stream => $2, key_columns => $3, condition => $4, columns => $5,
+                           exclude_columns => $6, method => $7)
+
+-- name: uncapture_table
+select ferry.uncapture_table($1::text::regclass)

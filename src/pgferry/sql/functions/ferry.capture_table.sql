@@ -1,4 +1,4 @@
--- ferry.capture_table( tbl regclass, stream text default null, key_columns text[] default null, operations text[] default array['insert', 'update', 'delete'], condition text default null, columns text[] default null, exclude_columns text[] default null, changed_columns text[] default null) returns text
+-- ferry.capture_table( tbl regclass, stream text default null, key_columns text[] default null, operations text[] default array['insert', 'update', 'delete'], condition text default null, columns text[] default null, exclude_columns text[] default null, changed_columns text[] default null, method text default 'trigger') returns text
 --
 -- Installs statement-level triggers with transition tables, one generated
 -- function per operation. Everything known at capture time is written into
@@ -28,11 +28,19 @@
 -- is called again (the generated code names it).
 -- The generated functions (ferry._capture_<oid>_<operation>, data rather
 -- than contract: not in these files) write ferry.events_0..2.
+-- method 'wal' (migration 0020): no trigger; the table joins the
+-- publication pgferry manages, and the relay decodes its changes from the
+-- WAL (ferry._append_wal) with the same settings, TRUNCATE included. The
+-- slot is created on the first such capture, before anything else this
+-- transaction writes (PostgreSQL refuses to create one after a write). A
+-- table with REPLICA IDENTITY DEFAULT is set to FULL, so that old_record
+-- and unchanged TOASTed values are whole, as with triggers.
 --
 -- Calls:   ferry._capture_condition, ferry._capture_function, ferry._check_columns, ferry._check_stream,
---          ferry._current_partition, ferry._key_expression, ferry._record_expression, ferry.uncapture_table
--- Reads:   -
--- Writes:  ferry.captures
+--          ferry._current_partition, ferry._ensure_wal_slot, ferry._key_expression, ferry._record_expression,
+--          ferry.uncapture_table
+-- Reads:   ferry.wal_slot
+-- Writes:  ferry.captures, the publication (method 'wal')
 -- Raises:  22023, 42601, 42703, 42809, 42P10, 42883 (changed_columns of a type without equality);
 --          what the condition raises (ferry._capture_condition)
 -- Runs as: the caller (SECURITY INVOKER)
@@ -46,7 +54,8 @@ create or replace function ferry.capture_table(
     condition text default null,
     columns text[] default null,
     exclude_columns text[] default null,
-    changed_columns text[] default null)
+    changed_columns text[] default null,
+    method text default 'trigger')
 returns text language plpgsql as $$
 declare
     v_schema  text;
@@ -78,6 +87,13 @@ begin
     end if;
     v_stream := coalesce(stream, v_schema || '.' || v_table);
     perform ferry._check_stream(v_stream);
+    if method is null or method not in ('trigger', 'wal') then
+        raise exception 'pgferry: unknown capture method %; use trigger or wal', quote_nullable(method)
+            using errcode = '22023';
+    end if;
+    if method = 'wal' then
+        perform ferry._ensure_wal_slot();  -- first: a slot cannot be created after this transaction wrote
+    end if;
 
     if key_columns is null then
         select array_agg(a.attname::text order by k.ord) into v_keys
@@ -140,10 +156,18 @@ begin
 
     perform ferry.uncapture_table(tbl);
     insert into ferry.captures (relid, schema_name, table_name, stream, key_columns, operations,
-                                condition, columns, exclude_columns, changed_columns)
+                                condition, columns, exclude_columns, changed_columns, method)
     values (tbl, v_schema, v_table, v_stream, v_keys, v_ops,
-            v_cond, capture_table.columns, capture_table.exclude_columns, capture_table.changed_columns)
+            v_cond, capture_table.columns, capture_table.exclude_columns, capture_table.changed_columns,
+            capture_table.method)
     returning id into v_capture;
+    if method = 'wal' then
+        execute format('alter publication %I add table only %s', (select w.publication from ferry.wal_slot w), tbl);
+        if (select c.relreplident from pg_class c where c.oid = tbl) = 'd' then
+            execute format('alter table %s replica identity full', tbl);
+        end if;
+        return v_stream;
+    end if;
     -- The generated statements name rows by the aliases r, n and o; a bare alias that is also a
     -- column name means the column (to_jsonb(r) of a table with a column r logged that column
     -- alone; (nw.n).* of one with a column n failed every UPDATE), so such a table gets the

@@ -3,10 +3,12 @@
 -- Stops capturing a table: drops its capture triggers and generated
 -- functions (also those of captures made before migration 0003) and marks
 -- its ferry.captures rows as ended (they stay: events still point at them).
+-- A table captured from the WAL leaves the publication (its REPLICA
+-- IDENTITY is left as it is).
 --
 -- Calls:   ferry._capture_function
--- Reads:   -
--- Writes:  ferry.captures
+-- Reads:   ferry.wal_slot
+-- Writes:  ferry.captures, the publication
 -- Raises:  -
 -- Runs as: the caller (SECURITY INVOKER)
 -- Callers: PUBLIC (the default)
@@ -25,6 +27,11 @@ begin
     -- The single function of captures made before 0003.
     if to_regprocedure(ferry._capture_function(tbl) || '()') is not null then
         execute format('drop function %s()', ferry._capture_function(tbl));
+    end if;
+    -- WAL capture (0020): out of the publication, so the relay decodes nothing more of it.
+    if exists (select 1 from ferry.wal_slot w join pg_publication p on p.pubname = w.publication
+               join pg_publication_rel pr on pr.prpubid = p.oid where pr.prrelid = tbl) then
+        execute format('alter publication %I drop table %s', (select w.publication from ferry.wal_slot w), tbl);
     end if;
     update ferry.captures set uncaptured_at = now() where relid = tbl and uncaptured_at is null;
 end $$;

@@ -1,0 +1,51 @@
+"""`pgferry capture ...`: capture a table's row changes into a stream, by trigger or from the WAL."""
+
+from __future__ import annotations
+
+import click
+
+from pgferry.cli.common import database_url_option, with_ferry
+
+
+@click.command()
+@database_url_option
+@click.argument("table")
+@click.option("--stream", help="The stream its events go to (default: schema.table).")
+@click.option("--method", type=click.Choice(["trigger", "wal"]), default="trigger", show_default=True,
+              help="trigger: statement triggers write events in the writer's transaction; wal: the relay decodes "
+                   "them from the write-ahead log (needs wal_level = logical; TRUNCATE is captured too).")  # fmt: skip
+@click.option("--key-column", "key_columns", multiple=True, help="Key column (repeatable; default: the primary key).")
+@click.option("--condition", help="Capture only rows for which this SQL expression is true (e.g. \"status = 'paid'\").")
+@click.option("--column", "columns", multiple=True, help="Keep only these columns in the record (repeatable).")
+@click.option("--exclude-column", "exclude_columns", multiple=True, help="Leave these columns out (repeatable).")
+@click.option("--remove", is_flag=True, help="Stop capturing TABLE instead.")
+def capture(
+    database_url: str | None,
+    table: str,
+    stream: str | None,
+    method: str,
+    key_columns: tuple[str, ...],
+    condition: str | None,
+    columns: tuple[str, ...],
+    exclude_columns: tuple[str, ...],
+    remove: bool,
+) -> None:
+    """Capture TABLE's inserts, updates and deletes into a stream (or stop, with --remove)."""
+    if remove:
+        with_ferry(database_url, lambda f: f.uncapture_table(table))
+        click.echo(f"{table} is no longer captured")
+        return
+    name = with_ferry(
+        database_url,
+        lambda f: f.capture_table(
+            table,
+            stream=stream,
+            method=method,
+            key_columns=key_columns or None,
+            condition=condition,
+            columns=columns or None,
+            exclude_columns=exclude_columns or None,
+        ),
+    )
+    how = "from the WAL (the relay decodes it)" if method == "wal" else "by trigger"
+    click.echo(f"{table} is captured {how} into stream {name}")

@@ -1,0 +1,225 @@
+"""WAL capture against the real PostgreSQL of the suite (wal_level = logical): the events a
+WAL-captured table produces are the ones trigger capture writes for the same statements."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+import pgferry
+from pgferry import db, sql
+from pgferry.capture.wal import StepResult, WalCapture, WalSettings
+from tests.helpers import eventually, read_all
+
+COLUMNS = """
+    id int primary key, name text, qty numeric(10, 2), price float8, ok boolean, tags text[],
+    doc jsonb, raw json, at timestamptz, day date, uid uuid, blob bytea, big text, n bigint
+"""
+# Row 1's big is stored out of line (TOAST): md5 text does not compress below the 2 kB threshold.
+BIG = "(select string_agg(md5(g::text), '') from generate_series(1, 500) g)"
+ROWS = (
+    "insert into {t} values "
+    "(1, 'spice', 1.50, 2.5, true, array['a', 'b\"c'], '{{\"x\": [1, {{\"y\": null}}]}}', '{{\"b\": 1,  \"a\": 2}}', "
+    " '2024-02-29 12:00:00+01', '2024-03-01', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '\\x00ff', " + BIG + ", "
+    " 9007199254740993), "
+    "(2, E'tab\\tquote\"nul-free \\u00e9', null, 'NaN', false, '{{}}', 'null', '[]', 'infinity', "
+    " null, null, null, null, -1), "
+    "(3, null, null, null, null, null, null, null, null, null, null, null, null, null)"
+)
+DML = [
+    ROWS,
+    "update {t} set qty = qty + 1, name = name || '!' where id <> 3",
+    "update {t} set n = 0 where id = 1",  # big is TOASTed and unchanged: not in the WAL's new row
+    "update {t} set id = 10 where id = 2",
+    "delete from {t} where id = 3",
+]
+
+
+@pytest.fixture
+async def wal(db_url: str) -> AsyncIterator[WalCapture]:
+    conn = await db.connect(db_url)
+    yield WalCapture(conn, WalSettings())
+    await conn.close()
+
+
+async def capture(wal: WalCapture) -> StepResult:
+    """Run WAL capture steps until the slot has nothing more for the log."""
+    total = StepResult()
+    while True:
+        slot = await wal.conn.fetchrow(sql.query("wal_slot"))
+        result = await wal.step(slot["slot_name"], slot["publication"], slot["lsn"])
+        total.events += result.events
+        total.transactions += result.transactions
+        if not result.more:
+            return total
+
+
+async def test_wal_capture_writes_the_events_trigger_capture_writes(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: WalCapture
+) -> None:
+    await conn.execute(f"create table by_trigger ({COLUMNS})")
+    await conn.execute(f"create table by_wal ({COLUMNS})")
+    await conn.execute("select ferry.capture_table('by_trigger', stream => 'a')")
+    assert await conn.fetchval("select ferry.capture_table('by_wal', stream => 'b', method => 'wal')") == "b"
+    await ferry.register_consumer("ca", ["a"])
+    await ferry.register_consumer("cb", ["b"])
+    for statement in DML:
+        await conn.execute(statement.format(t="by_trigger"))
+        await conn.execute(statement.format(t="by_wal"))
+    assert (await capture(wal)).events == 8
+
+    by_trigger = await read_all(ferry, conn, "ca")
+    by_wal = await read_all(ferry, conn, "cb")
+
+    def shape(events: list[pgferry.Event]) -> list[tuple[object, ...]]:
+        return [(e.key, e.payload["type"], e.payload["record"], e.payload["old_record"]) for e in events]
+
+    assert len(by_trigger) == 8
+    assert shape(by_wal) == shape(by_trigger)
+    assert {e.payload["table"] for e in by_wal} == {"by_wal"}
+
+
+async def slot_position(conn: asyncpg.Connection) -> str:
+    return await conn.fetchval(  # type: ignore[no-any-return]
+        "select s.confirmed_flush_lsn::text from pg_replication_slots s join ferry.wal_slot w using (slot_name)"
+    )
+
+
+async def test_truncate_is_an_event_and_filters_and_column_choice_apply(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: WalCapture
+) -> None:
+    await conn.execute("create table orders (id int primary key, status text, card_token text, note text)")
+    await ferry.capture_table("orders", method="wal", condition="status = 'paid'", exclude_columns=["card_token"])
+    await ferry.register_consumer("c", ["public.orders"])
+    await conn.execute("insert into orders values (1, 'paid', 'tok1', 'a'), (2, 'open', 'tok2', 'b')")
+    await conn.execute("update orders set status = 'refunded' where id = 1")  # leaves the filter: seen leaving
+    await conn.execute("update orders set note = 'x' where id = 2")  # never in it: not seen
+    await conn.execute("truncate orders")
+    await capture(wal)
+    events = await read_all(ferry, conn, "c")
+    assert [(e.key, e.payload["type"], e.payload["record"], e.payload["old_record"]) for e in events] == [
+        ("1", "INSERT", {"id": 1, "status": "paid", "note": "a"}, None),
+        ("1", "UPDATE", {"id": 1, "status": "refunded", "note": "a"}, {"id": 1, "status": "paid", "note": "a"}),
+        (None, "TRUNCATE", None, None),
+    ]
+
+
+async def test_without_a_full_replica_identity_an_unchanged_toasted_value_is_left_out_not_null(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: WalCapture
+) -> None:
+    await conn.execute("create table docs (id int primary key, title text, body text)")
+    await ferry.capture_table("docs", method="wal")
+    assert await conn.fetchval("select relreplident::text from pg_class where oid = 'docs'::regclass") == "f"
+    await conn.execute("alter table docs replica identity default")  # the operator's choice is kept
+    await ferry.register_consumer("c", ["public.docs"])
+    await conn.execute(f"insert into docs values (1, 'a', {BIG})")
+    await conn.execute("update docs set title = 'b'")
+    await capture(wal)
+    inserted, updated = await read_all(ferry, conn, "c")
+    assert len(inserted.payload["record"]["body"]) == 16_000
+    assert updated.payload["record"] == {"id": 1, "title": "b"}  # body: unchanged, and not in the WAL
+    assert updated.payload["old_record"] is None  # no old row is logged with REPLICA IDENTITY DEFAULT
+
+
+async def test_columns_added_and_dropped_mid_stream(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: WalCapture
+) -> None:
+    await conn.execute("create table t (id int primary key, a text)")
+    await ferry.capture_table("t", method="wal")
+    await ferry.register_consumer("c", ["public.t"])
+    await conn.execute("insert into t values (1, 'x')")
+    await conn.execute("alter table t add column b int default 7")
+    await conn.execute("insert into t values (2, 'y', 8)")
+    await conn.execute("alter table t drop column a")
+    await conn.execute("insert into t values (3, 9)")
+    await capture(wal)
+    records = [e.payload["record"] for e in await read_all(ferry, conn, "c")]
+    # Values go through the table as it is now: a column dropped since is left out, one added since is null.
+    assert records == [{"id": 1, "b": None}, {"id": 2, "b": 8}, {"id": 3, "b": 9}]
+
+
+async def test_a_crash_between_the_append_and_the_slot_advance_leaves_no_duplicate(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    class DiesBeforeAdvancing(WalCapture):
+        async def advance(self, slot: str, to: str) -> None:
+            raise ConnectionResetError("killed")
+
+    await conn.execute("create table t (id int primary key)")
+    await ferry.capture_table("t", method="wal")
+    await ferry.register_consumer("c", ["public.t"])
+    await conn.execute("insert into t select generate_series(1, 100)")
+    first = await db.connect(db_url)
+    with pytest.raises(ConnectionResetError):
+        await capture(DiesBeforeAdvancing(first))
+    await first.close()
+    await conn.execute("insert into t select generate_series(101, 150)")
+    second = await db.connect(db_url)
+    try:
+        assert (await capture(WalCapture(second))).events == 50  # the first 100 are skipped: in the log already
+    finally:
+        await second.close()
+    ids = [e.payload["record"]["id"] for e in await read_all(ferry, conn, "c")]
+    assert ids == list(range(1, 151))
+
+
+async def test_the_slot_advances_while_the_captured_table_is_idle_and_others_write(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: WalCapture
+) -> None:
+    await conn.execute("create table quiet (id int primary key)")
+    await conn.execute("create table busy (id int primary key, pad text)")
+    await ferry.capture_table("quiet", method="wal")
+    await capture(wal)
+    before = await slot_position(conn)
+    await conn.execute("insert into busy select g, repeat('x', 200) from generate_series(1, 20000) g")
+    assert (await capture(wal)).events == 0
+    behind = await conn.fetchval(
+        "select pg_current_wal_lsn() - s.confirmed_flush_lsn from pg_replication_slots s "
+        "join ferry.wal_slot using (slot_name)"
+    )
+    moved = await conn.fetchval("select $1::text::pg_lsn - $2::text::pg_lsn", await slot_position(conn), before)
+    assert moved > 4_000_000 and behind < 100_000, (moved, behind)
+
+
+async def test_capture_from_the_wal_says_what_is_wrong(ferry: pgferry.Ferry, conn: asyncpg.Connection) -> None:
+    await conn.execute("create table t (id int primary key)")
+    with pytest.raises(pgferry.PgferryError, match="unknown capture method 'logical'"):
+        await ferry.capture_table("t", method="logical")
+    with pytest.raises(pgferry.PgferryError, match="nope"):
+        await ferry.capture_table("nope", method="wal")
+    async with conn.transaction():
+        await conn.execute("insert into t values (1)")
+        with pytest.raises(asyncpg.PostgresError, match="cannot create the replication slot") as refused:
+            await conn.execute("select ferry.capture_table('t', method => 'wal')")
+    assert "on its own" in (refused.value.hint or "")
+
+
+async def test_a_slot_that_went_away_is_reported_with_the_way_out(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: WalCapture
+) -> None:
+    await conn.execute("create table t (id int primary key)")
+    await ferry.capture_table("t", method="wal")
+    slot = await conn.fetchval("select slot_name from ferry.wal_slot")
+    await conn.execute("select pg_drop_replication_slot($1)", slot)
+    stop = asyncio.Event()
+    runner = asyncio.create_task(wal.run(stop))
+
+    async def noted() -> bool:
+        return bool(await conn.fetchval("select invalidated_at is not null from ferry.wal_slot"))
+
+    await eventually(noted, what="the lost slot noted")
+    stop.set()
+    await runner
+    note = await conn.fetchval("select note from ferry.wal_slot")
+    assert "is gone" in note and "ferry.reset_wal_slot()" in note and "backfill" in note
+    with pytest.raises(pgferry.PgferryError, match="is gone"):
+        await ferry.capture_table("t", method="wal")
+    await conn.fetchval("select ferry.reset_wal_slot()")
+    assert "not captured" in await conn.fetchval("select note from ferry.wal_slot")
+    await ferry.register_consumer("c", ["public.t"])
+    await conn.execute("insert into t values (1)")
+    await capture(wal)
+    assert [e.payload["record"] for e in await read_all(ferry, conn, "c")] == [{"id": 1}]
