@@ -100,7 +100,21 @@ async def _create_db(pg: EmbeddedPostgres, template: str) -> str:
 async def _drop_db(pg: EmbeddedPostgres, name: str) -> None:
     admin = await asyncpg.connect(pg.url)
     try:
-        await admin.execute(f"drop database if exists {name} with (force)")
+        for attempt in range(50):
+            try:
+                await admin.execute(f"drop database if exists {name} with (force)")
+                return
+            except asyncpg.ObjectInUseError:
+                # A WAL capture slot still being read (by a relay a test just killed, say): FORCE
+                # ends sessions but not an active slot's reader, and inactive slots go with the database.
+                if attempt == 49:
+                    raise
+                await admin.execute(
+                    "select pg_terminate_backend(active_pid) from pg_replication_slots "
+                    "where database = $1 and active_pid is not null",
+                    name,
+                )
+                await asyncio.sleep(0.1)
     finally:
         await admin.close()
 

@@ -10,8 +10,9 @@ import asyncpg
 import pytest
 
 import pgferry
-from pgferry import db, sql
-from pgferry.capture.wal import StepResult, WalCapture, WalSettings
+from pgferry import db
+from pgferry.capture.replication import ReplicationStream
+from pgferry.capture.wal import WalCapture, WalSettings
 from tests.helpers import eventually, read_all
 
 COLUMNS = """
@@ -38,27 +39,48 @@ DML = [
 ]
 
 
+class Running:
+    """WAL capture as the relay runs it (capture/wal.py), in the background of a test."""
+
+    def __init__(self, url: str, capture: type[WalCapture] = WalCapture) -> None:
+        self.url = url
+        self.kind = capture
+        self.stop = asyncio.Event()
+
+    async def __aenter__(self) -> Running:
+        self.conn = await db.connect(self.url)
+        self.capture = self.kind(self.conn, self.url, WalSettings(chunk=3, recheck_interval=0.2))
+        self.task = asyncio.create_task(self.capture.run(self.stop))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, 15)
+        await self.conn.close()
+
+    async def caught_up(self, conn: asyncpg.Connection, timeout: float = 15) -> None:
+        """Until the slot is confirmed past everything written so far."""
+        target = await conn.fetchval("select pg_current_wal_flush_lsn()::text")
+
+        async def past() -> bool:
+            if self.task.done():
+                self.task.result()  # its error, if it ended with one
+            return bool(await conn.fetchval(
+                "select s.confirmed_flush_lsn >= $1::text::pg_lsn from pg_replication_slots s "
+                "join ferry.wal_slot w using (slot_name)", target))  # fmt: skip
+
+        await eventually(past, timeout=timeout, what="WAL capture caught up")
+
+
 @pytest.fixture
-async def wal(db_url: str) -> AsyncIterator[WalCapture]:
-    conn = await db.connect(db_url)
-    yield WalCapture(conn, WalSettings())
-    await conn.close()
-
-
-async def capture(wal: WalCapture) -> StepResult:
-    """Run WAL capture steps until the slot has nothing more for the log."""
-    total = StepResult()
-    while True:
-        slot = await wal.conn.fetchrow(sql.query("wal_slot"))
-        result = await wal.step(slot["slot_name"], slot["publication"], slot["lsn"])
-        total.events += result.events
-        total.transactions += result.transactions
-        if not result.more:
-            return total
+async def wal(db_url: str) -> AsyncIterator[Running]:
+    """Chunks of 3 changes, so that the tests' transactions take several."""
+    async with Running(db_url) as running:
+        yield running
 
 
 async def test_wal_capture_writes_the_events_trigger_capture_writes(
-    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: WalCapture
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running
 ) -> None:
     await conn.execute(f"create table by_trigger ({COLUMNS})")
     await conn.execute(f"create table by_wal ({COLUMNS})")
@@ -69,7 +91,8 @@ async def test_wal_capture_writes_the_events_trigger_capture_writes(
     for statement in DML:
         await conn.execute(statement.format(t="by_trigger"))
         await conn.execute(statement.format(t="by_wal"))
-    assert (await capture(wal)).events == 8
+    await wal.caught_up(conn)
+    assert wal.capture.events == 8
 
     by_trigger = await read_all(ferry, conn, "ca")
     by_wal = await read_all(ferry, conn, "cb")
@@ -89,7 +112,7 @@ async def slot_position(conn: asyncpg.Connection) -> str:
 
 
 async def test_truncate_is_an_event_and_filters_and_column_choice_apply(
-    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: WalCapture
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running
 ) -> None:
     await conn.execute("create table orders (id int primary key, status text, card_token text, note text)")
     await ferry.capture_table("orders", method="wal", condition="status = 'paid'", exclude_columns=["card_token"])
@@ -98,7 +121,7 @@ async def test_truncate_is_an_event_and_filters_and_column_choice_apply(
     await conn.execute("update orders set status = 'refunded' where id = 1")  # leaves the filter: seen leaving
     await conn.execute("update orders set note = 'x' where id = 2")  # never in it: not seen
     await conn.execute("truncate orders")
-    await capture(wal)
+    await wal.caught_up(conn)
     events = await read_all(ferry, conn, "c")
     assert [(e.key, e.payload["type"], e.payload["record"], e.payload["old_record"]) for e in events] == [
         ("1", "INSERT", {"id": 1, "status": "paid", "note": "a"}, None),
@@ -108,7 +131,7 @@ async def test_truncate_is_an_event_and_filters_and_column_choice_apply(
 
 
 async def test_without_a_full_replica_identity_an_unchanged_toasted_value_is_left_out_not_null(
-    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: WalCapture
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running
 ) -> None:
     await conn.execute("create table docs (id int primary key, title text, body text)")
     await ferry.capture_table("docs", method="wal")
@@ -117,7 +140,7 @@ async def test_without_a_full_replica_identity_an_unchanged_toasted_value_is_lef
     await ferry.register_consumer("c", ["public.docs"])
     await conn.execute(f"insert into docs values (1, 'a', {BIG})")
     await conn.execute("update docs set title = 'b'")
-    await capture(wal)
+    await wal.caught_up(conn)
     inserted, updated = await read_all(ferry, conn, "c")
     assert len(inserted.payload["record"]["body"]) == 16_000
     assert updated.payload["record"] == {"id": 1, "title": "b"}  # body: unchanged, and not in the WAL
@@ -125,7 +148,7 @@ async def test_without_a_full_replica_identity_an_unchanged_toasted_value_is_lef
 
 
 async def test_columns_added_and_dropped_mid_stream(
-    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: WalCapture
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running
 ) -> None:
     await conn.execute("create table t (id int primary key, a text)")
     await ferry.capture_table("t", method="wal")
@@ -135,7 +158,7 @@ async def test_columns_added_and_dropped_mid_stream(
     await conn.execute("insert into t values (2, 'y', 8)")
     await conn.execute("alter table t drop column a")
     await conn.execute("insert into t values (3, 9)")
-    await capture(wal)
+    await wal.caught_up(conn)
     records = [e.payload["record"] for e in await read_all(ferry, conn, "c")]
     # Values go through the table as it is now: a column dropped since is left out, one added since is null.
     assert records == [{"id": 1, "b": None}, {"id": 2, "b": 8}, {"id": 3, "b": 9}]
@@ -144,38 +167,44 @@ async def test_columns_added_and_dropped_mid_stream(
 async def test_a_crash_between_the_append_and_the_slot_advance_leaves_no_duplicate(
     ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
 ) -> None:
-    class DiesBeforeAdvancing(WalCapture):
-        async def advance(self, slot: str, to: str) -> None:
-            raise ConnectionResetError("killed")
+    class NeverConfirms(WalCapture):
+        """Appends and commits, then dies before telling the server: as a relay killed there."""
+
+        def confirm(self, stream: ReplicationStream, lsn: int) -> None:
+            pass
 
     await conn.execute("create table t (id int primary key)")
     await ferry.capture_table("t", method="wal")
     await ferry.register_consumer("c", ["public.t"])
     await conn.execute("insert into t select generate_series(1, 100)")
-    first = await db.connect(db_url)
-    with pytest.raises(ConnectionResetError):
-        await capture(DiesBeforeAdvancing(first))
-    await first.close()
+    async with Running(db_url, NeverConfirms):
+
+        async def appended() -> bool:
+            return bool(await conn.fetchval("select count(*) from ferry.events where stream = 'public.t'") == 100)
+
+        await eventually(appended, what="the first 100 rows in the log")
+    assert await conn.fetchval(  # the server still has them to send
+        "select s.confirmed_flush_lsn < w.lsn from pg_replication_slots s join ferry.wal_slot w using (slot_name)"
+    )
     await conn.execute("insert into t select generate_series(101, 150)")
-    second = await db.connect(db_url)
-    try:
-        assert (await capture(WalCapture(second))).events == 50  # the first 100 are skipped: in the log already
-    finally:
-        await second.close()
+    async with Running(db_url) as second:
+        await second.caught_up(conn)
+        assert second.capture.events == 50  # the first 100 came again and were skipped: in the log already
     ids = [e.payload["record"]["id"] for e in await read_all(ferry, conn, "c")]
     assert ids == list(range(1, 151))
 
 
 async def test_the_slot_advances_while_the_captured_table_is_idle_and_others_write(
-    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: WalCapture
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running
 ) -> None:
     await conn.execute("create table quiet (id int primary key)")
     await conn.execute("create table busy (id int primary key, pad text)")
     await ferry.capture_table("quiet", method="wal")
-    await capture(wal)
+    await wal.caught_up(conn)
     before = await slot_position(conn)
     await conn.execute("insert into busy select g, repeat('x', 200) from generate_series(1, 20000) g")
-    assert (await capture(wal)).events == 0
+    await wal.caught_up(conn)
+    assert wal.capture.events == 0
     behind = await conn.fetchval(
         "select pg_current_wal_lsn() - s.confirmed_flush_lsn from pg_replication_slots s "
         "join ferry.wal_slot using (slot_name)"
@@ -198,28 +227,25 @@ async def test_capture_from_the_wal_says_what_is_wrong(ferry: pgferry.Ferry, con
 
 
 async def test_a_slot_that_went_away_is_reported_with_the_way_out(
-    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: WalCapture
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
 ) -> None:
     await conn.execute("create table t (id int primary key)")
     await ferry.capture_table("t", method="wal")
     slot = await conn.fetchval("select slot_name from ferry.wal_slot")
     await conn.execute("select pg_drop_replication_slot($1)", slot)
-    stop = asyncio.Event()
-    runner = asyncio.create_task(wal.run(stop))
+    async with Running(db_url) as wal:
 
-    async def noted() -> bool:
-        return bool(await conn.fetchval("select invalidated_at is not null from ferry.wal_slot"))
+        async def noted() -> bool:
+            return bool(await conn.fetchval("select invalidated_at is not null from ferry.wal_slot"))
 
-    await eventually(noted, what="the lost slot noted")
-    stop.set()
-    await runner
-    note = await conn.fetchval("select note from ferry.wal_slot")
-    assert "is gone" in note and "ferry.reset_wal_slot()" in note and "backfill" in note
-    with pytest.raises(pgferry.PgferryError, match="is gone"):
-        await ferry.capture_table("t", method="wal")
-    await conn.fetchval("select ferry.reset_wal_slot()")
-    assert "not captured" in await conn.fetchval("select note from ferry.wal_slot")
-    await ferry.register_consumer("c", ["public.t"])
-    await conn.execute("insert into t values (1)")
-    await capture(wal)
+        await eventually(noted, what="the lost slot noted")
+        note = await conn.fetchval("select note from ferry.wal_slot")
+        assert "is gone" in note and "ferry.reset_wal_slot()" in note and "backfill" in note
+        with pytest.raises(pgferry.PgferryError, match="is gone"):
+            await ferry.capture_table("t", method="wal")
+        await conn.fetchval("select ferry.reset_wal_slot()")
+        assert "not captured" in await conn.fetchval("select note from ferry.wal_slot")
+        await ferry.register_consumer("c", ["public.t"])
+        await conn.execute("insert into t values (1)")
+        await wal.caught_up(conn)
     assert [e.payload["record"] for e in await read_all(ferry, conn, "c")] == [{"id": 1}]

@@ -242,6 +242,7 @@ async def test_tail_and_every_other_command_say_in_one_line_that_the_schema_is_m
     args = {
         ("apply",): [str(plan)],
         ("backfill",): ["--list"],
+        ("capture",): ["x"],
         ("consumers",): [],
         ("dlq", "discard"): ["x"],
         ("dlq", "list"): [],

@@ -17,12 +17,14 @@ from pgferry.bench.idle import run_idle
 from pgferry.bench.inserts import run_inserts
 from pgferry.bench.producers import run_producers
 from pgferry.bench.report import table
+from pgferry.bench.wal import run_wal
 
 RUNNERS: dict[str, Callable[[BenchContext], Awaitable[None]]] = {
     "inserts": run_inserts,
     "e2e": run_e2e,
     "producers": run_producers,
     "idle": run_idle,
+    "wal": run_wal,
 }
 
 

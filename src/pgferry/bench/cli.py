@@ -14,7 +14,7 @@ from pgferry.errors import PgferryError
 if TYPE_CHECKING:
     from pgferry.bench.context import BenchContext
 
-SECTION_NAMES = ("inserts", "e2e", "producers", "idle")
+SECTION_NAMES = ("inserts", "e2e", "producers", "idle", "wal")
 
 database_url_option = click.option(
     "--database-url",

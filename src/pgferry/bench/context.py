@@ -21,7 +21,7 @@ from pgferry.schema import install
 #: so a benchmark never touches an application's tables or its ferry schema.
 BENCH_DATABASE = "pgferry_bench"
 
-SECTIONS = ("inserts", "e2e", "producers", "idle")
+SECTIONS = ("inserts", "e2e", "producers", "idle", "wal")
 
 
 @dataclass(frozen=True)

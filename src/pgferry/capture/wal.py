@@ -1,37 +1,31 @@
 """WAL capture: decode the logical replication slot into ``ferry.events``, exactly once.
 
-Runs on the relay holding the WAL capture lock (relay/leader.py), on that lock's
-connection. One step, in one transaction:
+Runs on the relay holding the WAL capture lock (relay/leader.py): the lock's connection
+appends, a replication connection (capture/replication.py, psycopg2 in a thread) streams
+the slot's changes in ``pgoutput`` form, and capture/pgoutput.py decodes them.
 
-1. ``e0`` := the WAL flushed so far; the slot is peeked (not consumed) up to it, through
-   a cursor, so that a million-row transaction streams in chunks instead of landing in
-   memory at once;
-2. transactions committed before ``ferry.wal_slot.lsn`` are skipped: they are in the log
-   already (a relay that died between its commit and step 3);
-3. the rest are decoded (capture/pgoutput.py) and appended by ``ferry._append_wal``,
-   which also moves ``ferry.wal_slot.lsn`` to ``e0`` (or to the end of the last whole
-   transaction read, when the step stopped early): events and position commit together;
-4. after the commit, and only then, the slot is advanced to that position, so PostgreSQL
-   may recycle the WAL behind it.
+Exactly once into the log:
 
-A crash anywhere repeats at most step 1-3 of one round, whose changes step 2 then skips:
-no loss, no duplicate. The slot advances while the captured tables are idle and other
-tables write (step 4 runs every round), so an idle capture never holds WAL back.
+* changes are appended in rounds, each one transaction on the lock's connection that
+  ends at a source transaction's commit; ``ferry._append_wal`` moves
+  ``ferry.wal_slot.lsn`` to the end of that commit in the same transaction;
+* only after the round commits is the position confirmed to the server (the slot's
+  ``confirmed_flush_lsn``), so PostgreSQL never forgets a change the log does not hold;
+* a relay that dies between the two streams those transactions again, and skips every
+  transaction committed before ``ferry.wal_slot.lsn``: no loss, no duplicate.
 
-Why the SQL functions (``pg_logical_slot_peek_binary_changes``) and not the streaming
-replication protocol: asyncpg cannot speak it, psycopg 3 does not, psycopg2 does but only
-on a blocking connection of its own; the SQL interface runs on the relay's asyncpg
-connection, inside the very transaction that appends the events, with no new dependency.
-What it costs: a poll (``poll_interval`` while idle, none while busy) instead of a push,
-and each peek decodes again from the slot's restart point, which a long-running writer
-transaction holds back (docs/capture.md says more).
+A source transaction of any size is one round (appended in chunks of ``chunk`` changes,
+committed once), so the log gets all of it or none. Rounds commit as soon as the stream
+has nothing more right now, or every ``chunk`` changes: low latency while it trickles,
+large transactions while it pours. While the captured tables are idle, the server's
+keepalives (asked for with each feedback) say how far it has read, and the relay confirms
+up to there: an idle capture never holds WAL back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -40,8 +34,9 @@ import asyncpg
 import orjson
 
 from pgferry import sql
-from pgferry.aio import wait_for_event
+from pgferry.aio import backoff_delay, wait_for_event
 from pgferry.capture.pgoutput import UNCHANGED, Begin, Change, Commit, Relation, Truncate, decode
+from pgferry.capture.replication import ReplicationError, ReplicationStream
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +46,13 @@ JSON_TYPES = frozenset({114, 3802})
 
 @dataclass
 class WalSettings:
-    poll_interval: float = 0.05
-    #: messages a step asks the slot for (it stops at the first transaction boundary after)
-    max_changes: int = 50_000
-    #: messages fetched from the cursor, and changes appended, at a time
+    #: changes appended per statement, and the most a round holds before it commits at the next
+    #: transaction boundary
     chunk: int = 5_000
-    #: how often a missing or invalidated slot is looked at again
+    #: how often a missing or invalidated slot, or a table newly captured, is looked at again
     recheck_interval: float = 5.0
+    #: backoff cap when the stream cannot be started (the slot read by a relay that is going away)
+    max_backoff: float = 5.0
 
 
 @dataclass
@@ -71,40 +66,33 @@ class _Pending:
     missing: list[bytes | None] = field(default_factory=list)
     times: list[datetime] = field(default_factory=list)
 
-    def clear(self) -> None:
-        for values in (self.relids, self.ops, self.rows, self.olds, self.missing, self.times):
-            values.clear()
-
-
-@dataclass
-class StepResult:
-    events: int = 0
-    transactions: int = 0
-    more: bool = False  # the step stopped early: run the next at once
-
 
 class WalCapture:
-    """Decodes the slot into the log until ``stop`` is set or the connection fails."""
+    """Streams the slot into the log until ``stop`` is set or the connection fails."""
 
     def __init__(
         self,
         conn: asyncpg.Connection,
+        url: str,
         settings: WalSettings | None = None,
         observe: Callable[[int], None] | None = None,
     ) -> None:
         self.conn = conn
+        self.url = url
         self.settings = settings or WalSettings()
         self.relations: dict[int, Relation] = {}
+        #: events appended since start
         self.events = 0
-        #: metrics hook: events appended by a step
+        #: the position the log is complete up to, as this process last wrote or read it
+        self.lsn = 0
+        #: metrics hook: events appended by a round
         self.observe = observe
         self._reported_lost: str | None = None
-        self._advanced: str | None = None  # where this process last advanced the slot to
-        self._caught_up = 0.0  # monotonic time ferry.wal_slot.caught_up_at was last written
 
     async def run(self, stop: asyncio.Event) -> None:
         # The append must be durable before the slot moves past it: never synchronous_commit off here.
         await self.conn.execute("set synchronous_commit = on")
+        failures = 0
         while not stop.is_set():
             slot = await self.conn.fetchrow(sql.query("wal_slot"))
             if slot is None:  # nothing is captured from the WAL
@@ -115,11 +103,96 @@ class WalCapture:
                 await wait_for_event(stop, self.settings.recheck_interval)
                 continue
             self._reported_lost = None
-            result = await self.step(slot["slot_name"], slot["publication"], slot["lsn"])
-            if result.events and self.observe is not None:
-                self.observe(result.events)
-            if not result.more:
-                await wait_for_event(stop, self.settings.poll_interval)
+            self.lsn = _lsn(slot["lsn"])
+            stream = ReplicationStream(self.url, slot["slot_name"], slot["publication"], self.lsn)
+            try:
+                await self._follow(stream, stop)
+                failures = 0
+            except ReplicationError as exc:
+                failures += 1
+                delay = backoff_delay(failures, base=0.2, cap=self.settings.max_backoff)
+                log.warning("WAL capture: %s; again in %.1f s", exc, delay)
+                await wait_for_event(stop, delay)
+            finally:
+                await stream.close()
+
+    async def _follow(self, stream: ReplicationStream, stop: asyncio.Event) -> None:
+        """Append what the stream brings, a round at a time, until ``stop``."""
+        conn = self.conn
+        chunk = self.settings.chunk
+        pending = _Pending()
+        tx: asyncpg.transaction.Transaction | None = None
+        in_round = 0  # changes appended or pending in the open round
+        skip = False
+        open_xact = False
+        commit_time: datetime | None = None
+        last_end = self.lsn
+        stopper = asyncio.ensure_future(stop.wait())
+        batches = aiter(stream.batches())
+        try:
+            while not stop.is_set():
+                getter = asyncio.ensure_future(anext(batches))
+                done, _ = await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    break
+                batch = getter.result()
+                for data in batch.messages:
+                    m = decode(data)
+                    if isinstance(m, Change):
+                        if not skip:
+                            self._add(pending, m, commit_time)
+                    elif isinstance(m, Begin):
+                        open_xact = True
+                        skip = m.final_lsn < self.lsn  # in the log already (see the module's docstring)
+                        commit_time = datetime.fromtimestamp(m.commit_time_us / 1e6, UTC)
+                    elif isinstance(m, Commit):
+                        open_xact = False
+                        if not skip:
+                            last_end = m.end_lsn
+                            in_round += 1
+                    elif isinstance(m, Relation):
+                        self.relations[m.oid] = m
+                    elif isinstance(m, Truncate) and not skip:
+                        for rel in m.relations:
+                            _append(pending, rel, "T", b"{}", None, None, commit_time)
+                    if len(pending.ops) >= chunk:
+                        # A large transaction: append what there is, commit at its end.
+                        if tx is None:
+                            tx = conn.transaction()
+                            await tx.start()
+                        self.events += await self._append(self.lsn, self.lsn, None, pending)
+                        in_round += len(pending.ops)
+                        pending = _Pending()
+                if open_xact:
+                    continue
+                # At a transaction boundary with the stream drained (or the round grown big):
+                # commit the round, then confirm it to the server.
+                if pending.ops or last_end > self.lsn:
+                    if tx is None:
+                        tx = conn.transaction()
+                        await tx.start()
+                    n = await self._append(self.lsn, max(last_end, self.lsn), commit_time, pending)
+                    await tx.commit()
+                    tx = None
+                    self.events += n
+                    if n and self.observe is not None:
+                        self.observe(n)
+                    pending, in_round = _Pending(), 0
+                    self.lsn = max(last_end, self.lsn)
+                    self.confirm(stream, self.lsn)
+                elif not batch.messages and batch.wal_end > self.lsn:
+                    # Idle: nothing of ours before the server's read position. The slot may move
+                    # there; ferry.wal_slot.lsn need not (writing it would make WAL to read).
+                    self.confirm(stream, batch.wal_end)
+        finally:
+            stopper.cancel()
+            if tx is not None:
+                await tx.rollback()
+
+    def confirm(self, stream: ReplicationStream, lsn: int) -> None:
+        """Tell the server everything committed before ``lsn`` is in the log (after the commit)."""
+        stream.confirm(lsn)
 
     async def _report_lost(self, slot: asyncpg.Record) -> None:
         """A slot PostgreSQL invalidated (or someone dropped): changes are gone. Say so once,
@@ -134,79 +207,18 @@ class WalCapture:
         await self.conn.execute(sql.query("wal_slot_lost"), note)
         log.error("WAL capture stopped: %s", note)
 
-    async def step(self, slot: str, publication: str, lsn: str) -> StepResult:
-        """One round: peek, skip what the log has, append the rest with the new position, then
-        advance the slot. Returns what it did."""
-        s = self.settings
-        conn = self.conn
-        result = StepResult()
-        pending = _Pending()
-        skip = False
-        commit_time: datetime | None = None
-        last_end: int | None = None
-        messages = 0
-        async with conn.transaction():
-            e0 = await conn.fetchval("select pg_current_wal_flush_lsn()::text")
-            cursor = await conn.cursor(sql.query("wal_peek"), slot, e0, s.max_changes, publication)
-            at = _lsn(lsn)
-            while True:
-                rows = await cursor.fetch(s.chunk)
-                if not rows:
-                    break
-                messages += len(rows)
-                for row in rows:
-                    m = decode(row[0])
-                    if isinstance(m, Change):
-                        if not skip:
-                            self._add(pending, m, commit_time)
-                    elif isinstance(m, Relation):
-                        self.relations[m.oid] = m
-                    elif isinstance(m, Begin):
-                        skip = m.final_lsn < at
-                        commit_time = datetime.fromtimestamp(m.commit_time_us / 1e6, UTC)
-                    elif isinstance(m, Commit):
-                        last_end = m.end_lsn
-                        if not skip:
-                            result.transactions += 1
-                    elif isinstance(m, Truncate) and not skip:
-                        for rel in m.relations:
-                            _append(pending, rel, "T", b"{}", None, None, commit_time)
-                if len(pending.ops) >= s.chunk:
-                    result.events += await self._append(lsn, lsn, None, pending)
-            result.more = messages >= s.max_changes and last_end is not None
-            to = _lsn_text(last_end) if result.more and last_end is not None else e0
-            # A round that found nothing for the log leaves ferry.wal_slot alone (only the slot
-            # moves): writing the position would itself write WAL, and so make work for the next
-            # round forever. A position that lags is safe: it only says what to skip.
-            if result.transactions or pending.ops:
-                result.events += await self._append(lsn, to, commit_time, pending)
-                self._caught_up = time.monotonic()
-            elif time.monotonic() - self._caught_up >= 1.0:
-                await conn.execute(sql.query("wal_caught_up"))
-                self._caught_up = time.monotonic()
-        # Only now that the events are committed may PostgreSQL forget those changes.
-        if to != self._advanced:
-            await self.advance(slot, to)
-            self._advanced = to
-        return result
-
-    async def advance(self, slot: str, to: str) -> None:
-        """Confirm the slot up to ``to``: PostgreSQL may then recycle the WAL before it."""
-        await self.conn.execute(sql.query("wal_advance"), slot, to)
-
-    async def _append(self, at: str, to: str, committed_at: datetime | None, pending: _Pending) -> int:
+    async def _append(self, at: int, to: int, committed_at: datetime | None, pending: _Pending) -> int:
         p = pending
         n = await self.conn.fetchval(
-            sql.query("wal_append"), at, to, committed_at, p.relids, p.ops, p.rows, p.olds, p.missing, p.times
-        )
-        pending.clear()
-        self.events += n
+            sql.query("wal_append"),
+            _lsn_text(at), _lsn_text(to), committed_at, p.relids, p.ops, p.rows, p.olds, p.missing, p.times,
+        )  # fmt: skip
         return int(n)
 
     def _add(self, pending: _Pending, change: Change, commit_time: datetime | None) -> None:
         rel = self.relations.get(change.relation)
         if rel is None:
-            raise RuntimeError(f"pgoutput sent a change of relation {change.relation} before describing it")
+            raise ReplicationError(f"pgoutput sent a change of relation {change.relation} before describing it")
         old = change.old if not change.old_is_key else None
         if change.op == "D":
             assert change.old is not None

@@ -58,13 +58,19 @@ def status(database_url: str | None, as_json: bool) -> None:
     async def read(
         f: pgferry.Ferry,
     ) -> tuple[
-        list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[backfills.Progress], list[dict[str, Any]]
+        list[dict[str, Any]],
+        list[dict[str, Any]],
+        list[dict[str, Any]],
+        list[backfills.Progress],
+        list[dict[str, Any]],
+        dict[str, Any] | None,
     ]:
         async with f.pool.acquire() as conn:
             return (await inspect.subscription_status(conn), await inspect.relays(conn), await inspect.captures(conn),
-                    await backfills.listing(conn), await inspect.retention_status(conn))  # fmt: skip
+                    await backfills.listing(conn), await inspect.retention_status(conn),
+                    await inspect.wal_status(conn))  # fmt: skip
 
-    rows, relay_rows, capture_rows, backfill_list, retention_rows = with_ferry(database_url, read)
+    rows, relay_rows, capture_rows, backfill_list, retention_rows, wal = with_ferry(database_url, read)
     if as_json:
         print_json(rows)
         return
@@ -84,9 +90,11 @@ def status(database_url: str | None, as_json: bool) -> None:
     _retention_table(inspect.holding_back(retention_rows))
     _relays_table(relay_rows)
     if capture_rows:
-        capture_columns = [("table_name", "table"), ("stream", "stream"), ("operations", "operations"),
-                           ("captured", "captured")]  # fmt: skip
+        capture_columns = [("table_name", "table"), ("stream", "stream"), ("method", "by"),
+                           ("operations", "operations"), ("captured", "captured")]  # fmt: skip
         table("captured tables", capture_rows, capture_columns)
+    if wal is not None:
+        _wal_line(wal)
     if backfill_list:
         table("backfills", backfill_rows(backfill_list), BACKFILL_COLUMNS)
 
@@ -276,6 +284,18 @@ def _relays_table(rows: list[dict[str, Any]]) -> None:
     columns = [("id", "relay"), ("hostname", "host"), ("pid", "pid"), ("started_at", "started"),
                ("liveness", "heartbeat"), ("owned", "delivers")]  # fmt: skip
     table("relays", rows, columns, styles={"liveness": lambda v: "green" if v == "live" else "yellow"})
+
+
+def _wal_line(wal: dict[str, Any]) -> None:
+    """WAL capture's slot: its lag, or what is wrong with it and the way out."""
+    if wal["invalidated_at"] is not None or wal["wal_status"] in (None, "lost"):
+        click.secho(f"WAL capture stopped: {wal['note'] or 'the replication slot is gone or invalidated'}", fg="red")
+        return
+    lag = f"{wal['lag_bytes']:,} bytes of WAL" + (f", {wal['lag_seconds']:.1f} s" if wal["lag_seconds"] else "")
+    click.echo(f"WAL capture: slot {wal['slot_name']} ({wal['tables']} table(s)), behind by {lag}, "
+               f"WAL {wal['wal_status']}")  # fmt: skip
+    if wal["note"]:
+        click.echo(f"  note: {wal['note']}")
 
 
 def _retention_table(rows: list[dict[str, Any]]) -> None:

@@ -222,6 +222,12 @@ async def captures(conn: asyncpg.Connection) -> list[dict[str, Any]]:
     return rows
 
 
+async def wal_status(conn: asyncpg.Connection) -> dict[str, Any] | None:
+    """WAL capture's slot and lag (None when no table was ever captured from the WAL)."""
+    row = await conn.fetchrow(sql.query("wal_status"))
+    return None if row is None else dict(row)
+
+
 def capture_summary(capture: dict[str, Any]) -> str:
     """What a capture keeps, in words: "every row, whole" without filters, else e.g. "rows where
     (status = 'paid'::text) (UPDATE: old or new row); columns id, status"."""

@@ -136,6 +136,20 @@ class RelayMetrics:
             "pgferry_consumer_gap_events", "Events the consumer never got: the sum of its recorded gaps.",
             ["consumer"], registry=r,
         )  # fmt: skip
+        self.wal_events = Counter(
+            "pgferry_wal_captured_events", "Events this relay decoded from the WAL into the log.", registry=r
+        )
+        self.wal_lag_bytes = Gauge(
+            "pgferry_wal_lag_bytes", "WAL the capture slot holds back: written but not yet in the log (or skipped).",
+            registry=r,
+        )  # fmt: skip
+        self.wal_lag_seconds = Gauge(
+            "pgferry_wal_lag_seconds", "Seconds since WAL capture last caught up, while it is behind.", registry=r
+        )
+        self.wal_lost = Gauge(
+            "pgferry_wal_slot_lost", "1 if WAL capture's slot was invalidated or dropped: changes were lost "
+            "(pgferry status says what to do).", registry=r,
+        )  # fmt: skip
         self._refreshed = 0.0
 
     # -- fed by the relay ----------------------------------------------------
@@ -207,6 +221,16 @@ class RelayMetrics:
             self.consumer_ratio.labels(name).set(max(row["time_pct"] or 0, row["size_pct"] or 0) / 100)
             self.consumer_stalled.labels(name).set(1 if row["stalled_at"] is not None else 0)
             self.consumer_gap_events.labels(name).set(row["gap_events"] or 0)
+
+    def observe_wal(self, events: int) -> None:
+        self.wal_events.inc(events)
+
+    def set_wal(self, wal: Mapping[str, Any] | None) -> None:
+        """WAL capture's slot gauges (all 0 when nothing is captured from the WAL)."""
+        lost = wal is not None and (wal["invalidated_at"] is not None or wal["wal_status"] in (None, "lost"))
+        self.wal_lag_bytes.set(wal["lag_bytes"] if wal is not None else 0)
+        self.wal_lag_seconds.set(wal["lag_seconds"] if wal is not None else 0)
+        self.wal_lost.set(1 if lost else 0)
 
     def set_backfills(self, backfills: Sequence[BackfillProgress]) -> None:
         """Replace the backfill gauges with the backfills running or paused now (finished ones vanish)."""

@@ -79,6 +79,7 @@ class OperatorWeb(_Servers):
         if self.metrics is not None:
             self.hooks = RelayHooks(
                 observe_tick=self.metrics.observe_tick,
+                observe_wal=self.metrics.observe_wal,
                 observe_outcomes=self.metrics.observe_outcomes,
                 observe_round=self.metrics.observe_roundtrip("relay_round"),
             )
@@ -113,10 +114,12 @@ class OperatorWeb(_Servers):
                         rows = await inspect.subscription_status(conn)
                         active = await backfills.listing(conn, finished_within=timedelta(0))
                         retention = await inspect.retention_status(conn)
+                        wal = await inspect.wal_status(conn)
                         metrics.db_roundtrip.labels("status").observe(asyncio.get_running_loop().time() - started)
                     metrics.set_status(rows)
                     metrics.set_backfills(active)
                     metrics.set_retention(retention)
+                    metrics.set_wal(wal)
                 except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
                     # Serve what the relay itself counted; the database gauges keep their last values.
                     log.warning("metrics: cannot read subscription status: %s", exc)

@@ -195,7 +195,7 @@ class Relay:
             await Ticker(conn, self.settings.ticker, observe=hooks.observe_tick).run(stop)
 
         async def capture_wal(conn: asyncpg.Connection, stop: asyncio.Event) -> None:
-            await WalCapture(conn, self.settings.wal, observe=hooks.observe_wal).run(stop)
+            await WalCapture(conn, self.url, self.settings.wal, observe=hooks.observe_wal).run(stop)
 
         def changed(leading: bool) -> None:
             self.is_ticker = leading

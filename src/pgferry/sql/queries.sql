@@ -414,7 +414,7 @@ order by r.started_at
 -- The tables captured now (ferry.capture_table), with the stream and filters each was given,
 -- for pgferry status.
 select c.schema_name || '.' || c.table_name as table_name, c.stream, c.operations, c.condition, c.columns,
-       c.exclude_columns, c.changed_columns, c.created_at
+       c.exclude_columns, c.changed_columns, c.created_at, c.method
 from ferry.captures c
 where c.uncaptured_at is null
 order by c.schema_name, c.table_name
@@ -641,19 +641,8 @@ from ferry.wal_slot w left join pg_replication_slots s on s.slot_name = w.slot_n
 -- name: wal_slot_lost
 update ferry.wal_slot set invalidated_at = coalesce(invalidated_at, now()), note = $1
 
--- name: wal_peek
--- The slot's changes committed before $2, without consuming them: the relay advances the slot itself.
-select data from pg_logical_slot_peek_binary_changes($1, $2::text::pg_lsn, $3, 'proto_version', '1', 'publication_names', $4)
-
 -- name: wal_append
 select ferry._append_wal($1::text::pg_lsn, $2::text::pg_lsn, $3, $4::oid[], $5::text[]::"char"[], $6::jsonb[], $7::jsonb[], $8::jsonb[], $9::timestamptz[])
-
--- name: wal_caught_up
-update ferry.wal_slot set caught_up_at = now()
-
--- name: wal_advance
-select pg_replication_slot_advance($1, greatest($2::text::pg_lsn, confirmed_flush_lsn))
-from pg_replication_slots where slot_name = $1
 
 -- name: capture_table
 select ferry.capture_table($1::text::regclass, stream => $2, key_columns => $3, condition => $4, columns => $5,
@@ -661,3 +650,15 @@ select ferry.capture_table($1::text::regclass, stream => $2, key_columns => $3, 
 
 -- name: uncapture_table
 select ferry.uncapture_table($1::text::regclass)
+
+-- name: wal_status
+-- WAL capture's slot for status and metrics: how far the log is behind the WAL, in bytes (what
+-- the slot keeps PostgreSQL from recycling) and in seconds (since the relay last caught up,
+-- when there is something left to read), and what is wrong, if anything.
+select w.slot_name, w.lsn::text as lsn_in_log, s.wal_status,
+       coalesce(pg_current_wal_lsn() - s.confirmed_flush_lsn, 0)::bigint as lag_bytes,
+       case when s.confirmed_flush_lsn is null or pg_current_wal_lsn() - s.confirmed_flush_lsn > 65536
+            then extract(epoch from now() - w.caught_up_at)::float8 else 0 end as lag_seconds,
+       w.committed_at, w.invalidated_at, w.note,
+       (select count(*) from ferry.captures c where c.method = 'wal' and c.uncaptured_at is null) as tables
+from ferry.wal_slot w left join pg_replication_slots s on s.slot_name = w.slot_name

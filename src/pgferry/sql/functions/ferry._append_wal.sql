@@ -68,12 +68,12 @@ begin
                 'insert into ferry.events_%1$s (id, part, txid, stream, capture, key, payload, op, old_payload, created_at) '
                 'select x.id, %1$s, %2$L::xid8, %3$L, %4$s, '
                 '       case when x.op = ''T'' then null else %5$s end, '
-                '       case when x.op = ''T'' then ''{}''::jsonb '
-                '            else %6$s - coalesce(array(select jsonb_array_elements_text(x.missing)), ''{}'') end, '
+                '       case when x.op = ''T'' then ''{}''::jsonb when x.missing is null then %6$s '
+                '            else %6$s - array(select jsonb_array_elements_text(x.missing)) end, '
                 '       x.op, case when x.op = ''U'' and x.o is not null then %7$s end, x.at '
                 'from unnest($1, $2, $3, $4, $5, $6, $7) x(id, relid, op, n, o, missing, at) '
                 'cross join lateral jsonb_populate_record(null::%8$s, x.n) r '
-                'cross join lateral (select jsonb_populate_record(null::%8$s, x.o) as o) od '
+                'cross join lateral (select case when x.o is not null then jsonb_populate_record(null::%8$s, x.o) end as o) od '
                 'where x.relid = %9$s and (x.op = ''T'' or (strpos(%10$L, x.op) > 0 and (%11$s%12$s%13$s))) '
                 'order by x.id',
                 v_part, v_txid, c.stream, c.id,

@@ -32,7 +32,7 @@ comment on table ferry.wal_slot is
     'The logical replication slot WAL capture decodes: lsn is where the log is complete up to (written with the events).';
 comment on column ferry.wal_slot.committed_at is 'Commit time of the last captured transaction appended.';
 comment on column ferry.wal_slot.caught_up_at is
-    'Every change committed before this moment is in the log (the relay''s last completed step).';
+    'When the relay last appended (status counts WAL capture''s lag in seconds from it while it is behind).';
 comment on column ferry.wal_slot.invalidated_at is
     'Set when PostgreSQL invalidated the slot (max_slot_wal_keep_size): changes were lost; see note.';
 

@@ -1,0 +1,151 @@
+"""The logical replication stream of WAL capture's slot, read by a thread of its own.
+
+asyncpg cannot speak the streaming replication protocol and psycopg 3 does not; psycopg2
+does (``LogicalReplicationConnection``), on a blocking connection. So a thread owns that
+connection: it reads the server's messages without blocking (``read_message``) and hands
+them to the event loop in batches, and it sends the server the position the relay has
+confirmed (``send_feedback``), never one the relay did not give it. Keepalives are answered
+by psycopg2 with the last position sent.
+
+Each batch carries the server's ``wal_end`` as of reading it: everything committed before it
+has been sent. The relay confirms up to it when it has appended everything it was sent and
+no transaction is open: that is how an idle capture lets the slot advance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import psycopg2
+import psycopg2.extras
+
+#: messages a batch may hold (the thread hands over sooner when the server has no more)
+BATCH = 2_000
+#: feedback at least this often, so the server never thinks the relay is gone
+FEEDBACK_INTERVAL = 1.0
+
+
+class ReplicationError(Exception):
+    """The stream could not be started or broke: the relay retries."""
+
+
+@dataclass(slots=True)
+class Batch:
+    messages: list[bytes]
+    wal_end: int
+
+
+class ReplicationStream:
+    """``async for batch in stream`` until ``close()``; ``confirm(lsn)`` moves the slot."""
+
+    def __init__(self, url: str, slot: str, publication: str, start_lsn: int) -> None:
+        self.url = url
+        self.slot = slot
+        self.publication = publication
+        self.start_lsn = start_lsn
+        self._confirmed = start_lsn
+        self._stop = threading.Event()
+        self._queue: asyncio.Queue[Batch | BaseException] = asyncio.Queue(maxsize=8)
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name=f"pgferry wal stream {slot}", daemon=True)
+        self._started = False
+
+    def confirm(self, lsn: int) -> None:
+        """Everything committed before ``lsn`` is in the log: the server may forget it."""
+        self._confirmed = max(self._confirmed, lsn)
+
+    async def batches(self) -> AsyncIterator[Batch]:
+        if not self._started:
+            self._started = True
+            self._thread.start()
+        while True:
+            item = await self._queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._started:
+            await asyncio.to_thread(self._thread.join, 10)
+
+    # -- the thread ------------------------------------------------------------
+
+    def _hand_over(self, item: Batch | BaseException) -> bool:
+        """Queue ``item`` for the event loop, waiting while it is full (back pressure);
+        False when the stream was closed meanwhile."""
+        while not self._stop.is_set():
+            future = asyncio.run_coroutine_threadsafe(self._put(item), self._loop)
+            try:
+                future.result(timeout=0.5)
+                return True
+            except TimeoutError:
+                future.cancel()
+            except RuntimeError:  # the loop is gone
+                return False
+        return False
+
+    async def _put(self, item: Batch | BaseException) -> None:
+        await self._queue.put(item)
+
+    def _run(self) -> None:
+        conn = None
+        try:
+            conn = psycopg2.connect(
+                self.url,
+                connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                application_name="pgferry wal stream",
+            )
+            cur = conn.cursor()
+            cur.start_replication(
+                slot_name=self.slot,
+                decode=False,
+                start_lsn=self.start_lsn,
+                options={"proto_version": "1", "publication_names": self.publication},
+            )
+            sent = -1
+            last_feedback = 0.0
+            reported_end = 0
+            while not self._stop.is_set():
+                messages: list[bytes] = []
+                while len(messages) < BATCH:
+                    msg = cur.read_message()
+                    if msg is None:
+                        break
+                    messages.append(msg.payload)
+                if messages:
+                    if not self._hand_over(Batch(messages, cur.wal_end)):
+                        return
+                    reported_end = cur.wal_end
+                elif cur.wal_end > reported_end:
+                    # A keepalive: everything committed before wal_end was sent. The loop may
+                    # confirm up to it once it has appended what came before.
+                    if not self._hand_over(Batch([], cur.wal_end)):
+                        return
+                    reported_end = cur.wal_end
+                now = time.monotonic()
+                confirmed = self._confirmed
+                if confirmed != sent or now - last_feedback >= FEEDBACK_INTERVAL:
+                    # reply: ask for a keepalive back, whose wal_end lets an idle capture advance
+                    # (the server sends none on its own while transactions it skips go by).
+                    cur.send_feedback(
+                        write_lsn=confirmed, flush_lsn=confirmed, apply_lsn=confirmed, reply=not messages, force=True
+                    )
+                    sent, last_feedback = confirmed, now
+                if not messages:
+                    select.select([conn], [], [], 0.05)
+        except psycopg2.Error as exc:
+            text = str(exc).strip()
+            if "no message from the libpq" in text or isinstance(exc, psycopg2.OperationalError):
+                text = f"the replication connection was lost ({text})"  # libpq's words for a cut stream
+            self._hand_over(ReplicationError(f"slot {self.slot}: {text}"))
+        except BaseException as exc:  # noqa: BLE001 - the loop must hear of any end of the thread
+            self._hand_over(exc)
+        finally:
+            if conn is not None:
+                conn.close()
