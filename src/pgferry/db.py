@@ -111,7 +111,7 @@ def check_url(url: str) -> None:
 
 def _encode_jsonb(value: Any) -> bytes:
     # Pre-encoded JSON (bytes) passes through; everything else goes via orjson.
-    if isinstance(value, bytes | bytearray | memoryview):
+    if type(value) is bytes or isinstance(value, bytearray | memoryview):
         return b"\x01" + bytes(value)
     return b"\x01" + orjson.dumps(value)
 

@@ -127,7 +127,7 @@ async def _commit_to_log(ctx: BenchContext, conn: asyncpg.Connection) -> Latency
     stop = asyncio.Event()
 
     async def poll(reader: asyncpg.Connection) -> None:
-        last = 0
+        last = await reader.fetchval("select max(id) from ferry.events")
         while not stop.is_set():
             rows = await reader.fetch(
                 "select id, extract(epoch from clock_timestamp() - created_at) * 1000 as ms "
@@ -141,6 +141,14 @@ async def _commit_to_log(ctx: BenchContext, conn: asyncpg.Connection) -> Latency
 
     script = pgbench_script("insert_many", table="bench_wal", rows="10")
     async with decoding(ctx.url), ctx.connect() as reader:
+        # A relay's stream is open already: measure it warm. A row through it says it is (a new
+        # stream first reads the server's WAL from the slot's restart point again).
+        await conn.execute("insert into bench_wal (account, amount, note) values (0, 0, 'warm-up')")
+        deadline = time.monotonic() + 120
+        while not await conn.fetchval("select exists (select from ferry.events where stream = 'bench.wal')"):
+            if time.monotonic() > deadline:
+                raise RuntimeError("WAL capture did not start")
+            await asyncio.sleep(0.01)
         poller = asyncio.create_task(poll(reader))
         await run_pgbench(ctx.url, script, clients=4, seconds=s.seconds, rate=s.rate / 10)
         await wait_caught_up(conn)

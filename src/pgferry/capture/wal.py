@@ -25,6 +25,7 @@ up to there: an idle capture never holds WAL back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from datetime import UTC, datetime
 import asyncpg
 import orjson
 
-from pgferry import sql
+from pgferry import db, sql
 from pgferry.aio import backoff_delay, wait_for_event
 from pgferry.capture.pgoutput import UNCHANGED, Begin, Change, Commit, Relation, Truncate, decode
 from pgferry.capture.replication import ReplicationError, ReplicationStream
@@ -88,6 +89,8 @@ class WalCapture:
         #: metrics hook: events appended by a round
         self.observe = observe
         self._reported_lost: str | None = None
+        self._tx: asyncpg.transaction.Transaction | None = None  # the open round's
+        self._round = 0  # events appended in the open round
 
     async def run(self, stop: asyncio.Event) -> None:
         # The append must be durable before the slot moves past it: never synchronous_commit off here.
@@ -117,16 +120,23 @@ class WalCapture:
                 await stream.close()
 
     async def _follow(self, stream: ReplicationStream, stop: asyncio.Event) -> None:
-        """Append what the stream brings, a round at a time, until ``stop``."""
-        conn = self.conn
+        """Append what the stream brings, a round at a time, until ``stop``.
+
+        The database's work overlaps Python's: each append (or a round's final append and
+        commit) runs as a task on the connection while the next batch is decoded; the next
+        one waits for it, so they run one at a time and in order.
+        """
         chunk = self.settings.chunk
+        skip_before = self.lsn  # transactions committed before it are in the log already
         pending = _Pending()
-        tx: asyncpg.transaction.Transaction | None = None
-        in_round = 0  # changes appended or pending in the open round
-        skip = False
-        open_xact = False
+        dirty = False  # the open round has something to commit (changes, or a position to move)
+        skip = open_xact = False
         commit_time: datetime | None = None
         last_end = self.lsn
+        confirmed = self.lsn
+        self._tx = None
+        self._round = 0
+        tail: asyncio.Task[None] | None = None
         stopper = asyncio.ensure_future(stop.wait())
         batches = aiter(stream.batches())
         try:
@@ -144,51 +154,73 @@ class WalCapture:
                             self._add(pending, m, commit_time)
                     elif isinstance(m, Begin):
                         open_xact = True
-                        skip = m.final_lsn < self.lsn  # in the log already (see the module's docstring)
+                        skip = m.final_lsn < skip_before
                         commit_time = datetime.fromtimestamp(m.commit_time_us / 1e6, UTC)
                     elif isinstance(m, Commit):
                         open_xact = False
                         if not skip:
-                            last_end = m.end_lsn
-                            in_round += 1
+                            last_end, dirty = m.end_lsn, True
                     elif isinstance(m, Relation):
                         self.relations[m.oid] = m
                     elif isinstance(m, Truncate) and not skip:
                         for rel in m.relations:
                             _append(pending, rel, "T", b"{}", None, None, commit_time)
-                    if len(pending.ops) >= chunk:
-                        # A large transaction: append what there is, commit at its end.
-                        if tx is None:
-                            tx = conn.transaction()
-                            await tx.start()
-                        self.events += await self._append(self.lsn, self.lsn, None, pending)
-                        in_round += len(pending.ops)
-                        pending = _Pending()
+                    if len(pending.ops) >= chunk:  # a large round: append what there is, commit at its end
+                        if tail is not None:
+                            await tail
+                        tail = asyncio.create_task(self._write(pending, None, None, stream))
+                        pending, dirty = _Pending(), True
                 if open_xact:
                     continue
-                # At a transaction boundary with the stream drained (or the round grown big):
-                # commit the round, then confirm it to the server.
-                if pending.ops or last_end > self.lsn:
-                    if tx is None:
-                        tx = conn.transaction()
-                        await tx.start()
-                    n = await self._append(self.lsn, max(last_end, self.lsn), commit_time, pending)
-                    await tx.commit()
-                    tx = None
-                    self.events += n
-                    if n and self.observe is not None:
-                        self.observe(n)
-                    pending, in_round = _Pending(), 0
-                    self.lsn = max(last_end, self.lsn)
-                    self.confirm(stream, self.lsn)
-                elif not batch.messages and batch.wal_end > self.lsn:
+                # At a transaction boundary with the stream drained for now: commit the round,
+                # then confirm it to the server.
+                if dirty or pending.ops:
+                    if tail is not None:
+                        await tail
+                    tail = asyncio.create_task(self._write(pending, max(last_end, self.lsn), commit_time, stream))
+                    pending, dirty = _Pending(), False
+                    confirmed = max(confirmed, last_end)
+                elif not batch.messages and batch.wal_end > confirmed:
                     # Idle: nothing of ours before the server's read position. The slot may move
                     # there; ferry.wal_slot.lsn need not (writing it would make WAL to read).
-                    self.confirm(stream, batch.wal_end)
+                    if tail is not None:
+                        await tail
+                        tail = None
+                    confirmed = batch.wal_end
+                    self.confirm(stream, confirmed)
+            if tail is not None:
+                await tail
+                tail = None
         finally:
             stopper.cancel()
-            if tx is not None:
-                await tx.rollback()
+            if tail is not None:
+                tail.cancel()
+                with contextlib.suppress(BaseException):
+                    await tail
+            if self._tx is not None:
+                with contextlib.suppress(*db.CONNECTION_ERRORS, asyncpg.PostgresError):
+                    await self._tx.rollback()
+                self._tx = None
+
+    async def _write(self, pending: _Pending, to: int | None, committed_at: datetime | None,
+                     stream: ReplicationStream) -> None:  # fmt: skip
+        """Append ``pending`` in the open round; with ``to``, also end the round there: commit,
+        then confirm ``to`` to the server."""
+        if self._tx is None:
+            self._tx = self.conn.transaction()
+            await self._tx.start()
+        n = await self._append(self.lsn, to if to is not None else self.lsn, committed_at, pending)
+        self.events += n
+        self._round += n
+        if to is None:
+            return
+        await self._tx.commit()
+        self._tx = None
+        if self._round and self.observe is not None:
+            self.observe(self._round)
+        self._round = 0
+        self.lsn = max(self.lsn, to)
+        self.confirm(stream, self.lsn)
 
     def confirm(self, stream: ReplicationStream, lsn: int) -> None:
         """Tell the server everything committed before ``lsn`` is in the log (after the commit)."""
@@ -245,23 +277,37 @@ def _append(
 def _row(rel: Relation, values: list[object], old: list[object] | None) -> tuple[bytes, bytes | None]:
     """The row as a JSON object of column => text (JSON for json/jsonb columns); an unchanged
     TOASTed value is taken from the old row when the WAL has it, and listed as missing if not."""
-    parts: list[bytes] = []
+    names, json_at = _shape(rel)
     missing: list[str] = []
-    for i, col in enumerate(rel.columns):
-        value = values[i] if i < len(values) else None
-        if value is UNCHANGED:
-            value = old[i] if old is not None and i < len(old) else UNCHANGED
+    if UNCHANGED in values:
+        values = list(values)
+        for i, value in enumerate(values):
             if value is UNCHANGED:
-                missing.append(col.name)
-                continue
-        name = orjson.dumps(col.name)
-        if value is None:
-            parts.append(name + b":null")
-        elif col.type_oid in JSON_TYPES:
-            parts.append(name + b":" + str(value).encode())
-        else:
-            parts.append(name + b":" + orjson.dumps(value))
-    return b"{" + b",".join(parts) + b"}", orjson.dumps(missing) if missing else None
+                before = old[i] if old is not None and i < len(old) else UNCHANGED
+                values[i] = before
+                if before is UNCHANGED:
+                    missing.append(names[i])
+    if json_at:
+        values = list(values)
+        for i in json_at:
+            text = values[i]
+            if isinstance(text, str):
+                values[i] = orjson.Fragment(text)
+    row = dict(zip(names, values, strict=True))
+    for name in missing:
+        del row[name]
+    return orjson.dumps(row), orjson.dumps(missing) if missing else None
+
+
+def _shape(rel: Relation) -> tuple[list[str], list[int]]:
+    """A relation's column names and the positions of its json/jsonb columns (kept on it)."""
+    shape = rel.shape
+    if shape is None:
+        shape = rel.shape = (
+            [c.name for c in rel.columns],
+            [i for i, c in enumerate(rel.columns) if c.type_oid in JSON_TYPES],
+        )
+    return shape
 
 
 def _lsn(text: str) -> int:
