@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
+import aiohttp
 import asyncpg
+from prometheus_client.parser import text_string_to_metric_families
 
 import pgferry
 from pgferry import db
-from tests.helpers import eventually
+from tests.delivery.conftest import FAST, RunningRelay
+from tests.helpers import cli, eventually
 from tests.relay.test_relay import RelayProcess
 
 
@@ -82,3 +86,52 @@ async def test_a_standby_relay_takes_over_wal_capture_after_sigkill_and_the_log_
         await writer
         for relay in relays:
             relay.stop()
+
+
+async def test_status_metrics_and_dashboard_show_the_slot_its_lag_and_a_lost_slot(
+    conn: asyncpg.Connection, db_url: str, pgferry_cmd: list[str], ferry: pgferry.Ferry
+) -> None:
+    await conn.execute("create table t (id int primary key)")
+    assert (await cli(pgferry_cmd, db_url, "capture", "t", "--method", "wal")).stdout.strip() == (
+        "t is captured from the WAL (the relay decodes it) into stream public.t"
+    )
+    await conn.execute("create table filler (pad text)")
+    await conn.execute("insert into filler select repeat('x', 500) from generate_series(1, 2000)")  # ~1 MB unread
+    status = await cli(pgferry_cmd, db_url, "status")
+    assert status.returncode == 0, status.stderr
+    line = next(ln for ln in status.stdout.splitlines() if ln.startswith("WAL capture"))
+    lag = int(line.split("behind by ")[1].split(" bytes")[0].replace(",", ""))
+    assert "(1 table(s))" in line and lag > 1_000_000, line
+    assert "public.t" in status.stdout and " wal " in status.stdout  # the captured tables list the method
+
+    relay = RunningRelay(db_url, replace(FAST, metrics_port=0, dashboard_port=0, deliver=False))
+    try:
+
+        async def serving() -> bool:
+            return {"metrics", "dashboard"} <= relay.relay.addresses.keys()
+
+        await eventually(serving, what="the metrics and dashboard servers")
+        await conn.execute("insert into t select generate_series(1, 10)")
+
+        async def caught_up() -> bool:
+            events = await _metric(relay, "pgferry_wal_captured_events_total")
+            return events == 10 and await _metric(relay, "pgferry_wal_lag_bytes") < 100_000
+
+        await eventually(caught_up, timeout=15, what="the relay caught up, as the metrics say")
+        assert await _metric(relay, "pgferry_wal_slot_lost") == 0
+        async with aiohttp.ClientSession() as session, session.get(relay.relay.addresses["dashboard"]) as page:
+            html = await page.text()
+        assert "<h2>Capture from the WAL</h2>" in html and 'data-slot="pgferry_' in html
+    finally:
+        await relay.stop()
+
+    # A slot that went away: status says so in one line, with the way out.
+    await conn.execute("select pg_drop_replication_slot(slot_name) from ferry.wal_slot")
+    status = await cli(pgferry_cmd, db_url, "status")
+    assert "WAL capture stopped" in status.stdout
+
+
+async def _metric(relay: RunningRelay, name: str) -> float:
+    async with aiohttp.ClientSession() as session, session.get(relay.relay.addresses["metrics"]) as response:
+        text = await response.text()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)

@@ -144,9 +144,10 @@ class Dashboard:
             failures = await inspect.recent_failures(conn, None, 20)
             active = await backfills.listing(conn)
             behind = inspect.holding_back(await inspect.retention_status(conn))
+            wal = await inspect.wal_status(conn)
         return _html(
             pages.overview_page(
-                self._flash(request), rows, failures, relays, self.samples, self._controls(), active, behind
+                self._flash(request), rows, failures, relays, self.samples, self._controls(), active, behind, wal
             )
         )
 

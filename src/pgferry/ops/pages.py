@@ -124,12 +124,16 @@ def overview_page(
     controls: Controls,
     backfills: Sequence[BackfillProgress] = (),
     holding_back: Sequence[dict[str, Any]] = (),
+    wal: dict[str, Any] | None = None,
 ) -> str:
     body = [_flash(flash), _search_form(), '<div id="live">', "<h2>Subscriptions</h2>"]
     body.append(_subscriptions_table(rows, samples, controls))
     if holding_back:
         body.append("<h2>Retention: consumers holding the log back</h2>")
         body.append(_retention_table(holding_back))
+    if wal is not None:
+        body.append("<h2>Capture from the WAL</h2>")
+        body.append(_wal_table(wal))
     if backfills:
         body.append("<h2>Backfills</h2>")
         body.append(_backfills_table(backfills))
@@ -298,6 +302,18 @@ def _retention_table(rows: Sequence[dict[str, Any]]) -> str:
         )
     out.append("</table>")
     return "".join(out)
+
+
+def _wal_table(wal: dict[str, Any]) -> str:
+    """WAL capture's slot: how far behind the WAL the log is, or that it stopped and why."""
+    lost = wal["invalidated_at"] is not None or wal["wal_status"] in (None, "lost")
+    state = '<span class="bad">stopped</span>' if lost else f'<span class="ok">{esc(wal["wal_status"])}</span>'
+    return (
+        "<table><tr><th>slot</th><th>tables</th><th>state</th><th>behind (WAL bytes)</th><th>behind (s)</th>"
+        f'<th>note</th></tr><tr data-slot="{esc(wal["slot_name"])}"><td>{esc(wal["slot_name"])}</td>'
+        f"<td>{esc(wal['tables'])}</td><td>{state}</td><td>{wal['lag_bytes']:,}</td>"
+        f"<td>{wal['lag_seconds']:.1f}</td><td>{esc(wal['note'] or '')}</td></tr></table>"
+    )
 
 
 def _filter_note(row: dict[str, Any]) -> str:
