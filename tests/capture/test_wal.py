@@ -249,3 +249,48 @@ async def test_a_slot_that_went_away_is_reported_with_the_way_out(
         await conn.execute("insert into t values (1)")
         await wal.caught_up(conn)
     assert [e.payload["record"] for e in await read_all(ferry, conn, "c")] == [{"id": 1}]
+
+
+async def test_a_transaction_writing_a_trigger_and_a_wal_captured_table_delivers_both_in_order(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running
+) -> None:
+    """Each table's events in commit order, every event once; the WAL-captured table's events of
+    a transaction come after its trigger-captured ones (docs/capture.md, "Order")."""
+    await conn.execute("create table a (id int primary key)")
+    await conn.execute("create table b (id int primary key)")
+    await ferry.capture_table("a", stream="both")
+    await ferry.capture_table("b", stream="both", method="wal")
+    await ferry.register_consumer("c", ["both"])
+    for n in range(5):
+        async with conn.transaction():
+            await conn.execute("insert into a values ($1)", 2 * n)
+            await conn.execute("insert into b values ($1)", 2 * n)
+            await conn.execute("insert into a values ($1)", 2 * n + 1)
+            await conn.execute("insert into b values ($1)", 2 * n + 1)
+    await wal.caught_up(conn)
+    events = await read_all(ferry, conn, "c")
+    seen = [(e.payload["table"], e.payload["record"]["id"]) for e in events]
+    assert len(seen) == 20 and len(set(seen)) == 20
+    assert [i for t, i in seen if t == "a"] == list(range(10))
+    assert [i for t, i in seen if t == "b"] == list(range(10))
+
+
+async def test_switching_a_table_between_trigger_and_wal_loses_and_repeats_nothing(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running
+) -> None:
+    await conn.execute("create table t (id int primary key)")
+    await ferry.capture_table("t")
+    await ferry.register_consumer("c", ["public.t"])
+    await conn.execute("insert into t values (1)")
+    await ferry.capture_table("t", method="wal")
+    assert await conn.fetchval("select count(*) from pg_trigger where tgrelid = 't'::regclass") == 0
+    await conn.execute("insert into t values (2)")
+    await wal.caught_up(conn)
+    await ferry.capture_table("t")  # back to the trigger: out of the publication
+    await conn.execute("insert into t values (3)")
+    await wal.caught_up(conn)
+    await ferry.uncapture_table("t")
+    await conn.execute("insert into t values (4)")
+    await wal.caught_up(conn)
+    assert [e.payload["record"]["id"] for e in await read_all(ferry, conn, "c")] == [1, 2, 3]
+    assert await conn.fetchval("select count(*) from pg_publication_tables where tablename = 't'") == 0

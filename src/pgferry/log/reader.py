@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -67,35 +66,35 @@ class ReaderSettings:
 
 
 class StreamReader:
-    """``async for batch in reader`` yields non-empty batches until the loop is left."""
+    """``async for batch in reader`` yields non-empty batches until the loop is left.
+
+    The reader owns its iteration: ``aiter(reader)`` is the same iterator until ``close()``,
+    so a caller holding the reader may leave a loop and come back, or ack a batch after
+    leaving it. The connection and the consumer's lock live in a ``_Session`` that the
+    iterator and the batches refer to, never the reader itself: nothing refers back to
+    the reader, so a reader nobody holds (``async for batch in ferry.read(...)`` left
+    with ``break``) is freed at once, and with it the iterator, which closes the
+    connection and releases the consumer then, not when the cyclic garbage collector runs.
+    """
 
     def __init__(self, url: str, settings: ReaderSettings) -> None:
         if settings.start_at not in ("now", "beginning"):
             raise ValueError(f"start_at must be 'now' or 'beginning', not {settings.start_at!r}")
         self.url = url
         self.settings = settings
-        self._conn: asyncpg.Connection | None = None
-        #: one statement at a time on the connection: the reader's own, an ack, or a keepalive ping
-        self._busy = asyncio.Lock()
-        # Held weakly: the generator's frame holds the reader, so a strong reference back
-        # would make a cycle that only the cyclic garbage collector breaks, and a loop left
-        # with `break` would keep the connection (and the consumer's lock) until it ran.
-        # Weakly held, the generator is closed as soon as the loop lets go of it.
-        self._iterator: weakref.ref[AsyncGenerator[Batch, None]] | None = None
+        self._session = _Session(url, settings)
+        self._iterator: AsyncGenerator[Batch, None] | None = None
 
     def __aiter__(self) -> AsyncIterator[Batch]:
-        iterator = self._iterator() if self._iterator is not None else None
-        if iterator is None:
-            iterator = self._batches()
-            self._iterator = weakref.ref(iterator)
-        return iterator
+        if self._iterator is None:
+            self._iterator = self._session.batches()
+        return self._iterator
 
     async def close(self) -> None:
         """Stop reading: closes the connection, which releases the consumer to a standby."""
-        iterator = self._iterator() if self._iterator is not None else None
-        self._iterator = None
-        if iterator is not None:
-            await iterator.aclose()
+        if self._iterator is not None:
+            await self._iterator.aclose()
+            self._iterator = None
 
     async def __aenter__(self) -> StreamReader:
         return self
@@ -103,7 +102,18 @@ class StreamReader:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _batches(self) -> AsyncGenerator[Batch, None]:
+
+class _Session:
+    """A reader's connection and what runs on it: the batches, the keepalive, acks."""
+
+    def __init__(self, url: str, settings: ReaderSettings) -> None:
+        self.url = url
+        self.settings = settings
+        self._conn: asyncpg.Connection | None = None
+        #: one statement at a time on the connection: the reader's own, an ack, or a keepalive ping
+        self._busy = asyncio.Lock()
+
+    async def batches(self) -> AsyncGenerator[Batch, None]:
         first = True
         failures = 0
         while True:
