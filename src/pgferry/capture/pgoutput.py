@@ -52,8 +52,8 @@ class Relation:
     name: str
     replica_identity: str
     columns: list[Column]
-    #: what a consumer of the decoder derives once per relation (capture/wal.py: names, json columns)
-    shape: tuple[list[str], list[int]] | None = None
+    #: what a consumer of the decoder derives once per relation (capture/wal.py: names, typed columns)
+    shape: tuple[list[str], list[int], list[int], list[int]] | None = None
 
 
 @dataclass(slots=True)

@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 
 #: json and jsonb: their text is JSON already, and goes into the row object as JSON.
 JSON_TYPES = frozenset({114, 3802})
+#: int2, int4, int8, float4, float8, numeric: to_jsonb writes them as JSON numbers, as their text
+NUMBER_TYPES = frozenset({21, 23, 20, 700, 701, 1700})
+NOT_JSON_NUMBERS = frozenset({"NaN", "Infinity", "-Infinity"})
+BOOL = 16
 
 
 @dataclass
@@ -275,39 +279,45 @@ def _append(
 
 
 def _row(rel: Relation, values: list[object], old: list[object] | None) -> tuple[bytes, bytes | None]:
-    """The row as a JSON object of column => text (JSON for json/jsonb columns); an unchanged
-    TOASTed value is taken from the old row when the WAL has it, and listed as missing if not."""
-    names, json_at = _shape(rel)
+    """The row as a JSON object of column => value, as ``to_jsonb`` writes the types it can
+    from their text (numbers, booleans, json) and text otherwise (the database converts those,
+    ferry._append_wal). An unchanged TOASTed value is taken from the old row when the WAL has
+    it, and listed as missing if not."""
+    names, json_at, number_at, bool_at = _shape(rel)
     missing: list[str] = []
+    values = list(values)
     if UNCHANGED in values:
-        values = list(values)
         for i, value in enumerate(values):
             if value is UNCHANGED:
                 before = old[i] if old is not None and i < len(old) else UNCHANGED
                 values[i] = before
                 if before is UNCHANGED:
                     missing.append(names[i])
-    if json_at:
-        values = list(values)
-        for i in json_at:
-            text = values[i]
-            if isinstance(text, str):
-                values[i] = orjson.Fragment(text)
+    for i in json_at:
+        text = values[i]
+        if isinstance(text, str):
+            values[i] = orjson.Fragment(text)
+    for i in number_at:  # NaN and the infinities are strings in JSON, as to_jsonb writes them
+        text = values[i]
+        if isinstance(text, str) and text not in NOT_JSON_NUMBERS:
+            values[i] = orjson.Fragment(text)
+    for i in bool_at:
+        text = values[i]
+        if isinstance(text, str):
+            values[i] = text == "t"
     row = dict(zip(names, values, strict=True))
     for name in missing:
         del row[name]
     return orjson.dumps(row), orjson.dumps(missing) if missing else None
 
 
-def _shape(rel: Relation) -> tuple[list[str], list[int]]:
-    """A relation's column names and the positions of its json/jsonb columns (kept on it)."""
-    shape = rel.shape
-    if shape is None:
-        shape = rel.shape = (
-            [c.name for c in rel.columns],
-            [i for i, c in enumerate(rel.columns) if c.type_oid in JSON_TYPES],
-        )
-    return shape
+def _shape(rel: Relation) -> tuple[list[str], list[int], list[int], list[int]]:
+    """A relation's column names and where its json, number and boolean columns are (kept on it)."""
+    if rel.shape is None:
+        at = {kind: [i for i, c in enumerate(rel.columns) if c.type_oid in types]
+              for kind, types in (("json", JSON_TYPES), ("number", NUMBER_TYPES), ("bool", {BOOL}))}  # fmt: skip
+        rel.shape = ([c.name for c in rel.columns], at["json"], at["number"], at["bool"])
+    return rel.shape
 
 
 def _lsn(text: str) -> int:
