@@ -261,6 +261,11 @@ async def test_capture_from_the_wal_says_what_is_wrong(ferry: pgferry.Ferry, con
         await ferry.capture_table("t", method="logical")
     with pytest.raises(pgferry.PgferryError, match="nope"):
         await ferry.capture_table("nope", method="wal")
+    await conn.execute("create table quiet (id int primary key)")
+    await conn.execute("alter table quiet replica identity nothing")
+    with pytest.raises(pgferry.PgferryError, match=r"REPLICA IDENTITY NOTHING.*refuses its UPDATEs") as nothing:
+        await ferry.capture_table("quiet", method="wal")
+    assert "replica identity full" in str(nothing.value)
     async with conn.transaction():
         await conn.execute("insert into t values (1)")
         with pytest.raises(asyncpg.PostgresError, match="cannot create the replication slot") as refused:

@@ -34,14 +34,17 @@
 -- slot is created on the first such capture, before anything else this
 -- transaction writes (PostgreSQL refuses to create one after a write). A
 -- table with REPLICA IDENTITY DEFAULT is set to FULL, so that old_record
--- and unchanged TOASTed values are whole, as with triggers.
+-- and unchanged TOASTed values are whole, as with triggers; one with
+-- REPLICA IDENTITY NOTHING is refused (publishing it would make
+-- PostgreSQL refuse the table's UPDATEs and DELETEs).
 --
 -- Calls:   ferry._capture_condition, ferry._capture_function, ferry._check_columns, ferry._check_stream,
 --          ferry._current_partition, ferry._ensure_wal_slot, ferry._key_expression, ferry._record_expression,
 --          ferry.uncapture_table
 -- Reads:   ferry.wal_slot
 -- Writes:  ferry.captures, the publication (method 'wal')
--- Raises:  22023, 42601, 42703, 42809, 42P10, 42883 (changed_columns of a type without equality);
+-- Raises:  22023, 42601, 42703, 42809, 42P10, 42883 (changed_columns of a type without equality), 55000
+--          (method 'wal': REPLICA IDENTITY NOTHING, wal_level, the slot; ferry._ensure_wal_slot);
 --          what the condition raises (ferry._capture_condition)
 -- Runs as: the caller (SECURITY INVOKER)
 -- Callers: PUBLIC (the default)
@@ -92,6 +95,12 @@ begin
             using errcode = '22023';
     end if;
     if method = 'wal' then
+        if (select c.relreplident from pg_class c where c.oid = tbl) = 'n' then
+            raise exception 'pgferry: % has REPLICA IDENTITY NOTHING: once it is published, PostgreSQL refuses its UPDATEs and DELETEs', tbl
+                using errcode = '55000',
+                      hint = 'alter table ' || tbl::text || ' replica identity full (or default, with a primary key), '
+                             'or capture it with method => ''trigger''.';
+        end if;
         perform ferry._ensure_wal_slot();  -- first: a slot cannot be created after this transaction wrote
     end if;
 
