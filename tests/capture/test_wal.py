@@ -322,6 +322,28 @@ async def test_a_transaction_writing_a_trigger_and_a_wal_captured_table_delivers
     assert [i for t, i in seen if t == "b"] == list(range(10))
 
 
+async def test_a_partitioned_table_is_captured_as_itself(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running
+) -> None:
+    await conn.execute("create table m (id int, at date, primary key (id, at)) partition by range (at)")
+    await conn.execute("create table m_2025 partition of m for values from ('2025-01-01') to ('2026-01-01')")
+    await conn.execute("create table m_2026 partition of m for values from ('2026-01-01') to ('2027-01-01')")
+    await ferry.capture_table("m", method="wal")
+    await ferry.register_consumer("c", ["public.m"])
+    await conn.execute("insert into m values (1, '2025-06-01'), (2, '2026-06-01')")
+    await conn.execute("update m set at = '2026-02-01' where id = 1")  # moves to the other partition
+    await wal.caught_up(conn)
+    events = await read_all(ferry, conn, "c")
+    assert {e.payload["table"] for e in events} == {"m"}  # the partitioned table, not its partitions
+    # An UPDATE that moves a row to another partition is, in the WAL, a DELETE and an INSERT.
+    assert [(e.payload["type"], e.payload["record"], e.payload["old_record"]) for e in events] == [
+        ("INSERT", {"id": 1, "at": "2025-06-01"}, None),
+        ("INSERT", {"id": 2, "at": "2026-06-01"}, None),
+        ("DELETE", None, {"id": 1, "at": "2025-06-01"}),
+        ("INSERT", {"id": 1, "at": "2026-02-01"}, None),
+    ]
+
+
 async def test_switching_a_table_between_trigger_and_wal_loses_and_repeats_nothing(
     ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running
 ) -> None:

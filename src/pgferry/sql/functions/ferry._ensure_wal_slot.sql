@@ -65,7 +65,9 @@ begin
         end;
     end if;
     if not exists (select 1 from pg_publication p where p.pubname = 'pgferry_wal') then
-        create publication pgferry_wal;
+        -- A partitioned table's changes as the table's own (the relid capture_table knows),
+        -- not as its partitions'.
+        create publication pgferry_wal with (publish_via_partition_root = true);
     end if;
     delete from ferry.wal_slot;
     insert into ferry.wal_slot (slot_name, publication, lsn, note)
