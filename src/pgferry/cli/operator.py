@@ -288,7 +288,7 @@ def _relays_table(rows: list[dict[str, Any]]) -> None:
 
 def _wal_line(wal: dict[str, Any]) -> None:
     """WAL capture's slot: its lag, or what is wrong with it and the way out."""
-    if wal["invalidated_at"] is not None or wal["wal_status"] in (None, "lost"):
+    if wal["stopped"]:
         click.secho(f"WAL capture stopped: {wal['note'] or 'the replication slot is gone or invalidated'}", fg="red")
         return
     lag = f"{wal['lag_bytes']:,} bytes of WAL" + (f", {wal['lag_seconds']:.1f} s" if wal["lag_seconds"] else "")

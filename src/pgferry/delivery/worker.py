@@ -1,5 +1,10 @@
 """Delivering one subscription: new batches from the log, and parked retries.
 
+Three units: this worker runs the loops (what to send, when, and the cursor); the
+``Sender`` (sending.py) sends a round's events through the sink; the ``Bookkeeper``
+(bookkeeping.py) turns the answers into attempts, parked and dead events and records
+them with the cursor's move. Every sink goes through all three.
+
 Two loops run side by side. The batch loop takes the subscription's next
 log batch, sends it (up to ``max_in_flight`` requests at once), then in ONE
 transaction records every attempt, parks failures in ferry.retries (or dead
@@ -35,38 +40,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import zlib
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 
 from pgferry import db, sql
 from pgferry.aio import wait_for_event
+from pgferry.delivery.bookkeeping import Bookkeeper, Books
 from pgferry.delivery.context import (
-    IN_FLIGHT,
     PIPELINE_DEPTH,
     DeliveryContext,
-    Held,
-    InFlight,
     Outcome,
 )
-from pgferry.delivery.counters import RollingCounter
 from pgferry.delivery.health import Admission, Endpoint
 from pgferry.delivery.http import HttpResult
 from pgferry.delivery.model import OutEvent, Subscription
-from pgferry.delivery.retry import judge
+from pgferry.delivery.sending import Sender
 from pgferry.delivery.sink import Sink
 from pgferry.delivery.steps import Step, StepRefused
 
 log = logging.getLogger(__name__)
-
-ATTEMPT_COLUMNS = (
-    "subscription", "event_id", "attempt", "status", "error_class", "error", "response", "latency_ms", "created_at",
-)  # fmt: skip
 
 #: The fewest events a range is sized for after a read the byte bound cut (see _batch_loop).
 READ_SPAN_MIN = 32
@@ -78,10 +75,6 @@ CURSOR_MOVED = "PF001"
 OWNERSHIP_LOST = "PF002"
 
 
-#: What a parked in-flight event's row says (`pgferry trace` shows it as in flight).
-_IN_FLIGHT_NOTE = "in flight: no answer yet when its batch was recorded; the answer is recorded when it comes"
-#: An in-flight event is due again this long after its request's timeout, should the answer never be recorded.
-IN_FLIGHT_MARGIN = timedelta(seconds=5)
 #: Seconds between checks of held events against their max_age while the endpoint is down.
 EXPIRE_EVERY = 10.0
 #: What a probe turn given back unused reports (nothing was sent).
@@ -112,24 +105,6 @@ def sink_for(sub: Subscription, ctx: DeliveryContext) -> Sink:
 
 
 @dataclass
-class _Bookkeeping:
-    attempts: list[tuple[Any, ...]] = field(default_factory=list)
-    delivered: list[int] = field(default_factory=list)
-    park: list[tuple[Any, ...]] = field(default_factory=list)
-    bury: list[tuple[Any, ...]] = field(default_factory=list)
-    responses: list[tuple[Any, ...]] = field(default_factory=list)  # net._http_response rows (pg_net API)
-    gone: str | None = None
-    #: an attempt failed on the way to a delivery (a try on a kept-alive connection the server closed)
-    failed_tries: bool = False
-    #: set once these books are committed; answers to requests let go of wait for it
-    recorded: asyncio.Event | None = None
-
-    @property
-    def all_delivered(self) -> bool:
-        return not (self.park or self.bury or self.responses or self.gone or self.failed_tries)
-
-
-@dataclass
 class _Acks:
     """Delivered batches whose cursor move and attempts ride along with the worker's next step."""
 
@@ -137,7 +112,7 @@ class _Acks:
     end_tick: int
     attempts: list[tuple[Any, ...]]
 
-    def add(self, flight: _Flight, books: _Bookkeeping) -> None:
+    def add(self, flight: _Flight, books: Books) -> None:
         self.end_tick = flight.end_tick
         self.attempts.extend(books.attempts)
 
@@ -147,25 +122,12 @@ class _Acks:
 
 
 @dataclass
-class _Sending:
-    """The requests of one delivery round, so that the round can let go of slow ones."""
-
-    outcomes: list[Outcome] = field(default_factory=list)
-    #: chunks whose requests reached the wire and are unanswered, by id() of the chunk
-    in_flight: dict[int, Sequence[OutEvent]] = field(default_factory=dict)
-    let_go: bool = False
-    recorded: asyncio.Event = field(default_factory=asyncio.Event)
-    #: the endpoint admission the round already holds (its probe), else None: asked per request
-    admission: Admission | None = None
-
-
-@dataclass
 class _Flight:
     """A batch read from the log and being sent."""
 
     start_tick: int
     end_tick: int
-    task: asyncio.Task[_Bookkeeping]
+    task: asyncio.Task[Books]
 
 
 class SubscriptionWorker:
@@ -178,19 +140,21 @@ class SubscriptionWorker:
         self.sink: Sink = sink_for(sub, ctx)
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
-        self.in_flight = 0
-        self.limit = asyncio.Semaphore(sub.max_in_flight)
-        self.delivered = RollingCounter()
-        self.failed = RollingCounter()
+        #: records what rounds did; its counters are the worker's delivered and failed
+        self.books = Bookkeeper(ctx, epoch)
+        self.delivered = self.books.delivered
+        self.failed = self.books.failed
+        #: sends rounds of events through the sink; its answers to requests let go of come back here
+        self.sender = Sender(sub, self.sink, ctx, self.books.probes, self._answered_late)
         #: requests let go of by their round, and the recording of their answers
-        self.background: set[asyncio.Future[Any]] = set()
+        self.background = self.sender.background
         #: events parked as in flight whose answers are not recorded yet
-        self.let_go: set[int] = set()
+        self.let_go = self.sender.let_go
         #: wakes the retry loop: stopping, or the endpoint answering again
         self.retry_wake = asyncio.Event()
         self.release_parked = False
         #: events in requests sent as probes of a down endpoint, until their outcome is judged
-        self.probes: set[int] = set()
+        self.probes = self.books.probes
         self.endpoint: Endpoint | None = None
         #: the tick the batch loop has read up to while it waits with nothing to do (the relay's
         #: LogWatch moves it over ranges holding nothing for this subscription), else None
@@ -207,6 +171,11 @@ class SubscriptionWorker:
         self.retries_idle = False
         self._watch(sub)
 
+    @property
+    def in_flight(self) -> int:
+        """Events in requests in flight now (the relay's status and metrics)."""
+        return self.sender.in_flight
+
     def _watch(self, sub: Subscription) -> None:
         """Follow the health of the subscription's endpoint (none for pg_net: each request has
         its own URL and timeout, as in pg_net)."""
@@ -215,7 +184,7 @@ class SubscriptionWorker:
             return
         if self.endpoint is not None:
             self.ctx.health.unwatch(self.endpoint, self._endpoint_recovered)
-        self.endpoint = endpoint
+        self.endpoint = self.sender.endpoint = endpoint
         if endpoint is not None:
             self.ctx.health.watch(endpoint, self._endpoint_recovered)
 
@@ -230,14 +199,13 @@ class SubscriptionWorker:
     def update(self, sub: Subscription) -> None:
         """New settings take effect with the next request; the owning relay notices a change
         on its next round (every claim_interval seconds)."""
-        if sub.max_in_flight != self.sub.max_in_flight:
-            self.limit = asyncio.Semaphore(sub.max_in_flight)
         done_waiting = self.sub.waiting and not sub.waiting
         self.sub = sub
         if done_waiting:  # a new partition whose predecessors are gone: what it could not read, now
             self.wake.set()
             self.retry_wake.set()
         self.sink = sink_for(sub, self.ctx)
+        self.sender.follow(sub, self.sink)
         self._watch(sub)
 
     def skip(self, from_tick: int, to_tick: int) -> bool:
@@ -438,22 +406,22 @@ class SubscriptionWorker:
         async with self.ctx.pool.acquire() as conn:
             return await conn.fetchval(sql.query("consumer_tick"), self.sub.consumer)  # type: ignore[no-any-return]
 
-    async def _deliver_batch(self, events: Sequence[OutEvent], blocked: set[str]) -> _Bookkeeping:
+    async def _deliver_batch(self, events: Sequence[OutEvent], blocked: set[str]) -> Books:
         events = await self.sink.ready(events)
         return await self._deliver_and_account(events, blocked, from_batch=True)
 
     async def _deliver_and_account(
         self, events: Sequence[OutEvent], blocked: set[str], *, from_batch: bool, probe: bool = False
-    ) -> _Bookkeeping:
+    ) -> Books:
         """``probe``: the round is the endpoint's probe (one event; the worker reserved the turn)."""
         if not events:  # a batch with nothing for this subscription: only its range to acknowledge
             return self._account([], from_batch=from_batch)
-        outcomes, recorded = await self._deliver(events, blocked, probe)
+        outcomes, recorded = await self.sender.deliver(events, blocked, probe)
         books = self._account(outcomes, from_batch=from_batch)
         books.recorded = recorded
         return books
 
-    async def _wait(self, head: asyncio.Task[_Bookkeeping] | None, *, wake: bool) -> None:
+    async def _wait(self, head: asyncio.Task[Books] | None, *, wake: bool) -> None:
         """Until the oldest batch in flight is done, or (``wake``) the LogWatch wakes us."""
         waiters: set[asyncio.Future[Any]] = set() if head is None else {head}
         waker = asyncio.ensure_future(self.wake.wait()) if wake else None
@@ -524,158 +492,6 @@ class SubscriptionWorker:
             log.warning("subscription %s: %d held event(s) moved to dead letters (max_age passed)",
                         self.sub.name, expired)  # fmt: skip
 
-    # -- sending -----------------------------------------------------------
-
-    async def _send(
-        self, chunk: Sequence[OutEvent], on_wire: Callable[[], bool] | None = None, admission: Admission | None = None
-    ) -> HttpResult | Held:
-        sub, sink = self.sub, self.sink
-        prepared = sink.prepare(chunk)
-        if isinstance(prepared, HttpResult):
-            return prepared
-        endpoint = self.endpoint
-        if endpoint is None:
-            admission = Admission.SEND
-        elif admission is None:
-            admission = self.ctx.health.admit(endpoint)
-            if admission is Admission.HOLD:
-                return Held(self.ctx.health.down_note(endpoint))
-        if admission is Admission.PROBE:
-            self.probes.update(e.id for e in chunk)
-        gate = on_wire
-        held = False
-        if endpoint is not None and admission is Admission.SEND:
-
-            def gate() -> bool:  # the endpoint may have gone down while this waited for a slot
-                nonlocal held
-                if self.ctx.health.is_down(endpoint):
-                    held = True
-                    return False
-                return on_wire() if on_wire is not None else True
-
-        # The subscription's limit covers the batch and the retry loop together.
-        async with self.limit, self.ctx.global_limit:
-            self.in_flight += len(chunk)
-            try:
-                result = await sink.send(chunk, prepared, gate, fresh=admission is Admission.PROBE)
-            except Exception as exc:  # a bug of ours must cost a retry, not the worker
-                log.exception("subscription %s: unexpected error sending events %s", sub.name, [e.id for e in chunk])
-                result = HttpResult(None, "internal", f"pgferry internal error: {exc!r}", None, 0.0)
-            finally:
-                self.in_flight -= len(chunk)
-        if result.error_class == "withdrawn" and admission is Admission.PROBE:
-            self.probes.difference_update(e.id for e in chunk)  # never sent: nothing to judge
-        if endpoint is not None:
-            if held:
-                return Held(self.ctx.health.down_note(endpoint))
-            if self.ctx.health.report(endpoint, result, admission):
-                sink.endpoint_down()
-        return result
-
-    async def _deliver(
-        self, events: Sequence[OutEvent], blocked: set[str], probe: bool = False
-    ) -> tuple[list[Outcome], asyncio.Event | None]:
-        """Sends ``events``; returns their outcomes, and (when the round let go of slow
-        requests) the event to set once those outcomes are committed."""
-        sending = _Sending(admission=Admission.PROBE if probe else None)
-        work = asyncio.ensure_future(self._send_all(events, blocked, sending))
-        patience = self.ctx.detach_after if self.sink.may_let_go(self.ctx.detach_after) else None
-        try:
-            await asyncio.wait({work}, timeout=patience)
-        except BaseException:
-            work.cancel()
-            raise
-        if work.done() or not sending.in_flight:
-            await work
-            return sending.outcomes, None
-        # Let go: what was answered counts, requests in flight are parked as in flight,
-        # events not sent yet are parked as due now; the round's tasks stop after their
-        # current request, whose answer _answered_late records.
-        sending.let_go = True
-        self.background.add(work)
-        work.add_done_callback(self.background.discard)
-        in_flight = {e.id for chunk in sending.in_flight.values() for e in chunk}
-        self.let_go |= in_flight
-        settled = {e.id for e, _ in sending.outcomes}
-        outcomes = list(sending.outcomes)
-        for e in events:
-            if e.id in in_flight:
-                outcomes.append((e, IN_FLIGHT))
-            elif e.id not in settled:
-                outcomes.append((e, None))
-        log.info(
-            "subscription %s: %d event(s) in requests unanswered after %.1f s; moving on, their answers are "
-            "recorded when they come", self.sub.name, len(in_flight), patience,
-        )  # fmt: skip
-        return outcomes, sending.recorded
-
-    async def _send_all(self, events: Sequence[OutEvent], blocked: set[str], sending: _Sending) -> None:
-        sub = self.sub
-        batch_size = self.sink.batch_size
-        if not sub.ordered:
-            chunks = deque(events[i : i + batch_size] for i in range(0, len(events), batch_size))
-
-            async def drain() -> None:
-                while chunks and not sending.let_go:
-                    await self._send_in(sending, chunks.popleft())
-
-            await asyncio.gather(*(drain() for _ in range(min(sub.max_in_flight, len(chunks)))))
-            return
-
-        n_lanes = max(1, min(sub.max_in_flight, len(events)))
-        lanes: list[list[OutEvent]] = [[] for _ in range(n_lanes)]
-        for e in events:
-            lane = zlib.crc32(e.key.encode()) if e.key is not None else e.id
-            lanes[lane % n_lanes].append(e)
-
-        async def run_lane(lane_events: list[OutEvent]) -> None:
-            chunk: list[OutEvent] = []
-
-            async def flush() -> None:
-                result = await self._send_in(sending, list(chunk))
-                if result is not None and not result.ok:
-                    blocked.update(e.key for e in chunk if e.key is not None)
-                chunk.clear()
-
-            for e in lane_events:
-                if sending.let_go:
-                    return
-                if e.key is not None and e.key in blocked:
-                    sending.outcomes.append((e, None))
-                    continue
-                chunk.append(e)
-                if len(chunk) >= batch_size:
-                    await flush()
-            if chunk and not sending.let_go:
-                await flush()
-
-        await asyncio.gather(*(run_lane(lane) for lane in lanes if lane))
-
-    async def _send_in(self, sending: _Sending, chunk: Sequence[OutEvent]) -> HttpResult | Held | None:
-        """Sends ``chunk`` as part of ``sending``; None when the round let go of it meanwhile."""
-        key = id(chunk)
-
-        def on_wire() -> bool:  # the last moment a request can be taken back
-            if sending.let_go:
-                return False
-            sending.in_flight[key] = chunk
-            return True
-
-        try:
-            result = await self._send(chunk, on_wire, sending.admission)
-        finally:
-            wired = sending.in_flight.pop(key, None) is not None
-        if sending.let_go:
-            # Its events were parked when the round let go: as in flight if the request was
-            # on the wire (its answer is recorded now), as due now if it was not.
-            if wired and isinstance(result, HttpResult):
-                task = asyncio.create_task(self._answered_late(sending.recorded, chunk, result))
-                self.background.add(task)
-                task.add_done_callback(self.background.discard)
-            return None
-        sending.outcomes.extend((e, result) for e in chunk)
-        return result
-
     async def _answered_late(self, recorded: asyncio.Event, chunk: Sequence[OutEvent], result: HttpResult) -> None:
         """Records the answer to a request its round let go of, once the round's parking is committed."""
         await recorded.wait()
@@ -689,113 +505,14 @@ class SubscriptionWorker:
 
     # -- bookkeeping -------------------------------------------------------
 
-    def _account(self, outcomes: Sequence[Outcome], *, from_batch: bool) -> _Bookkeeping:
-        sub = self.sub
-        if self.ctx.observe is not None:
-            self.ctx.observe(sub.name, outcomes, from_batch)
-        now = datetime.now(UTC)
-        books = _Bookkeeping()
-        for event, result in outcomes:
-            if result is None:
-                books.park.append(_parked(event, event.attempts, now, now, None))
-                continue
-            if isinstance(result, Held):  # not sent: no attempt spent, due once the endpoint answers
-                books.park.append(_parked(event, event.attempts, event.first_failed_at or now, now, None,
-                                          error=result.note))  # fmt: skip
-                continue
-            if isinstance(result, InFlight):
-                due = now + timedelta(milliseconds=sub.timeout_ms) + IN_FLIGHT_MARGIN
-                books.park.append(_parked(event, event.attempts, event.first_failed_at or now, due, None,
-                                          error=_IN_FLIGHT_NOTE))  # fmt: skip
-                continue
-            attempt = event.attempts
-            for earlier in result.earlier:  # tries that reached the wire before this one
-                attempt += 1
-                books.failed_tries = True
-                books.attempts.append(
-                    (sub.name, event.id, attempt, earlier.status, earlier.error_class, earlier.error,
-                     earlier.response, earlier.latency_ms, now)
-                )  # fmt: skip
-            attempt += 1
-            books.attempts.append(
-                (sub.name, event.id, attempt, result.status, result.error_class, result.error,
-                 result.response, result.latency_ms, now)
-            )  # fmt: skip
-            if self.sink.delivered(result):
-                books.delivered.append(event.id)
-                self._respond(books, event, result)
-                continue
-            gone = self.sink.gone(result)
-            if gone is not None:
-                books.gone = f"{gone} at {now:%Y-%m-%d %H:%M:%S}Z; resume the subscription to retry"
-            first_failed = event.first_failed_at or now
-            probe = event.id in self.probes
-            if probe:
-                self.probes.discard(event.id)
-            verdict = judge(sub, result, attempt, first_failed, now, probe=probe)
-            if verdict.dead:
-                books.bury.append(_buried(event, attempt, first_failed, result))
-                self._respond(books, event, result)
-            else:
-                books.park.append(_parked(event, attempt, first_failed, verdict.next_attempt_at or now, result))
-        self.delivered.add(len(books.delivered))
-        self.failed.add(len(books.attempts) - len(books.delivered))
-        return books
+    def _account(self, outcomes: Sequence[Outcome], *, from_batch: bool) -> Books:
+        return self.books.account(self.sub, self.sink, outcomes, from_batch=from_batch)
 
-    def _respond(self, books: _Bookkeeping, event: OutEvent, result: HttpResult) -> None:
-        row = self.sink.response_row(event, result)
-        if row is not None:
-            books.responses.append(row)
-
-    async def _record(self, books: _Bookkeeping, *, advance: tuple[int, int] | None) -> None:
-        """Records attempts, parks and buries failures, and moves the cursor over the batch
-        (``advance``: from tick, to tick; None for parked retries), in one transaction."""
-        sub = self.sub
-        async with self.ctx.pool.acquire() as conn, conn.transaction():
-            if self.epoch is not None:  # still ours? (holds the consumer row against a new owner's claim)
-                await conn.execute(sql.query("fence"), sub.consumer, self.epoch)
-            if books.attempts:
-                await conn.copy_records_to_table(
-                    "attempts", schema_name="ferry", columns=ATTEMPT_COLUMNS, records=books.attempts
-                )
-            if books.park:
-                await conn.execute(sql.query("park"), sub.name, *zip(*books.park, strict=True))
-            if books.bury:
-                await conn.execute(sql.query("bury"), sub.name, *zip(*books.bury, strict=True))
-            if books.responses:
-                await conn.execute(sql.query("record_net_responses"), *zip(*books.responses, strict=True))
-                await conn.execute(sql.query("net_requests_done"), [row[0] for row in books.responses])
-            if advance is None:
-                done = books.delivered + [row[0] for row in books.bury]
-                if done:
-                    await conn.execute(sql.query("unpark"), sub.name, done)
-            if books.gone is not None:
-                log.warning("subscription %s disabled: %s", sub.name, books.gone)
-                await conn.execute(sql.query("disable_subscription"), sub.name, books.gone)
-                self.stop()
-            if advance is not None:
-                await conn.execute(sql.query("advance_consumer"), sub.consumer, *advance)
-        if books.recorded is not None:
-            books.recorded.set()
-        if books.park:  # the retry loop learns when they are due
+    async def _record(self, books: Books, *, advance: tuple[int, int] | None) -> None:
+        """Records ``books`` (bookkeeping.py); a subscription its endpoint made gone stops, and the
+        retry loop learns when newly parked events are due."""
+        await self.books.record(self.sub, books, advance=advance)
+        if books.gone is not None:
+            self.stop()
+        if books.park:
             self.retry_wake.set()
-        if books.bury:
-            log.warning("subscription %s: %d event(s) moved to dead letters", sub.name, len(books.bury))
-
-
-def _parked(
-    event: OutEvent, attempts: int, first_failed: datetime, next_at: datetime, result: HttpResult | None,
-    *, error: str | None = None,
-) -> tuple[Any, ...]:  # fmt: skip
-    return (
-        event.id, event.stream, event.key, event.payload, event.headers, event.created_at, attempts,
-        first_failed, next_at,
-        result.status if result else None, result.error if result else error, result.response if result else None,
-    )  # fmt: skip
-
-
-def _buried(event: OutEvent, attempts: int, first_failed: datetime, result: HttpResult) -> tuple[Any, ...]:
-    return (
-        event.id, event.stream, event.key, event.payload, event.headers, event.created_at, attempts,
-        first_failed, result.status, result.error, result.response,
-    )  # fmt: skip

@@ -227,10 +227,9 @@ class RelayMetrics:
 
     def set_wal(self, wal: Mapping[str, Any] | None) -> None:
         """WAL capture's slot gauges (all 0 when nothing is captured from the WAL)."""
-        lost = wal is not None and (wal["invalidated_at"] is not None or wal["wal_status"] in (None, "lost"))
         self.wal_lag_bytes.set(wal["lag_bytes"] if wal is not None else 0)
         self.wal_lag_seconds.set(wal["lag_seconds"] if wal is not None else 0)
-        self.wal_lost.set(1 if lost else 0)
+        self.wal_lost.set(1 if wal is not None and wal["stopped"] else 0)
 
     def set_backfills(self, backfills: Sequence[BackfillProgress]) -> None:
         """Replace the backfill gauges with the backfills running or paused now (finished ones vanish)."""

@@ -306,8 +306,8 @@ def _retention_table(rows: Sequence[dict[str, Any]]) -> str:
 
 def _wal_table(wal: dict[str, Any]) -> str:
     """WAL capture's slot: how far behind the WAL the log is, or that it stopped and why."""
-    lost = wal["invalidated_at"] is not None or wal["wal_status"] in (None, "lost")
-    state = '<span class="bad">stopped</span>' if lost else f'<span class="ok">{esc(wal["wal_status"])}</span>'
+    ok = f'<span class="ok">{esc(wal["wal_status"])}</span>'
+    state = '<span class="bad">stopped</span>' if wal["stopped"] else ok
     return (
         "<table><tr><th>slot</th><th>tables</th><th>state</th><th>behind (WAL bytes)</th><th>behind (s)</th>"
         f'<th>note</th></tr><tr data-slot="{esc(wal["slot_name"])}"><td>{esc(wal["slot_name"])}</td>'

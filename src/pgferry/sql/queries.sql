@@ -660,5 +660,6 @@ select w.slot_name, w.lsn::text as lsn_in_log, s.wal_status,
        case when s.confirmed_flush_lsn is null or pg_current_wal_lsn() - s.confirmed_flush_lsn > 65536
             then extract(epoch from now() - w.caught_up_at)::float8 else 0 end as lag_seconds,
        w.committed_at, w.invalidated_at, w.note,
+       (w.invalidated_at is not null or s.wal_status is null or s.wal_status = 'lost') as stopped,
        (select count(*) from ferry.captures c where c.method = 'wal' and c.uncaptured_at is null) as tables
 from ferry.wal_slot w left join pg_replication_slots s on s.slot_name = w.slot_name
