@@ -6,7 +6,9 @@ backfill`), writes a few rows and published events, prints
 them as a stream reader receives them, and delivers the table's changes as
 signed webhooks to a demo receiver that fails now and then, so a new user
 sees the whole path (capture -> log -> tick -> reader / webhook with
-retries) working in one command. It also writes "answers" word by word to
+retries) working in one command. A second table, of payments, is captured
+from the write-ahead log instead of by trigger (when the server runs with
+wal_level = logical), and its events reach the same reader. It also writes "answers" word by word to
 durable streams, one stream per answer, closed at its end, and serves a page
 that shows them live in a browser through the relay's streams API.
 """
@@ -53,6 +55,10 @@ create table if not exists public.demo_orders (
     item text not null,
     quantity int not null
 );
+create table if not exists public.demo_payments (
+    order_id bigint primary key,
+    amount numeric not null
+);
 """
 
 #: $1 rows, only into a table that is still empty (a demo run against an existing database adds none).
@@ -76,6 +82,8 @@ async def _writer(url: str, stop: asyncio.Event, interval: float) -> None:
                     "insert into public.demo_orders (item, quantity) values ($1, $2) returning id", item, n
                 )
                 await conn.execute("update public.demo_orders set quantity = quantity + 1 where id = $1", row_id)
+            # Its own transaction: a transaction's WAL-captured events reach the log after its trigger ones.
+            await conn.execute("insert into public.demo_payments values ($1, $2)", row_id, n * 1.5)
             await conn.execute("select ferry.publish('demo.greetings', $1, $2)", {"hello": n}, str(n))
             await wait_for_event(stop, interval)
     finally:
@@ -84,7 +92,8 @@ async def _writer(url: str, stop: asyncio.Event, interval: float) -> None:
 
 async def _reader(url: str, stop: asyncio.Event) -> None:
     async with pgferry.connect(url) as ferry:
-        reader = ferry.read("demo", streams=["public.demo_orders", "demo.greetings"], start_at="beginning")
+        streams = ["public.demo_orders", "public.demo_payments", "demo.greetings"]
+        reader = ferry.read("demo", streams=streams, start_at="beginning")
         async for batch in reader:
             for event in batch:
                 click.echo(
@@ -167,6 +176,11 @@ async def _backfill_existing_orders(ferry: pgferry.Ferry, stop: asyncio.Event) -
         await conn.execute("select ferry.capture_table('public.demo_orders')")
         await ferry.register_consumer("demo-archive", streams=["public.demo_orders"])
         backfill = await backfills.start(conn, "public.demo_orders", consumer="demo-archive")
+    try:  # needs wal_level = logical (the throwaway server has it) and the REPLICATION attribute
+        await ferry.capture_table("public.demo_payments", method="wal")
+        click.echo("demo: public.demo_payments is captured from the write-ahead log: no trigger, the relay decodes it")
+    except pgferry.PgferryError as exc:
+        click.echo(f"demo: not capturing public.demo_payments from the write-ahead log: {exc}")
     click.echo("demo: the table's existing orders, backfilled as READ events for the consumer demo-archive:")
     done = await drive(ferry, backfill, show=True, max_rate=None, stop=stop)
     click.echo(f"demo: backfill {backfill}: {done.state}, {done.rows_done:,} rows")

@@ -176,4 +176,5 @@ async def test_run_without_url_starts_a_throwaway_postgres_and_demo(pgferry_cmd:
     assert "throwaway PostgreSQL" in stdout
     assert "demo: backfill 1: done, 100,000 rows" in stdout  # the orders there before capture, as READ events
     assert "read event" in stdout and "public.demo_orders" in stdout and "demo.greetings" in stdout
+    assert "captured from the write-ahead log" in stdout and "stream=public.demo_payments" in stdout
     assert "webhook evt_" in stdout and "received:" in stdout

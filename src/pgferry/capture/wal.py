@@ -41,6 +41,9 @@ from pgferry.capture.replication import ReplicationError, ReplicationStream
 
 log = logging.getLogger(__name__)
 
+#: What ferry._ensure_wal_slot notifies when it creates the slot (a first WAL capture, a reset).
+WAL_CHANNEL = "pgferry_wal"
+
 #: json and jsonb: their text is JSON already, and goes into the row object as JSON.
 JSON_TYPES = frozenset({114, 3802})
 #: int2, int4, int8, float4, float8, numeric: to_jsonb writes them as JSON numbers, as their text
@@ -99,29 +102,44 @@ class WalCapture:
     async def run(self, stop: asyncio.Event) -> None:
         # The append must be durable before the slot moves past it: never synchronous_commit off here.
         await self.conn.execute("set synchronous_commit = on")
+        # A new slot is notified (the first WAL capture, a reset): the stream starts at once rather
+        # than at the next look. Stopping wakes the wait as well.
+        wake = asyncio.Event()
+        await self.conn.add_listener(WAL_CHANNEL, lambda *_: wake.set())
+        stopping = asyncio.ensure_future(stop.wait())
+        stopping.add_done_callback(lambda _: wake.set())
         failures = 0
-        while not stop.is_set():
-            slot = await self.conn.fetchrow(sql.query("wal_slot"))
-            if slot is None:  # nothing is captured from the WAL
-                await wait_for_event(stop, self.settings.recheck_interval)
-                continue
-            if slot["problem"] is not None:
-                await self._report_lost(slot)
-                await wait_for_event(stop, self.settings.recheck_interval)
-                continue
-            self._reported_lost = None
-            self.lsn = _lsn(slot["lsn"])
-            stream = ReplicationStream(self.url, slot["slot_name"], slot["publication"], self.lsn)
-            try:
-                await self._follow(stream, stop)
-                failures = 0
-            except ReplicationError as exc:
-                failures += 1
-                delay = backoff_delay(failures, base=0.2, cap=self.settings.max_backoff)
-                log.warning("WAL capture: %s; again in %.1f s", exc, delay)
-                await wait_for_event(stop, delay)
-            finally:
-                await stream.close()
+        try:
+            while not stop.is_set():
+                wake.clear()
+                slot = await self.conn.fetchrow(sql.query("wal_slot"))
+                if slot is None:  # nothing is captured from the WAL
+                    await wait_for_event(wake, self.settings.recheck_interval)
+                    continue
+                if slot["problem"] is not None:
+                    await self._report_lost(slot)
+                    await wait_for_event(wake, self.settings.recheck_interval)
+                    continue
+                failures = await self._stream(slot, stop, failures)
+        finally:
+            stopping.cancel()
+
+    async def _stream(self, slot: asyncpg.Record, stop: asyncio.Event, failures: int) -> int:
+        """Follow the slot until ``stop`` or the stream breaks; returns the failures in a row."""
+        self._reported_lost = None
+        self.lsn = _lsn(slot["lsn"])
+        stream = ReplicationStream(self.url, slot["slot_name"], slot["publication"], self.lsn)
+        try:
+            await self._follow(stream, stop)
+            return 0
+        except ReplicationError as exc:
+            failures += 1
+            delay = backoff_delay(failures, base=0.2, cap=self.settings.max_backoff)
+            log.warning("WAL capture: %s; again in %.1f s", exc, delay)
+            await wait_for_event(stop, delay)
+            return failures
+        finally:
+            await stream.close()
 
     async def _follow(self, stream: ReplicationStream, stop: asyncio.Event) -> None:
         """Append what the stream brings, a round at a time, until ``stop``.

@@ -11,7 +11,7 @@
 --
 -- Calls:   -
 -- Reads:   pg_replication_slots, pg_settings
--- Writes:  ferry.wal_slot, a replication slot, a publication
+-- Writes:  ferry.wal_slot, a replication slot, a publication; notifies pgferry_wal (a new slot)
 -- Raises:  55000 (wal_level is not logical, or the slot is gone), 25000 (the transaction wrote before), 42501 (no REPLICATION)
 -- Runs as: the caller (SECURITY INVOKER)
 -- Callers: PUBLIC (the default)
@@ -76,5 +76,6 @@ begin
                  then format('reset at %s: the log was complete up to %s, changes after it and before %s were not captured',
                              now(), w.lsn, v_lsn) end)
     returning * into w;
+    perform pg_notify('pgferry_wal', v_slot);  -- at commit: the relay starts streaming it now (capture/wal.py)
     return w;
 end $$;
