@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -103,3 +104,31 @@ async def owns(relay: Relay, n: int) -> bool:
 async def received(receiver: Receiver, n: int, prefix: str = "") -> bool:
     """Whether ``receiver`` has answered at least ``n`` requests to paths starting with ``prefix``."""
     return sum(1 for r in receiver.received if r.path.startswith(prefix)) >= n
+
+
+class RelayProcess:
+    """A `pgferry run` subprocess whose log lines are collected as they come."""
+
+    def __init__(self, cmd: list[str], url: str) -> None:
+        self.proc = subprocess.Popen(
+            [*cmd, "run", "--database-url", url],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.lines: list[str] = []
+        threading.Thread(target=self._collect, daemon=True).start()
+
+    def _collect(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip())
+
+    def logged(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()

@@ -14,8 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import pgferry
 from pgferry import db
 from tests.delivery.conftest import FAST, RunningRelay
-from tests.helpers import cli, eventually
-from tests.relay.test_relay import RelayProcess
+from tests.helpers import RelayProcess, cli, eventually
 
 
 async def wal_capture_holder(conn: asyncpg.Connection) -> int | None:

@@ -12,8 +12,7 @@ import asyncpg
 import pgferry
 import pgferry.db
 from pgferry.receiver import Receiver
-from tests.helpers import eventually
-from tests.relay.test_relay import RelayProcess
+from tests.helpers import RelayProcess, eventually
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 

@@ -25,8 +25,7 @@ from pgferry.delivery.brokers import Brokers, BrokerUnreachable
 from pgferry.ops import inspect
 from tests.delivery.conftest import RunningRelay
 from tests.delivery.test_webhooks import FAST_RETRY
-from tests.helpers import cli, eventually
-from tests.relay.test_relay import RelayProcess
+from tests.helpers import RelayProcess, cli, eventually
 
 needs_redis = pytest.mark.skipif(redis_server_binary() is None, reason="redis-server is not installed")
 

@@ -15,8 +15,7 @@ import pytest
 
 from pgferry.receiver import Hang, Receiver, Slow
 from tests.faults.conftest import Load, MakeReceiver, Tally, settle
-from tests.helpers import eventually
-from tests.relay.test_relay import RelayProcess
+from tests.helpers import RelayProcess, eventually
 
 
 def arrivals(receiver: Receiver) -> dict[str, list[float]]:

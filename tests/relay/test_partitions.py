@@ -18,8 +18,7 @@ from pgferry import sql
 from pgferry.delivery.model import consumer_name
 from pgferry.receiver import Received, Receiver, Respond, Slow
 from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually
-from tests.relay.test_relay import RelayProcess
+from tests.helpers import RelayProcess, eventually
 
 KEYS = 24
 

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 
@@ -15,35 +13,7 @@ import asyncpg
 import pytest
 
 import pgferry
-from tests.helpers import eventually
-
-
-class RelayProcess:
-    """A `pgferry run` subprocess whose log lines are collected as they come."""
-
-    def __init__(self, cmd: list[str], url: str) -> None:
-        self.proc = subprocess.Popen(
-            [*cmd, "run", "--database-url", url],
-            stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self.lines: list[str] = []
-        threading.Thread(target=self._collect, daemon=True).start()
-
-    def _collect(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line.rstrip())
-
-    def logged(self, text: str) -> bool:
-        return any(text in line for line in self.lines)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
+from tests.helpers import RelayProcess, eventually
 
 
 @pytest.fixture
