@@ -271,6 +271,12 @@ async def test_a_message_over_the_servers_max_payload_is_dead_lettered_with_the_
         server.close()
 
 
+async def _subscribe_both(conn: asyncpg.Connection, nats_url: str, redis_url: str, options: str) -> None:
+    """Subscriptions n (JetStream) and r (Redis Streams) to stream s, retrying fast, with ``options``."""
+    for name, target in (("n", nats_url), ("r", redis_url)):
+        await conn.execute(f"select ferry.subscribe('{name}', array['s'], '{target}', {options}, {FAST_RETRY})")
+
+
 @needs_redis
 async def test_brokers_down_and_back_get_everything_once_and_a_webhook_beside_them_is_not_held_up(
     relay: RunningRelay,
@@ -283,9 +289,7 @@ async def test_brokers_down_and_back_get_everything_once_and_a_webhook_beside_th
 ) -> None:
     await js.add_stream(name="DOWN", subjects=["down"])
     receiver, url = await receiver_factory()
-    for name, target in (("n", f"{nats_server.url}/down"), ("r", f"{redis_server.url}/0?stream=down")):
-        await conn.execute(f"select ferry.subscribe('{name}', array['s'], '{target}', timeout_ms => 1500, "
-                           f"{FAST_RETRY})")  # fmt: skip
+    await _subscribe_both(conn, f"{nats_server.url}/down", f"{redis_server.url}/0?stream=down", "timeout_ms => 1500")
     await ferry.subscribe("hook", ["s"], url)
     first = await ferry.publish("s", {"n": 0})
     client = redis_client(redis_server.port)
@@ -330,9 +334,8 @@ async def test_brokers_frozen_past_the_timeout_record_timeouts_and_end_with_each
     must not store them twice (JetStream drops a repeated Nats-Msg-Id, the Redis script a
     repeated event id), and the order per key still holds."""
     await js.add_stream(name="SLOW", subjects=["slow.>"])
-    for name, target in (("n", f"{nats_server.url}/slow.{{key}}"), ("r", f"{redis_server.url}/0?stream=slow:{{key}}")):
-        await conn.execute(f"select ferry.subscribe('{name}', array['s'], '{target}', timeout_ms => 500, "
-                           f"ordered => true, {FAST_RETRY})")  # fmt: skip
+    await _subscribe_both(conn, f"{nats_server.url}/slow.{{key}}", f"{redis_server.url}/0?stream=slow:{{key}}",
+                          "timeout_ms => 500, ordered => true")  # fmt: skip
     client = redis_client(redis_server.port)
     keys = ["a", "b"]
 
