@@ -140,6 +140,25 @@ async def test_a_table_of_plain_types_takes_the_fast_path_and_writes_what_trigge
     assert shape(await read_all(ferry, conn, "by_wal")) == by_trigger
 
 
+async def test_the_fast_path_keeps_only_the_columns_a_capture_names(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running
+) -> None:
+    for t, method in (("by_trigger", "trigger"), ("by_wal", "wal")):
+        await conn.execute(f'create table {t} (id int primary key, "x.n" text, secret text, n numeric)')
+        await ferry.capture_table(t, stream=t, method=method, columns=["n", "x.n"])
+        await ferry.register_consumer(t, [t])
+        await conn.execute(f"insert into {t} values (1, 'a', 's', 2.50)")
+        await conn.execute(f"update {t} set n = 3, secret = 't'")
+    await wal.caught_up(conn)
+    by_trigger = [
+        (e.key, e.payload["record"], e.payload["old_record"]) for e in await read_all(ferry, conn, "by_trigger")
+    ]
+    assert by_trigger[1] == ("1", {"n": 3, "x.n": "a"}, {"n": 2.5, "x.n": "a"})
+    assert [
+        (e.key, e.payload["record"], e.payload["old_record"]) for e in await read_all(ferry, conn, "by_wal")
+    ] == by_trigger
+
+
 async def slot_position(conn: asyncpg.Connection) -> str:
     return await conn.fetchval(  # type: ignore[no-any-return]
         "select s.confirmed_flush_lsn::text from pg_replication_slots s join ferry.wal_slot w using (slot_name)"

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 #: What ferry._ensure_wal_slot notifies when it creates the slot (a first WAL capture, a reset).
 WAL_CHANNEL = "pgferry_wal"
 
+#: The types written into the row object as to_jsonb writes them (ferry._append_wal's fast path
+#: lists the same types, with the text ones, as those it may store without converting).
 #: json and jsonb: their text is JSON already, and goes into the row object as JSON.
 JSON_TYPES = frozenset({114, 3802})
 #: int2, int4, int8, float4, float8, numeric: to_jsonb writes them as JSON numbers, as their text
@@ -57,7 +59,7 @@ class WalSettings:
     #: changes appended per statement, and the most a round holds before it commits at the next
     #: transaction boundary
     chunk: int = 5_000
-    #: how often a missing or invalidated slot, or a table newly captured, is looked at again
+    #: how often a missing or invalidated slot is looked at again (a new slot is notified)
     recheck_interval: float = 5.0
     #: backoff cap when the stream cannot be started (the slot read by a relay that is going away)
     max_backoff: float = 5.0

@@ -26,7 +26,8 @@
 -- across tables.
 -- Returns the number of events appended.
 --
--- Calls:   ferry._current_partition, ferry._key_expression, ferry._record_expression
+-- Calls:   ferry._current_partition, ferry._json_record_expression, ferry._key_expression,
+--          ferry._record_expression
 -- Reads:   ferry.captures
 -- Writes:  ferry.events_0..2, ferry.wal_slot
 -- Raises:  40001 (ferry.wal_slot.lsn is not from_lsn: another relay appended them)
@@ -69,7 +70,8 @@ begin
             v_ops := array_to_string(array(select case o when 'insert' then 'I' when 'update' then 'U' else 'D' end
                                            from unnest(c.operations) o), '');
             -- The fast path: every column of a type whose to_jsonb form the relay wrote as it is
-            -- (numbers, booleans, text, uuid, json), no condition and no changed_columns to
+            -- (numbers, booleans, text, uuid, json: capture/wal.py's NUMBER_TYPES, BOOL and
+            -- JSON_TYPES, the rest as JSON strings), no condition and no changed_columns to
             -- evaluate over a typed row, and a key whose text equals its JSON value's: the row
             -- object is the record, with no conversion through the table's row type.
             v_fast := c.condition is null and c.changed_columns is null
@@ -82,12 +84,8 @@ begin
                 v_key := case when cardinality(c.key_columns) = 1 then format('(x.n->>%L)', c.key_columns[1])
                               else format('jsonb_build_array(%s)::text', (select string_agg(format('x.n->%L', k), ', ')
                                                                          from unnest(c.key_columns) k)) end;
-                v_record := case when c.exclude_columns is not null then format('(x.n - %L::text[])', c.exclude_columns)
-                                 when c.columns is not null
-                                 then format('(select jsonb_object_agg(j.key, j.value) from jsonb_each(x.n) j '
-                                             'where j.key = any(%L::text[]))', c.columns)
-                                 else 'x.n' end;
-                v_old := replace(v_record, 'x.n', 'x.o');
+                v_record := ferry._json_record_expression(c.id, 'x.n');
+                v_old := ferry._json_record_expression(c.id, 'x.o');
                 v_from := '';
                 v_filter := 'true';
             else
