@@ -153,8 +153,6 @@ class SubscriptionWorker:
         #: wakes the retry loop: stopping, or the endpoint answering again
         self.retry_wake = asyncio.Event()
         self.release_parked = False
-        #: events in requests sent as probes of a down endpoint, until their outcome is judged
-        self.probes = self.books.probes
         self.endpoint: Endpoint | None = None
         #: the tick the batch loop has read up to while it waits with nothing to do (the relay's
         #: LogWatch moves it over ranges holding nothing for this subscription), else None
