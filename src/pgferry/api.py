@@ -171,7 +171,7 @@ class Ferry:
             if exc.sqlstate in _BAD_INPUT or exc.sqlstate.startswith("22") or exc.sqlstate == "54001":
                 raise InvalidEvent(str(exc)) from exc
             if exc.sqlstate == "55000":  # e.g. a closed stream
-                raise PgferryError(f"{exc} ({exc.hint})" if getattr(exc, "hint", None) else str(exc)) from exc
+                raise PgferryError(str(exc)) from exc
             raise
         except asyncpg.DataError as exc:  # could not even be encoded, e.g. a lone surrogate in a key
             raise InvalidEvent(str(exc)) from exc
@@ -228,8 +228,7 @@ class Ferry:
                 return await conn.fetchval(sql.query(query), *args)
             except asyncpg.PostgresError as exc:
                 if exc.sqlstate[:2] in ("22", "25", "42", "55"):  # the table, its settings, wal_level, rights
-                    hint = getattr(exc, "hint", None)
-                    raise PgferryError(f"{exc}; {hint}" if hint else str(exc)) from None
+                    raise PgferryError(str(exc)) from None  # asyncpg's text holds the DETAIL and HINT
                 raise
 
     # -- consuming ---------------------------------------------------------

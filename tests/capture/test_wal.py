@@ -17,8 +17,10 @@ from tests.helpers import eventually, read_all
 
 COLUMNS = """
     id int primary key, name text, qty numeric(10, 2), price float8, ok boolean, tags text[],
-    doc jsonb, raw json, at timestamptz, day date, uid uuid, blob bytea, big text, n bigint
+    doc jsonb, raw json, at timestamptz, day date, uid uuid, blob bytea, big text, n bigint,
+    label text generated always as (name || '#' || id) stored
 """
+# label: a stored generated column, which the WAL does not carry; computed again, as triggers see it.
 # Row 1's big is stored out of line (TOAST): md5 text does not compress below the 2 kB threshold.
 BIG = "(select string_agg(md5(g::text), '') from generate_series(1, 500) g)"
 ROWS = (
@@ -102,6 +104,7 @@ async def test_wal_capture_writes_the_events_trigger_capture_writes(
 
     assert len(by_trigger) == 8
     assert shape(by_wal) == shape(by_trigger)
+    assert by_trigger[3].payload["record"]["label"] == "spice!#1"
     assert {e.payload["table"] for e in by_wal} == {"by_wal"}
 
 
@@ -284,7 +287,7 @@ async def test_capture_from_the_wal_says_what_is_wrong(ferry: pgferry.Ferry, con
     await conn.execute("alter table quiet replica identity nothing")
     with pytest.raises(pgferry.PgferryError, match=r"REPLICA IDENTITY NOTHING.*refuses its UPDATEs") as nothing:
         await ferry.capture_table("quiet", method="wal")
-    assert "replica identity full" in str(nothing.value)
+    assert str(nothing.value).count("replica identity full") == 1  # the hint, once
     async with conn.transaction():
         await conn.execute("insert into t values (1)")
         with pytest.raises(asyncpg.PostgresError, match="cannot create the replication slot") as refused:
@@ -382,3 +385,43 @@ async def test_switching_a_table_between_trigger_and_wal_loses_and_repeats_nothi
     await wal.caught_up(conn)
     assert [e.payload["record"]["id"] for e in await read_all(ferry, conn, "c")] == [1, 2, 3]
     assert await conn.fetchval("select count(*) from pg_publication_tables where tablename = 't'") == 0
+
+
+# Every alias the generated statements use, as column names (a bare r named the column r).
+ALIAS_COLUMNS = "id int primary key, r int, n int, o int, x int, od int, nw int, s int, m int, pos int, c int"
+
+
+@pytest.mark.parametrize("path", ["fast", "converted"])
+async def test_columns_named_like_the_statements_aliases_are_just_columns(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running, path: str
+) -> None:
+    """Trigger capture, WAL capture (both paths) and a backfill write the same whole records."""
+    # A type the fast path does not take, and a generated column whose expression names r, n and x.
+    extra = ", at timestamptz, g int generated always as (r + n + x) stored" if path == "converted" else ""
+    for t, method in (("by_trigger", "trigger"), ("by_wal", "wal")):
+        await conn.execute(f"create table {t} ({ALIAS_COLUMNS}{extra})")
+        await ferry.capture_table(t, stream=t, method=method)
+        await ferry.register_consumer(t, [t])
+        await conn.execute(
+            f"insert into {t} (id, r, n, o, x, od, nw, s, m, pos, c) values (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)"
+        )
+        await conn.execute(f"insert into {t} (id) values (2)")  # r null: once a null record, refused by the log
+        await conn.execute(f"update {t} set n = n + 1, r = 20 where id = 1")
+        if method == "wal":
+            await wal.caught_up(conn)  # the changes in the log before the backfill's READs, as by trigger
+        backfill = await conn.fetchval("select ferry.backfill($1::text::regclass, consumer => $2)", t, t)
+        while (await conn.fetchrow("select * from ferry.backfill_chunk($1)", backfill))["state"] == "running":
+            pass
+        await conn.execute(f"delete from {t} where id = 2")
+    await wal.caught_up(conn)
+
+    def shape(events: list[pgferry.Event]) -> list[tuple[object, ...]]:
+        return [(e.key, e.payload["type"], e.payload["record"], e.payload["old_record"]) for e in events]
+
+    by_trigger = shape(await read_all(ferry, conn, "by_trigger"))
+    assert [(key, kind) for key, kind, *_ in by_trigger] == [
+        ("1", "INSERT"), ("2", "INSERT"), ("1", "UPDATE"), ("1", "READ"), ("2", "READ"), ("2", "DELETE")
+    ]  # fmt: skip
+    assert by_trigger[3][2] == {"id": 1, "r": 20, "n": 4, "o": 4, "x": 5, "od": 6, "nw": 7, "s": 8, "m": 9, "pos": 10,
+                                "c": 11} | ({"at": None, "g": 29} if extra else {})  # fmt: skip
+    assert shape(await read_all(ferry, conn, "by_wal")) == by_trigger

@@ -103,6 +103,19 @@ async def test_uncapture_and_operations(ferry: pgferry.Ferry, conn: asyncpg.Conn
     assert await conn.fetchval("select count(*) from pg_trigger where tgrelid = 't'::regclass") == 0
 
 
+async def test_capturing_and_uncapturing_say_nothing_on_the_side(conn: asyncpg.Connection) -> None:
+    """No NOTICE per call: capturing 200 tables from psql printed three "does not exist, skipping"
+    lines each."""
+    notices: list[str] = []
+    conn.add_log_listener(lambda _, message: notices.append(str(message)))
+    await conn.execute("create table t (id int primary key)")
+    for _ in range(2):  # first capture, capture again (replaced), then out
+        await conn.execute("select ferry.capture_table('t')")
+    await conn.execute("select ferry.uncapture_table('t')")
+    await conn.execute("select ferry.uncapture_table('t')")
+    assert notices == []
+
+
 async def test_capture_errors_name_the_problem(conn: asyncpg.Connection) -> None:
     await conn.execute("create table nopk (a int)")
     await conn.execute("create view v as select 1 as a")

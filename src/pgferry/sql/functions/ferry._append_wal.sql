@@ -18,7 +18,10 @@
 -- (jsonb_populate_record), so records equal to_jsonb of the row; a table
 -- whose columns are all numbers, booleans, text, uuid or json (the relay
 -- writes those as to_jsonb would) skips that conversion when the capture
--- has no condition or changed_columns (the fast path, measured below). Changes
+-- has no condition or changed_columns (the fast path, measured below).
+-- Stored generated columns, which the WAL does not carry before PostgreSQL
+-- 18, are computed again from the decoded row by their expressions (they
+-- are immutable), so their values are the ones triggers see. Changes
 -- of tables no longer captured with method 'wal' are dropped; the
 -- capture's condition, operations, changed_columns and column choice
 -- apply; TRUNCATE is an event with no key and no record. Event ids are
@@ -51,6 +54,7 @@ declare
     v_old    text;
     v_from   text;
     v_filter text;
+    v_generated text;
     v_n     integer;
     v_total integer := 0;
 begin
@@ -74,7 +78,14 @@ begin
             -- JSON_TYPES, the rest as JSON strings), no condition and no changed_columns to
             -- evaluate over a typed row, and a key whose text equals its JSON value's: the row
             -- object is the record, with no conversion through the table's row type.
-            v_fast := c.condition is null and c.changed_columns is null
+            -- Stored generated columns: the WAL does not carry them (pgoutput before PostgreSQL
+            -- 18), so they are computed again from the row, by their own expressions.
+            select string_agg(format('jsonb_build_object(%L, %s)', a.attname, pg_get_expr(d.adbin, d.adrelid)),
+                              ' || ' order by a.attnum)
+            into v_generated
+            from pg_attribute a join pg_attrdef d on d.adrelid = a.attrelid and d.adnum = a.attnum
+            where a.attrelid = c.relid and a.attnum > 0 and not a.attisdropped and a.attgenerated = 's';
+            v_fast := c.condition is null and c.changed_columns is null and v_generated is null
                 and not exists (select 1 from pg_attribute a where a.attrelid = c.relid and a.attnum > 0
                                 and not a.attisdropped and a.atttypid not in (21, 23, 20, 700, 701, 1700, 16, 25, 1043,
                                                                               1042, 19, 2950, 114, 3802))
@@ -92,9 +103,15 @@ begin
                 v_key := ferry._key_expression(c.id, 'r');
                 v_record := ferry._record_expression(c.id, 'r');
                 v_old := ferry._record_expression(c.id, 'od.o');
-                v_from := format('cross join lateral jsonb_populate_record(null::%1$s, x.n) r '
+                -- The generated columns' expressions see the row's columns by their bare names
+                -- (the innermost scope: the decoded row, s).
+                v_from := format('cross join lateral jsonb_populate_record(null::%1$s, x.n%2$s) r '
                                  'cross join lateral (select case when x.o is not null '
-                                 'then jsonb_populate_record(null::%1$s, x.o) end as o) od ', c.relid::regclass);
+                                 'then jsonb_populate_record(null::%1$s, x.o%3$s) end as o) od ', c.relid::regclass,
+                                 ' || (select ' || v_generated || format(' from jsonb_populate_record(null::%s, x.n) s)',
+                                                                         c.relid::regclass),
+                                 ' || (select ' || v_generated || format(' from jsonb_populate_record(null::%s, x.o) s)',
+                                                                         c.relid::regclass));
                 -- The condition over the row by name, in a scope of its own (bare names are the
                 -- table's columns, not this statement's); an UPDATE when its old or new row matches.
                 v_filter := case when c.condition is null then 'true'

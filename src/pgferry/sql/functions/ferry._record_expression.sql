@@ -7,11 +7,13 @@
 -- captured change would.
 -- capture: ferry.captures.id; row_expr: the row, an alias ('r') or a
 -- composite expression ('od.o').
--- Returns: to_jsonb(<row>) when the capture keeps every column (the text
--- capture generated before 0011); jsonb_build_object('a', <row>.a, ...) for
--- columns, in their given order (in pieces of 50 pairs joined by ||, since
--- a function takes at most 100 arguments); (to_jsonb(<row>) - '{...}')
--- for exclude_columns. Column names are quoted, so the result is safe to
+-- Returns: to_jsonb(<row>) when the capture keeps every column;
+-- jsonb_build_object('a', <row>.a, ...) for columns, in their given order
+-- (in pieces of 50 pairs joined by ||, since a function takes at most 100
+-- arguments); (to_jsonb(<row>) - '{...}') for exclude_columns. An alias
+-- is written r.*, never bare: a bare r names the column r when the table
+-- has one (backfills and WAL capture of such a table recorded that
+-- column's value as the whole record). Column names are quoted, so the result is safe to
 -- splice into a statement. Example, the rows of a backfill of capture c
 -- (the condition is deparsed, with unqualified column names: read the
 -- table alone, so they can name nothing else):
@@ -31,6 +33,7 @@ language plpgsql stable as $$
 declare
     v_columns text[];
     v_exclude text[];
+    v_whole   text;
     v_field   text;
     v_parts   text;
 begin
@@ -38,11 +41,12 @@ begin
     if not found then
         raise exception 'pgferry: no capture %', capture using errcode = '22023';
     end if;
+    v_whole := case when row_expr ~ '^[a-z_][a-z0-9_]*$' then row_expr || '.*' else row_expr end;
     if v_exclude is not null then
-        return format('(to_jsonb(%s) - %L::text[])', row_expr, v_exclude);
+        return format('(to_jsonb(%s) - %L::text[])', v_whole, v_exclude);
     end if;
     if v_columns is null then
-        return format('to_jsonb(%s)', row_expr);
+        return format('to_jsonb(%s)', v_whole);
     end if;
     -- r.a for an alias, (od.o).a for a composite expression.
     v_field := case when row_expr ~ '^[a-z_][a-z0-9_]*$' then row_expr || '.%I' else '(' || row_expr || ').%I' end;

@@ -22,7 +22,9 @@ begin
         if exists (select 1 from pg_trigger where tgrelid = tbl and tgname = 'pgferry_capture_' || v_op) then
             execute format('drop trigger pgferry_capture_%s on %s', v_op, tbl);
         end if;
-        execute format('drop function if exists %s()', ferry._capture_function(tbl, v_op));
+        if to_regprocedure(ferry._capture_function(tbl, v_op) || '()') is not null then  -- no NOTICE if not
+            execute format('drop function %s()', ferry._capture_function(tbl, v_op));
+        end if;
     end loop;
     -- The single function of captures made before 0003.
     if to_regprocedure(ferry._capture_function(tbl) || '()') is not null then
