@@ -4,6 +4,7 @@ WAL-captured table produces are the ones trigger capture writes for the same sta
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -425,3 +426,31 @@ async def test_columns_named_like_the_statements_aliases_are_just_columns(
     assert by_trigger[3][2] == {"id": 1, "r": 20, "n": 4, "o": 4, "x": 5, "od": 6, "nw": 7, "s": 8, "m": 9, "pos": 10,
                                 "c": 11} | ({"at": None, "g": 29} if extra else {})  # fmt: skip
     assert shape(await read_all(ferry, conn, "by_wal")) == by_trigger
+
+
+async def test_a_relay_role_without_replication_is_told_the_fix_and_captures_once_given_it(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As deployed: the relay as a login role in ferry_relay, not a superuser."""
+    role = f"relay_{os.getpid()}"  # roles are cluster-wide
+    await conn.execute(f"drop role if exists {role}")
+    await conn.execute(f"create role {role} login in role ferry_relay")
+    try:
+        await conn.execute("create table t (id int primary key, at timestamptz)")
+        await ferry.capture_table("t", method="wal")
+        await ferry.register_consumer("c", ["public.t"])
+        async with Running(db_url.replace("postgresql://postgres@", f"postgresql://{role}@", 1)) as wal:
+
+            async def told() -> bool:
+                return f"give it the REPLICATION attribute: alter role {role} replication" in caplog.text
+
+            await eventually(told, what="the fix in the log")
+            await conn.execute(f"alter role {role} replication")
+            await conn.execute("insert into t values (1, '2024-01-01Z')")
+            await wal.caught_up(conn, timeout=30)
+        assert [e.payload["record"] for e in await read_all(ferry, conn, "c")] == [
+            {"id": 1, "at": "2024-01-01T00:00:00+00:00"}
+        ]
+    finally:
+        await conn.execute(f"drop owned by {role}")
+        await conn.execute(f"drop role {role}")

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import psycopg2
+import psycopg2.extensions
 import psycopg2.extras
 
 #: messages a batch may hold (the thread hands over sooner when the server has no more)
@@ -141,7 +142,11 @@ class ReplicationStream:
                     select.select([conn], [], [], 0.05)
         except psycopg2.Error as exc:
             text = str(exc).strip()
-            if "no message from the libpq" in text or isinstance(exc, psycopg2.OperationalError):
+            if "replication role" in text or "REPLICATION attribute" in text:  # PostgreSQL 15; 16 and later
+                role = psycopg2.extensions.parse_dsn(self.url).get("user") or "<the relay's role>"
+                text = (f"the relay's role may not stream the WAL ({text}); give it the REPLICATION attribute: "
+                        f"alter role {role} replication")  # fmt: skip
+            elif "no message from the libpq" in text or isinstance(exc, psycopg2.OperationalError):
                 text = f"the replication connection was lost ({text})"  # libpq's words for a cut stream
             self._hand_over(ReplicationError(f"slot {self.slot}: {text}"))
         except BaseException as exc:  # noqa: BLE001 - the loop must hear of any end of the thread
