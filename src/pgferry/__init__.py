@@ -5,7 +5,7 @@ from pgferry.db import RawJSON
 from pgferry.errors import ConsumerStalled, DatabaseUnreachable, InvalidEvent, PgferryError, SchemaMissing
 from pgferry.log.events import Batch, Event
 from pgferry.streams.offsets import BadOffset, Offset
-from pgferry.streams.reader import OffsetExpired, StreamEvent
+from pgferry.streams.reader import OffsetAhead, OffsetExpired, StreamEvent
 
 __all__ = [
     "BadOffset",
@@ -16,6 +16,7 @@ __all__ = [
     "Ferry",
     "InvalidEvent",
     "Offset",
+    "OffsetAhead",
     "OffsetExpired",
     "PgferryError",
     "RawJSON",

@@ -247,6 +247,8 @@ async def test_bad_requests_get_clear_errors_and_the_relay_keeps_serving(
         "/events?wait=nan": (400, "wait must be a number of seconds from 0 to 30"),
         "/events?wait=1e9": (400, "wait must be"),
         "?after=99999999999999999999": (400, "not a stream offset"),
+        "?after=999999999-1": (400, "is ahead of this database's log"),  # SSE: once waited, silently
+        "/events?after=999999999-1": (400, "is ahead of this database's log"),
     }
     async with aiohttp.ClientSession() as session:
         for path, (status, message) in cases.items():

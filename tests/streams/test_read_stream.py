@@ -150,6 +150,20 @@ async def test_an_offset_older_than_retention_says_the_oldest_one_left(
         await take(ferry.read_stream("log:1", after="yesterday"), 1)
 
 
+async def test_an_offset_ahead_of_the_log_is_refused_not_waited_for(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """As after a restore from an older backup: waiting for the tick would skip, unseen, all
+    that is committed until then."""
+    await ferry.publish("log:2", {"n": 1})
+    newest = await tick(conn)
+    with pytest.raises(pgferry.OffsetAhead, match=f"newest position is {newest}-0") as ahead:
+        await take(ferry.read_stream("log:2", after=f"{newest + 1000}-5", poll_interval=0.05), 1)
+    assert isinstance(ahead.value, pgferry.PgferryError)
+    (event,) = await take(ferry.read_stream("log:2", after=f"{newest}-0", poll_interval=0.05), 1)
+    assert event.payload == {"n": 1}  # the newest position it names is one to read after
+
+
 async def test_a_closed_stream_that_retention_dropped_whole_ends_at_once_for_a_reader_from_its_start(
     ferry: pgferry.Ferry, conn: asyncpg.Connection
 ) -> None:

@@ -569,7 +569,8 @@ select coalesce((select min(p.open_tick) from ferry.partitions p where p.state <
 -- its end marker's id (NULL while open); the oldest retained tick (what "from the start" means);
 -- whether retention dropped the whole closed stream (the oldest tick sees the close committed);
 -- the tick its first event committed after, from the stream catalog (migration 0010), never
--- before the oldest; and the tick right before $2 (a reader resuming inside tick $2 reads from there).
+-- before the oldest; the tick right before $2 (a reader resuming inside tick $2 reads from there); and
+-- the newest tick (an offset past it is from another database, or from before a restore).
 with oldest as (
     select coalesce((select min(p.open_tick) from ferry.partitions p where p.state <> 'empty'),
                     (select max(t.id) from ferry.ticks t)) as tick
@@ -580,7 +581,8 @@ select c.end_event,
                 false) as dropped,
        greatest(o.tick, case when s.stream is not null then s.first_tick
                              else (select p.scanned_tick from ferry.stream_scan p) end) as first_tick,
-       (select max(t.id) from ferry.ticks t where t.id < $2) as tick_before
+       (select max(t.id) from ferry.ticks t where t.id < $2) as tick_before,
+       (select max(t.id) from ferry.ticks t) as newest
 from oldest o
 left join ferry.closed_streams c on c.stream = $1
 left join ferry.streams s on s.stream = $1

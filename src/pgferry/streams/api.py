@@ -48,7 +48,7 @@ from pgferry.errors import PgferryError, TokenStoreUnavailable
 from pgferry.relay.surface import is_loopback
 from pgferry.streams.hub import Follower, StreamHub
 from pgferry.streams.offsets import BadOffset, Offset
-from pgferry.streams.reader import OffsetExpired, Position, StreamEvent, is_end, read_range, start
+from pgferry.streams.reader import OffsetAhead, OffsetExpired, Position, StreamEvent, is_end, read_range, start
 from pgferry.streams.settings import ApiSettings
 
 log = logging.getLogger(__name__)
@@ -290,6 +290,8 @@ class StreamsApi:
                 return await start(conn, stream, after)
             except OffsetExpired as exc:
                 raise _error(410, str(exc)) from None
+            except OffsetAhead as exc:
+                raise _error(400, str(exc)) from None
 
     async def _history(self, stream: str, position: Position) -> tuple[list[StreamEvent], Position] | None:
         """The stream's events in the next range of history, or None once caught up with the hub."""

@@ -55,6 +55,19 @@ class OffsetExpired(PgferryError):
         self.oldest = oldest
 
 
+class OffsetAhead(PgferryError):
+    """The offset is past the newest tick: no reader of this database was ever given it."""
+
+    def __init__(self, offset: Offset, newest: Offset) -> None:
+        super().__init__(
+            f"offset {offset} is ahead of this database's log (its newest position is {newest}): it was "
+            "not given out here, or the database was restored from an older backup since. Read from the "
+            "start, or from the newest position to skip what is there"
+        )
+        self.offset = offset
+        self.newest = newest
+
+
 @dataclass(frozen=True, slots=True)
 class StreamEvent:
     offset: Offset
@@ -104,9 +117,12 @@ async def start(conn: asyncpg.Connection, stream: str, after: Offset | None) -> 
         return None
     if after.tick < oldest:
         raise OffsetExpired(after, Offset(oldest, 0))
+    if row["newest"] is not None and after.tick > row["newest"]:
+        # Waiting for that tick would skip every event committed until then, unseen.
+        raise OffsetAhead(after, Offset(int(row["newest"]), 0))
     if after.tick == oldest:
         return Position(oldest, after)
-    if row["tick_before"] is None:  # the tick is newer than any: nothing is after it yet
+    if row["tick_before"] is None:  # no retained tick before it: read from it
         return Position(after.tick, after)
     return Position(int(row["tick_before"]), after)
 
