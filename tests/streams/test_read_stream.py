@@ -157,6 +157,7 @@ async def test_an_offset_ahead_of_the_log_is_refused_not_waited_for(
     that is committed until then."""
     await ferry.publish("log:2", {"n": 1})
     newest = await tick(conn)
+    assert newest is not None
     with pytest.raises(pgferry.OffsetAhead, match=f"newest position is {newest}-0") as ahead:
         await take(ferry.read_stream("log:2", after=f"{newest + 1000}-5", poll_interval=0.05), 1)
     assert isinstance(ahead.value, pgferry.PgferryError)
