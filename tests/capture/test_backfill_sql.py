@@ -218,3 +218,18 @@ async def test_a_key_moved_past_the_chunk_while_it_waits_for_the_row_does_not_ma
 
 async def _waits_for_a_lock(conn: asyncpg.Connection, pid: int) -> bool:
     return bool(await conn.fetchval("select wait_event_type = 'Lock' from pg_stat_activity where pid = $1", pid))
+
+
+async def test_the_estimate_of_rows_exists_for_a_table_never_analyzed_and_counts_the_condition(
+    conn: asyncpg.Connection,
+) -> None:
+    """pg_class.reltuples is -1 until a table is analyzed: the progress bar had no total."""
+    await conn.execute("create table t (id int primary key, paid boolean)")
+    await conn.execute("insert into t select g, g % 10 = 0 from generate_series(1, 50000) g")
+    await conn.execute("select ferry.capture_table('t')")
+    backfill = await conn.fetchval("select ferry.backfill('t')")
+    estimate = await conn.fetchval("select rows_estimate from ferry.backfills where id = $1", backfill)
+    assert 25_000 <= estimate <= 100_000, estimate
+    await conn.execute("analyze t")
+    paid = await conn.fetchval("select ferry.backfill('t', condition => 'paid')")
+    assert 4_000 <= await conn.fetchval("select rows_estimate from ferry.backfills where id = $1", paid) <= 6_000

@@ -15,7 +15,7 @@
 -- Returns the backfill's id.
 --
 -- Calls:   -
--- Reads:   ferry.captures, ferry.consumers, ferry.subscriptions, pg_class, pg_index
+-- Reads:   ferry.captures, ferry.consumers, ferry.subscriptions, pg_index, the planner's estimate of tbl's rows
 -- Writes:  ferry.backfills
 -- Raises:  22023, 42704, 42P10, 55000, and the SQLSTATE of an invalid condition (42601, 42703, 42804, ...)
 -- Runs as: the caller (SECURITY INVOKER): the condition runs with the caller's rights
@@ -36,6 +36,7 @@ declare
     v_state   text;
     v_message text;
     v_id      bigint;
+    v_plan    json;
 begin
     select * into v_capture from ferry.captures c where c.relid = tbl and c.uncaptured_at is null;
     if not found then
@@ -89,10 +90,16 @@ begin
         end;
     end if;
 
+    -- The planner's estimate of the rows it will send (no scan): unlike pg_class.reltuples it
+    -- exists for a table never analyzed (from its size; reltuples is -1 then, and the progress
+    -- bar had no total) and for a partitioned one, and it counts only the rows the backfill's
+    -- and the capture's conditions keep.
+    execute format('explain (format json) select 1 from %s where (%s) and (%s)', tbl,
+                   coalesce(condition, 'true'), coalesce(v_capture.condition, 'true'))
+        into v_plan;
     insert into ferry.backfills (capture, relid, schema_name, table_name, target, condition, chunk_size, rows_estimate)
-    select v_capture.id, tbl, v_capture.schema_name, v_capture.table_name, v_target, backfill.condition,
-           backfill.chunk_size, case when c.reltuples >= 0 then c.reltuples::bigint end
-    from pg_class c where c.oid = tbl
+    values (v_capture.id, tbl, v_capture.schema_name, v_capture.table_name, v_target, backfill.condition,
+            backfill.chunk_size, round((v_plan -> 0 -> 'Plan' ->> 'Plan Rows')::numeric)::bigint)
     returning id into v_id;
     return v_id;
 end $$;
