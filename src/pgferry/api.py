@@ -18,7 +18,7 @@ import orjson
 
 from pgferry import db, sql
 from pgferry.delivery.signing import redact_secrets
-from pgferry.errors import InvalidEvent, PgferryError
+from pgferry.errors import InvalidEvent, PgferryError, one_line
 from pgferry.log.reader import ReaderSettings, StreamReader
 from pgferry.schema import check_installed
 from pgferry.streams.offsets import Offset
@@ -171,7 +171,7 @@ class Ferry:
             if exc.sqlstate in _BAD_INPUT or exc.sqlstate.startswith("22") or exc.sqlstate == "54001":
                 raise InvalidEvent(str(exc)) from exc
             if exc.sqlstate == "55000":  # e.g. a closed stream
-                raise PgferryError(str(exc)) from exc
+                raise PgferryError(one_line(exc)) from exc
             raise
         except asyncpg.DataError as exc:  # could not even be encoded, e.g. a lone surrogate in a key
             raise InvalidEvent(str(exc)) from exc
@@ -228,7 +228,7 @@ class Ferry:
                 return await conn.fetchval(sql.query(query), *args)
             except asyncpg.PostgresError as exc:
                 if exc.sqlstate[:2] in ("22", "25", "42", "55"):  # the table, its settings, wal_level, rights
-                    raise PgferryError(str(exc)) from None  # asyncpg's text holds the DETAIL and HINT
+                    raise PgferryError(one_line(exc)) from None
                 raise
 
     # -- consuming ---------------------------------------------------------

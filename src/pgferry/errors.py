@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 
+def one_line(exc: BaseException) -> str:
+    """A PostgreSQL error as one line: its message, then its detail and hint. asyncpg's str()
+    already holds them, each on a line of its own, so adding the hint to it said it twice."""
+    parts = [getattr(exc, "message", None) or str(exc), getattr(exc, "detail", None), getattr(exc, "hint", None)]
+    return "; ".join(p for p in parts if p)
+
+
 class PgferryError(Exception):
     """Base class for every error pgferry raises deliberately."""
 

@@ -364,7 +364,7 @@ async def test_key_and_record_expressions_give_backfills_what_a_capture_builds(c
     key, record = await conn.fetchrow(
         "select ferry._key_expression($1, 'r'), ferry._record_expression($1, 'r')", capture["id"]
     )
-    assert (key, record) == ("(r.id)::text", "(to_jsonb(r.*) - '{card_token}'::text[])")
+    assert (key, record) == ("(r.id)::text", "(to_jsonb(r) - '{card_token}'::text[])")
     rows = await conn.fetch(f"select {key} as key, {record} as record from only orders r where {capture['condition']}")
     assert [tuple(r) for r in rows] == [("1", {"id": 1, "note": None, "amount": 5, "status": "paid"})]
     for helper in ("_key_expression", "_record_expression"):

@@ -29,7 +29,7 @@ import asyncpg
 
 from pgferry import sql
 from pgferry.aio import wait_for_event
-from pgferry.errors import InvalidBackfill
+from pgferry.errors import InvalidBackfill, one_line
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +121,7 @@ def _refused(exc: asyncpg.PostgresError) -> InvalidBackfill | None:
     """The SQL functions' own refusals (a ``pgferry:`` message, whatever its SQLSTATE: an invalid
     condition keeps the parser's) and an unknown table (42P01, from the cast to regclass)."""
     if str(exc).startswith("pgferry:") or getattr(exc, "sqlstate", None) == "42P01":
-        hint = getattr(exc, "hint", None)
-        message = str(exc).removeprefix("pgferry: ")
-        return InvalidBackfill(f"{message} ({hint})" if hint else message)
+        return InvalidBackfill(one_line(exc).removeprefix("pgferry: "))
     return None
 
 

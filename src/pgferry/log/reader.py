@@ -33,7 +33,7 @@ import asyncpg
 from pgferry import db, sql
 from pgferry.aio import backoff_delay, wait_for_event
 from pgferry.db import CONNECTION_ERRORS
-from pgferry.errors import ConsumerStalled, DatabaseUnreachable
+from pgferry.errors import ConsumerStalled, DatabaseUnreachable, one_line
 from pgferry.log.events import Batch, Event
 from pgferry.schema import CONSUMER_LOCK_CLASS
 
@@ -158,7 +158,7 @@ class _Session:
                 await self._backoff(failures, "reconnect")
             except asyncpg.PostgresError as exc:
                 if exc.sqlstate == ConsumerStalled.SQLSTATE:
-                    raise ConsumerStalled(self.settings.consumer, _one_line(exc)) from None
+                    raise ConsumerStalled(self.settings.consumer, one_line(exc)) from None
                 raise
             finally:
                 keepalive.cancel()
@@ -249,9 +249,3 @@ class _Session:
                         "the batch will be read again", batch.consumer, batch.id, exc)  # fmt: skip
             return False
         return True
-
-
-def _one_line(exc: asyncpg.PostgresError) -> str:
-    """A SQL function's refusal as one line: its message, then its hint."""
-    hint = getattr(exc, "hint", None)
-    return f"{exc}; {hint}" if hint else str(exc)

@@ -11,9 +11,10 @@
 -- jsonb_build_object('a', <row>.a, ...) for columns, in their given order
 -- (in pieces of 50 pairs joined by ||, since a function takes at most 100
 -- arguments); (to_jsonb(<row>) - '{...}') for exclude_columns. An alias
--- is written r.*, never bare: a bare r names the column r when the table
--- has one (backfills and WAL capture of such a table recorded that
--- column's value as the whole record). Column names are quoted, so the result is safe to
+-- that is also a column's name is written r.*: a bare r names the column
+-- (backfills and WAL capture of a table with a column r recorded that
+-- column's value as the whole record). Otherwise bare, so that triggers
+-- without options keep the text of 0010. Column names are quoted, so the result is safe to
 -- splice into a statement. Example, the rows of a backfill of capture c
 -- (the condition is deparsed, with unqualified column names: read the
 -- table alone, so they can name nothing else):
@@ -22,7 +23,7 @@
 --                  c.relid::regclass, coalesce(c.condition, 'true'));
 --
 -- Calls:   -
--- Reads:   ferry.captures
+-- Reads:   ferry.captures, pg_attribute
 -- Writes:  -
 -- Raises:  22023 (no such capture)
 -- Runs as: the caller (SECURITY INVOKER)
@@ -41,7 +42,11 @@ begin
     if not found then
         raise exception 'pgferry: no capture %', capture using errcode = '22023';
     end if;
-    v_whole := case when row_expr ~ '^[a-z_][a-z0-9_]*$' then row_expr || '.*' else row_expr end;
+    v_whole := case when row_expr ~ '^[a-z_][a-z0-9_]*$'
+                         and exists (select 1 from ferry.captures c join pg_attribute a on a.attrelid = c.relid
+                                     where c.id = capture and a.attname = row_expr and a.attnum > 0
+                                       and not a.attisdropped)
+                    then row_expr || '.*' else row_expr end;
     if v_exclude is not null then
         return format('(to_jsonb(%s) - %L::text[])', v_whole, v_exclude);
     end if;
