@@ -123,6 +123,30 @@ async def test_apply_refuses_bad_files_before_touching_anything(
     assert await conn.fetchval("select count(*) from ferry.subscriptions") == 0
 
 
+async def test_a_dry_run_refuses_what_applying_would_naming_the_subscription(
+    pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """A dry run once passed settings only ferry.subscribe checks (CI would say a file is fine
+    that then fails to apply), and a number out of int32 range was a traceback."""
+    path = tmp_path / "pgferry.toml"
+    head = '[subscriptions.ok]\nstreams = ["s"]\nurl = "http://127.0.0.1:9/"\n\n[subscriptions.bad]\nstreams = ["s"]\n'
+    cases = {
+        'url = "http://127.0.0.1:9/"\nmax_attempts = -3': "[subscriptions.bad]: pgferry: max_attempts must be between",
+        'url = "http://127.0.0.1:9/"\npartitions = 0': "[subscriptions.bad]: pgferry: partitions must be between",
+        'url = "http://127.0.0.1:9/"\nmax_age = "soon"': "[subscriptions.bad]: invalid input syntax for type interval",
+        'url = "nats://127.0.0.1:4222/o.{nope}"': "[subscriptions.bad]: pgferry: 'nats://127.0.0.1:4222/o.{nope}' has",
+        'url = "http://127.0.0.1:9/"\nfilter = "$.("': "[subscriptions.bad]: pgferry: ",
+        'url = "http://127.0.0.1:9/"\ntimeout_ms = 99999999999999': "timeout_ms = 99999999999999 is out of range",
+    }
+    for body, says in cases.items():
+        path.write_text(head + body + "\n")
+        for dry in (["--dry-run"], []):
+            result = await cli(pgferry_cmd, db_url, "apply", str(path), *dry)
+            assert result.returncode == 1 and says in result.stderr, (body, dry, result.stderr)
+            assert "Traceback" not in result.stderr and "HINT:" not in result.stderr, result.stderr
+    assert await conn.fetchval("select count(*) from ferry.subscriptions") == 0
+
+
 BROKERS = """
 [subscriptions.to-nats]
 streams = ["public.orders"]

@@ -259,8 +259,7 @@ def apply(database_url: str | None, path: Path, dry_run: bool, prune: bool, as_j
     async def go() -> list[applying.Change]:
         async with pgferry.connect(url, pool_size=1) as f, f.pool.acquire() as conn:
             changes = await applying.plan(conn, desired, prune=prune)
-            if not dry_run:
-                await applying.execute(conn, changes)
+            await applying.execute(conn, changes, dry_run=dry_run)
             return changes
 
     changes = run_coroutine(go())

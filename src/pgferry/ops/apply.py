@@ -29,7 +29,7 @@ import asyncpg
 import orjson
 
 from pgferry import sql
-from pgferry.errors import PgferryError
+from pgferry.errors import PgferryError, one_line
 
 MANAGED_BY = "apply"
 
@@ -125,6 +125,8 @@ def _desired(path: Path, name: str, spec: Any, env: Mapping[str, str]) -> Desire
         expected = _TYPES[key]
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
             raise PgferryError(f"{where}: {key} has the wrong type ({type(value).__name__})")
+        if isinstance(value, int) and not -(2**31) <= value < 2**31:  # ferry.subscribe checks the real bounds
+            raise PgferryError(f"{where}: {key} = {value} is out of range")
     for key in ("streams", "url"):
         if key not in spec:
             raise PgferryError(f"{where}: {key} is required")
@@ -171,8 +173,6 @@ def _shown_url(url: str) -> str:
 
 
 async def plan(conn: asyncpg.Connection, desired: list[Desired], *, prune: bool = False) -> list[Change]:
-    for want in desired:
-        await _check_filter(conn, want)
     current = {r["name"]: dict(r) for r in await conn.fetch(sql.query("subscription_settings"))}
     changes: list[Change] = []
     for want in desired:
@@ -246,48 +246,50 @@ async def plan(conn: asyncpg.Connection, desired: list[Desired], *, prune: bool 
     return changes
 
 
-async def execute(conn: asyncpg.Connection, changes: list[Change]) -> None:
-    """Carry out a plan in one transaction."""
+async def execute(conn: asyncpg.Connection, changes: list[Change], *, dry_run: bool = False) -> None:
+    """Carry out a plan in one transaction; ``dry_run``: roll it back, so that a dry run refuses
+    what applying would (every check ferry.subscribe makes), not only what the plan checks."""
+    transaction = conn.transaction()
+    await transaction.start()
     try:
-        async with conn.transaction():
-            for change in changes:
-                want = change.desired
-                if change.action == "remove":
-                    await conn.execute(sql.query("unsubscribe"), change.name)
-                    continue
-                if want is None or change.action == "unchanged":
-                    continue
-                if change.action in ("create", "update"):
-                    s = want.settings
-                    await conn.execute(
-                        sql.query("subscribe"), want.name, want.streams, want.url, s["batch_size"],
-                        s["max_in_flight"], s["ordered"], None, orjson.dumps(want.headers).decode(), s["timeout_ms"],
-                        s["max_attempts"], s["max_age"], s["retry_base_ms"], s["retry_max_ms"],
-                        s["connect_timeout_ms"], "beginning" if want.from_beginning else "now", s["filter"],
-                        s["partitions"],
-                    )  # fmt: skip
-                    if change.action == "create" or "secrets" in change.fields:
-                        await conn.execute(sql.query("set_secrets"), want.name, want.secrets)
-                    if "credentials" in change.fields:
-                        credentials = orjson.dumps(want.credentials).decode()
-                        await conn.execute(sql.query("set_credentials"), want.name, credentials)
-                await conn.execute(sql.query("set_managed_by"), want.name, MANAGED_BY)
-    except asyncpg.PostgresError as exc:
-        if exc.sqlstate in ("22023", "22004", "42704", "22007", "22008", "55000"):
-            raise PgferryError(str(exc)) from exc
+        for change in changes:
+            try:
+                await _carry_out(conn, change)
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate[:2] in ("22", "42", "55"):  # the file's values, names, state
+                    raise PgferryError(f"[subscriptions.{change.name}]: {one_line(exc)}") from None
+                raise
+    except BaseException:
+        await transaction.rollback()
         raise
+    if dry_run:
+        await transaction.rollback()
+    else:
+        await transaction.commit()
 
 
-async def _check_filter(conn: asyncpg.Connection, want: Desired) -> None:
-    """A filter ferry.subscribe would refuse fails the plan, naming the subscription, before anything changes."""
-    if want.settings["filter"] is None:
+async def _carry_out(conn: asyncpg.Connection, change: Change) -> None:
+    want = change.desired
+    if change.action == "remove":
+        await conn.execute(sql.query("unsubscribe"), change.name)
         return
-    try:
-        await conn.execute(sql.query("filter_check"), want.settings["filter"])
-    except asyncpg.PostgresError as exc:
-        if exc.sqlstate == "22023":
-            raise PgferryError(f"[subscriptions.{want.name}]: {exc}") from exc
-        raise
+    if want is None or change.action == "unchanged":
+        return
+    if change.action in ("create", "update"):
+        s = want.settings
+        await conn.execute(
+            sql.query("subscribe"), want.name, want.streams, want.url, s["batch_size"],
+            s["max_in_flight"], s["ordered"], None, orjson.dumps(want.headers).decode(), s["timeout_ms"],
+            s["max_attempts"], s["max_age"], s["retry_base_ms"], s["retry_max_ms"],
+            s["connect_timeout_ms"], "beginning" if want.from_beginning else "now", s["filter"],
+            s["partitions"],
+        )  # fmt: skip
+        if change.action == "create" or "secrets" in change.fields:
+            await conn.execute(sql.query("set_secrets"), want.name, want.secrets)
+        if "credentials" in change.fields:
+            credentials = orjson.dumps(want.credentials).decode()
+            await conn.execute(sql.query("set_credentials"), want.name, credentials)
+    await conn.execute(sql.query("set_managed_by"), want.name, MANAGED_BY)
 
 
 def _shown_headers(want: Desired) -> dict[str, str]:

@@ -290,10 +290,6 @@ select ferry.subscribe($1, $2, $3, batch_size => $4, max_in_flight => $5, ordere
                        retry_base_ms => $12, retry_max_ms => $13, connect_timeout_ms => $14, start_at => $15,
                        filter => $16, partitions => $17)
 
--- name: filter_check
--- Refuse a subscription filter that ferry.subscribe would refuse, with its reason (`pgferry apply` plans with it).
-select ferry._check_filter(filter => $1)
-
 -- name: unknown_streams
 -- Which of the streams $1 nothing has written yet (see migration 0008), in the order given.
 select ferry._unknown_streams($1::text[])
