@@ -24,9 +24,6 @@ from pgferry.schema import check_installed
 from pgferry.streams.offsets import Offset
 from pgferry.streams.reader import StreamEvent, read_stream
 
-#: SQLSTATEs our SQL functions use for bad arguments.
-_BAD_INPUT = {"22023", "22004"}
-
 
 def _list(values: Sequence[str] | None) -> list[str] | None:
     return None if values is None else list(values)
@@ -168,7 +165,7 @@ class Ferry:
                 return await (pooled.fetch(query, *args) if many else pooled.fetchval(query, *args))
         except asyncpg.PostgresError as exc:
             # 22xxx: data exceptions, e.g. NUL or invalid UTF-8 in a stream name, too deeply nested JSON
-            if exc.sqlstate in _BAD_INPUT or exc.sqlstate.startswith("22") or exc.sqlstate == "54001":
+            if exc.sqlstate.startswith("22") or exc.sqlstate == "54001":
                 raise InvalidEvent(str(exc)) from exc
             if exc.sqlstate == "55000":  # e.g. a closed stream
                 raise PgferryError(one_line(exc)) from exc
@@ -384,8 +381,11 @@ class Ferry:
             try:
                 return await getattr(conn, method)(sql.query(query), *args)
             except asyncpg.PostgresError as exc:
-                if exc.sqlstate in _BAD_INPUT or exc.sqlstate in ("42704", "55000", "22007", "22008"):
-                    raise PgferryError(redact_secrets(str(exc))) from None
+                if exc.sqlstate[:2] == "22" or exc.sqlstate in ("42704", "55000"):  # the values given, names
+                    text = str(exc)
+                    if text.startswith("invalid input for query argument"):  # asyncpg's, e.g. 2^40 for an int4
+                        text = f"pgferry: a value does not fit: {text.partition(': ')[2]}"
+                    raise PgferryError(redact_secrets(text)) from None
                 raise
 
 

@@ -48,6 +48,11 @@ async def test_cli_errors_are_clear(pgferry_cmd: list[str], db_url: str) -> None
     header = await cli(pgferry_cmd, db_url, "subscription", "add", "x", "--url", "http://h/", "--stream", "s",
                        "--header", "novalue")  # fmt: skip
     assert header.returncode == 2 and "NAME=VALUE" in header.stderr
+    for option, value, says in [("--timeout-ms", "99999999999999", "a value does not fit: 99999999999999"),
+                                ("--max-age", "soon", 'invalid input syntax for type interval: "soon"')]:  # fmt: skip
+        result = await cli(pgferry_cmd, db_url, "subscription", "add", "x", "--url", "http://h/", "--stream", "s",
+                           option, value)  # fmt: skip
+        assert result.returncode == 1 and says in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
 async def test_dlq_and_status_from_the_cli(
