@@ -14,6 +14,7 @@ import pgferry
 from pgferry import db
 from pgferry.capture.replication import ReplicationStream
 from pgferry.capture.wal import WalCapture, WalSettings
+from pgferry.ops import inspect
 from tests.helpers import eventually, read_all
 
 COLUMNS = """
@@ -454,3 +455,34 @@ async def test_a_relay_role_without_replication_is_told_the_fix_and_captures_onc
     finally:
         await conn.execute(f"drop owned by {role}")
         await conn.execute(f"drop role {role}")
+
+
+async def test_a_change_that_cannot_be_appended_holds_capture_says_why_and_goes_on_once_fixed(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running
+) -> None:
+    """A trigger's error fails the writer; from the WAL the row is committed already. Capture
+    holds there (nothing later may enter the log first) and says why where status shows it."""
+    await conn.execute("create table risky (id int primary key, v int)")
+    await conn.execute("create table other (id int primary key)")
+    await ferry.capture_table("risky", method="wal", condition="10 / (v - 5) > 0")
+    await ferry.capture_table("other", method="wal")
+    await ferry.register_consumer("c", ["public.risky", "public.other"])
+    await conn.execute("insert into risky values (1, 6)")
+    await conn.execute("insert into risky values (2, 5)")  # division by zero in the condition
+    await conn.execute("insert into other values (1)")
+
+    async def failing() -> bool:
+        return await conn.fetchval("select error from ferry.wal_slot") is not None
+
+    await eventually(failing, what="the error recorded")
+    error = await conn.fetchval("select error from ferry.wal_slot")
+    assert "cannot append the changes of public.risky" in error and "division by zero" in error, error
+    status = await inspect.wal_status(conn)
+    assert status is not None and status["error"] == error
+    assert await conn.fetchval("select count(*) from ferry.events where stream = 'public.other'") == 0  # held
+
+    await ferry.capture_table("risky", method="wal", condition="case when v = 5 then false else 10 / (v - 5) > 0 end")
+    await wal.caught_up(conn)
+    assert await conn.fetchval("select error from ferry.wal_slot") is None
+    events = await read_all(ferry, conn, "c")
+    assert [(e.stream, e.key) for e in events] == [("public.risky", "1"), ("public.other", "1")]

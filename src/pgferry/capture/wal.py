@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,6 +39,7 @@ from pgferry import db, sql
 from pgferry.aio import backoff_delay, wait_for_event
 from pgferry.capture.pgoutput import UNCHANGED, Begin, Change, Commit, Relation, Truncate, decode
 from pgferry.capture.replication import ReplicationError, ReplicationStream
+from pgferry.errors import one_line
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,10 @@ JSON_TYPES = frozenset({114, 3802})
 NUMBER_TYPES = frozenset({21, 23, 20, 700, 701, 1700})
 NOT_JSON_NUMBERS = frozenset({"NaN", "Infinity", "-Infinity"})
 BOOL = 16
+#: SQLSTATE classes of failures another attempt may not meet: serialization, resources,
+#: an operator's intervention (a connection's end is db.CONNECTION_ERRORS). The relay's leader
+#: job handles them as any other: it steps down and comes back.
+_TRANSIENT = frozenset({"40", "53", "57", "58"})
 
 
 @dataclass
@@ -100,6 +106,9 @@ class WalCapture:
         self._reported_lost: str | None = None
         self._tx: asyncpg.transaction.Transaction | None = None  # the open round's
         self._round = 0  # events appended in the open round
+        #: why the last append failed (None: it did not), and the tables its changes were of
+        self._failing: str | None = None
+        self._failed_relids: list[int] = []
 
     async def run(self, stop: asyncio.Event) -> None:
         # The append must be durable before the slot moves past it: never synchronous_commit off here.
@@ -140,8 +149,35 @@ class WalCapture:
             log.warning("WAL capture: %s; again in %.1f s", exc, delay)
             await wait_for_event(stop, delay)
             return failures
+        except asyncpg.PostgresError as exc:
+            if isinstance(exc, db.CONNECTION_ERRORS) or exc.sqlstate[:2] in _TRANSIENT:
+                raise
+            # The change cannot be appended as the capture stands: hold here (nothing after it
+            # may enter the log first), say why where status shows it, and try again.
+            failures += 1
+            await self._report_failing(exc)
+            await wait_for_event(stop, backoff_delay(failures, base=0.5, cap=self.settings.max_backoff))
+            return failures
         finally:
             await stream.close()
+
+    async def _report_failing(self, exc: asyncpg.PostgresError) -> None:
+        # ferry._append_wal runs one statement per table, "... where x.relid = <oid> ...": the one
+        # that failed is in the error's context; else every table of the failed append.
+        failed = re.search(r"x\.relid = (\d+)", getattr(exc, "context", None) or "")
+        relids = [int(failed.group(1))] if failed else self._failed_relids
+        tables = ", ".join(sorted({self._table_name(oid) for oid in relids})) or "?"
+        error = (f"cannot append the changes of {tables} at {_lsn_text(self.lsn)}: {one_line(exc)}. Fix the "
+                 "capture (ferry.capture_table again, e.g. with a condition that holds for every row) or stop "
+                 "capturing the table; WAL capture retries and holds every later change until then")  # fmt: skip
+        await self.conn.execute(sql.query("wal_failing"), error)
+        if error != self._failing:
+            log.error("WAL capture: %s", error)
+        self._failing = error
+
+    def _table_name(self, oid: int) -> str:
+        rel = self.relations.get(oid)
+        return f"{rel.schema}.{rel.name}" if rel is not None else f"relation {oid}"
 
     async def _follow(self, stream: ReplicationStream, stop: asyncio.Event) -> None:
         """Append what the stream brings, a round at a time, until ``stop``.
@@ -240,6 +276,10 @@ class WalCapture:
             return
         await self._tx.commit()
         self._tx = None
+        if self._failing is not None:
+            await self.conn.execute(sql.query("wal_recovered"))
+            log.info("WAL capture: appending again")
+            self._failing = None
         if self._round and self.observe is not None:
             self.observe(self._round)
         self._round = 0
@@ -265,6 +305,7 @@ class WalCapture:
 
     async def _append(self, at: int, to: int, committed_at: datetime | None, pending: _Pending) -> int:
         p = pending
+        self._failed_relids = p.relids  # the tables to name should this fail
         n = await self.conn.fetchval(
             sql.query("wal_append"),
             _lsn_text(at), _lsn_text(to), committed_at, p.relids, p.ops, p.rows, p.olds, p.missing, p.times,

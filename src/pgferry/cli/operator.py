@@ -290,6 +290,8 @@ def _wal_line(wal: dict[str, Any]) -> None:
     if wal["stopped"]:
         click.secho(f"WAL capture stopped: {wal['note'] or 'the replication slot is gone or invalidated'}", fg="red")
         return
+    if wal["error"]:
+        click.secho(f"WAL capture failing since {wal['error_at']:%Y-%m-%d %H:%M:%S%z}: {wal['error']}", fg="red")
     lag = f"{wal['lag_bytes']:,} bytes of WAL" + (f", {wal['lag_seconds']:.1f} s" if wal["lag_seconds"] else "")
     click.echo(f"WAL capture: slot {wal['slot_name']} ({wal['tables']} table(s)), behind by {lag}, "
                f"WAL {wal['wal_status']}")  # fmt: skip

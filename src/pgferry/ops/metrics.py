@@ -150,6 +150,10 @@ class RelayMetrics:
             "pgferry_wal_slot_lost", "1 if WAL capture's slot was invalidated or dropped: changes were lost "
             "(pgferry status says what to do).", registry=r,
         )  # fmt: skip
+        self.wal_failing = Gauge(
+            "pgferry_wal_capture_failing", "1 while WAL capture cannot append the next change and holds every "
+            "later one (pgferry status says why).", registry=r,
+        )  # fmt: skip
         self._refreshed = 0.0
 
     # -- fed by the relay ----------------------------------------------------
@@ -230,6 +234,7 @@ class RelayMetrics:
         self.wal_lag_bytes.set(wal["lag_bytes"] if wal is not None else 0)
         self.wal_lag_seconds.set(wal["lag_seconds"] if wal is not None else 0)
         self.wal_lost.set(1 if wal is not None and wal["stopped"] else 0)
+        self.wal_failing.set(1 if wal is not None and wal["error"] else 0)
 
     def set_backfills(self, backfills: Sequence[BackfillProgress]) -> None:
         """Replace the backfill gauges with the backfills running or paused now (finished ones vanish)."""

@@ -639,6 +639,13 @@ from ferry.wal_slot w left join pg_replication_slots s on s.slot_name = w.slot_n
 -- name: wal_slot_lost
 update ferry.wal_slot set invalidated_at = coalesce(invalidated_at, now()), note = $1
 
+-- name: wal_failing
+-- WAL capture cannot append the next change: why (migration 0021); kept since the first failure.
+update ferry.wal_slot set error = $1, error_at = coalesce(error_at, now())
+
+-- name: wal_recovered
+update ferry.wal_slot set error = null, error_at = null where error is not null
+
 -- name: wal_append
 select ferry._append_wal($1::text::pg_lsn, $2::text::pg_lsn, $3, $4::oid[], $5::text[]::"char"[], $6::jsonb[], $7::jsonb[], $8::jsonb[], $9::timestamptz[])
 
@@ -657,7 +664,7 @@ select w.slot_name, w.lsn::text as lsn_in_log, s.wal_status,
        coalesce(pg_current_wal_lsn() - s.confirmed_flush_lsn, 0)::bigint as lag_bytes,
        case when s.confirmed_flush_lsn is null or pg_current_wal_lsn() - s.confirmed_flush_lsn > 65536
             then extract(epoch from now() - w.caught_up_at)::float8 else 0 end as lag_seconds,
-       w.committed_at, w.invalidated_at, w.note,
+       w.committed_at, w.invalidated_at, w.note, w.error, w.error_at,
        (w.invalidated_at is not null or s.wal_status is null or s.wal_status = 'lost') as stopped,
        (select count(*) from ferry.captures c where c.method = 'wal' and c.uncaptured_at is null) as tables
 from ferry.wal_slot w left join pg_replication_slots s on s.slot_name = w.slot_name
