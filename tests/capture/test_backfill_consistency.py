@@ -12,6 +12,7 @@ import pytest
 
 import pgferry
 from pgferry.capture import backfill as backfills
+from tests.capture.conftest import Running
 from tests.helpers import read_all
 
 ROWS = 2000
@@ -44,13 +45,8 @@ async def _writer(url: str, rng: random.Random, near: list[int], done: asyncio.E
     return writes
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-async def test_random_writers_during_a_backfill_never_see_a_stale_read_after_a_newer_change(
-    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str, seed: int
-) -> None:
-    await conn.execute("create table t (id int primary key, v int not null, note text)")
-    await conn.execute(f"insert into t select g, 0, 'start' from generate_series(1, {ROWS}) g")
-    await conn.execute("select ferry.capture_table('t')")
+async def _race(ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str, seed: int) -> list[pgferry.Event]:
+    """A backfill of t while WRITERS change the rows around the chunk being read; the events after."""
     await ferry.register_consumer("c")
     backfill = await backfills.start(conn, "public.t", chunk_size=CHUNK)
 
@@ -75,8 +71,30 @@ async def test_random_writers_during_a_backfill_never_see_a_stale_read_after_a_n
         writes = sum(await asyncio.gather(*writers))
         await runner_conn.close()
     assert writes > 200, "the writers hardly ran: the test proves nothing"
+    return await read_all(ferry, conn, "c")
 
-    events = await read_all(ferry, conn, "c")
+
+async def _table(conn: asyncpg.Connection, method: str) -> None:
+    await conn.execute("create table t (id int primary key, v int not null, note text)")
+    await conn.execute(f"insert into t select g, 0, 'start' from generate_series(1, {ROWS}) g")
+    await conn.execute("select ferry.capture_table('t', method => $1)", method)
+
+
+def _final(events: list[pgferry.Event]) -> dict[str, dict[str, Any] | None]:
+    """Each key's state after the events, in order (deleted keys left out), keyed as the table's rows."""
+    state: dict[str, dict[str, Any] | None] = {}
+    for e in events:
+        assert e.key is not None
+        state[e.key] = None if e.payload["type"] == "DELETE" else e.payload["record"]
+    return {k: v for k, v in state.items() if v is not None}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_random_writers_during_a_backfill_never_see_a_stale_read_after_a_newer_change(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str, seed: int
+) -> None:
+    await _table(conn, "trigger")
+    events = await _race(ferry, conn, db_url, seed)
     state: dict[str, dict[str, Any] | None] = {}
     reads = stale = 0
     for e in events:
@@ -92,4 +110,18 @@ async def test_random_writers_during_a_backfill_never_see_a_stale_read_after_a_n
     final = {str(r["id"]): dict(r) for r in await conn.fetch("select id, v, note from t")}
     assert stale == 0
     assert reads > ROWS // 2
-    assert {k: v for k, v in state.items() if v is not None} == final
+    assert _final(events) == final
+
+
+async def test_a_backfill_of_a_wal_captured_table_racing_writers_ends_on_each_rows_final_state(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str, wal: Running
+) -> None:
+    """From the WAL a change enters the log after its commit, so a READ may come before the events
+    of changes it already shows; never after one it does not. Each key's last event is its row."""
+    await _table(conn, "wal")
+    events = await _race(ferry, conn, db_url, 3)
+    await wal.caught_up(conn)
+    events += await read_all(ferry, conn, "c")
+    assert sum(e.payload["type"] == "READ" for e in events) > ROWS // 2
+    final = {str(r["id"]): dict(r) for r in await conn.fetch("select id, v, note from t")}
+    assert _final(events) == final

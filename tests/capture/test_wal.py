@@ -3,18 +3,16 @@ WAL-captured table produces are the ones trigger capture writes for the same sta
 
 from __future__ import annotations
 
-import asyncio
 import os
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 
 import pgferry
-from pgferry import db
 from pgferry.capture.replication import ReplicationStream
-from pgferry.capture.wal import WalCapture, WalSettings
+from pgferry.capture.wal import WalCapture
 from pgferry.ops import inspect
+from tests.capture.conftest import Running
 from tests.helpers import eventually, read_all
 
 COLUMNS = """
@@ -41,46 +39,6 @@ DML = [
     "update {t} set id = 10 where id = 2",
     "delete from {t} where id = 3",
 ]
-
-
-class Running:
-    """WAL capture as the relay runs it (capture/wal.py), in the background of a test."""
-
-    def __init__(self, url: str, capture: type[WalCapture] = WalCapture) -> None:
-        self.url = url
-        self.kind = capture
-        self.stop = asyncio.Event()
-
-    async def __aenter__(self) -> Running:
-        self.conn = await db.connect(self.url)
-        self.capture = self.kind(self.conn, self.url, WalSettings(chunk=3, recheck_interval=0.2))
-        self.task = asyncio.create_task(self.capture.run(self.stop))
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.stop.set()
-        await asyncio.wait_for(self.task, 15)
-        await self.conn.close()
-
-    async def caught_up(self, conn: asyncpg.Connection, timeout: float = 15) -> None:
-        """Until the slot is confirmed past everything written so far."""
-        target = await conn.fetchval("select pg_current_wal_flush_lsn()::text")
-
-        async def past() -> bool:
-            if self.task.done():
-                self.task.result()  # its error, if it ended with one
-            return bool(await conn.fetchval(
-                "select s.confirmed_flush_lsn >= $1::text::pg_lsn from pg_replication_slots s "
-                "join ferry.wal_slot w using (slot_name)", target))  # fmt: skip
-
-        await eventually(past, timeout=timeout, what="WAL capture caught up")
-
-
-@pytest.fixture
-async def wal(db_url: str) -> AsyncIterator[Running]:
-    """Chunks of 3 changes, so that the tests' transactions take several."""
-    async with Running(db_url) as running:
-        yield running
 
 
 async def test_wal_capture_writes_the_events_trigger_capture_writes(
