@@ -81,6 +81,27 @@ def test_a_withdrawn_probe_gives_its_turn_back() -> None:
     assert health.admit(EP) is Admission.PROBE and health.is_down(EP)
 
 
+async def test_a_probe_whose_task_ended_without_a_word_is_over() -> None:
+    """A worker paused (cancelled) mid-probe never reported it: the endpoint stayed down, for every
+    subscription to it, until the relay restarted."""
+    clock = Clock()
+    health = EndpointHealth(down_after=1, clock=clock)
+    health.report(EP, result(error_class="connect"), Admission.SEND)
+    clock.now += 1
+
+    async def probe_then_hang() -> None:
+        assert health.admit(EP) is Admission.PROBE
+        await asyncio.sleep(3600)  # the probe's request, never answered
+
+    prober = asyncio.create_task(probe_then_hang())
+    await asyncio.sleep(0)
+    assert health.admit(EP) is Admission.HOLD  # one probe at a time, while it lives
+    prober.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await prober
+    assert health.probe_wait(EP) == 0.0 and health.admit(EP) is Admission.PROBE
+
+
 class Outage:
     """Answers 503 while down, 200 after; counts requests in each phase."""
 

@@ -94,3 +94,33 @@ async def test_subscribe_refuses_metadata_ip_literals(conn: asyncpg.Connection) 
         with pytest.raises(asyncpg.PostgresError, match="link-local or cloud-metadata address"):
             await conn.execute("select ferry.subscribe('x', array['s'], $1)", url)
     await conn.execute("select ferry.subscribe('ok', array['s'], 'http://127.0.0.1:9/x')")  # loopback stays allowed
+
+
+async def test_the_late_answer_to_a_cancelled_request_is_never_read_as_the_next_ones(sender: FastSender) -> None:
+    """A paused subscription's request is cancelled; its 200 came later on the kept-alive connection
+    and was recorded as another subscription's delivery (the server had answered that one 500)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while head := await reader.readuntil(b"\r\n\r\n"):
+            length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+                          if line.startswith(b"content-length"))  # fmt: skip
+            body = await reader.readexactly(length)
+            if body == b"slow":
+                await asyncio.sleep(0.5)
+            status = b"200 OK" if body == b"slow" else b"500 Internal Server Error"
+            writer.write(b"HTTP/1.1 " + status + b"\r\ncontent-length: 0\r\n\r\n")
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
+    one = FastSender(pool_size=1)  # one connection: the next request would take the same one
+    try:
+        slow = asyncio.create_task(one.send(url, b"slow", {}, timeout=5, connect_timeout=1))
+        await asyncio.sleep(0.1)
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        answer = await one.send(url, b"next", {}, timeout=5, connect_timeout=1)
+        assert answer.status == 500, answer
+    finally:
+        await one.close()
+        server.close()

@@ -156,6 +156,13 @@ class _Connection(asyncio.Protocol):
         self.transport.write(data)
         try:
             return await self.waiter
+        except BaseException:
+            # Cancelled or failed before its answer was read: that answer may still come on this
+            # connection, and must never be read as the next request's (it was: a paused
+            # subscription's late 200 recorded as another subscription's delivery).
+            self.reader = None
+            self.close()
+            raise
         finally:
             timer.cancel()
             self.waiter = None

@@ -24,6 +24,7 @@ events must not have its healthy traffic held behind them.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import time
@@ -66,9 +67,19 @@ class _State:
     down_since: datetime | None = None
     next_probe: float = 0.0
     probing: bool = False
+    #: the task that was admitted the probe: if it ends without reporting (cancelled by a pause,
+    #: a stop, a lost database), the probe is over, or the endpoint stayed "down" for good
+    probe_owner: asyncio.Task[object] | None = None
     last_error: str | None = None
     #: called when the endpoint answers again
     on_recovery: set[Callable[[], None]] = field(default_factory=set)
+
+
+def _current_task() -> asyncio.Task[object] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop (pure tests)
+        return None
 
 
 class EndpointHealth:
@@ -121,7 +132,7 @@ class EndpointHealth:
         state = self._states.get(endpoint)
         if state is None or state.down_since is None:
             return None
-        if state.probing:
+        if self._probing(state):
             return self.probe_interval
         return max(0.0, state.next_probe - self.clock())
 
@@ -129,10 +140,19 @@ class EndpointHealth:
         state = self._states.get(endpoint)
         if state is None or state.down_since is None:
             return Admission.SEND
-        if state.probing or self.clock() < state.next_probe:
+        if self._probing(state) or self.clock() < state.next_probe:
             return Admission.HOLD
         state.probing = True
+        state.probe_owner = _current_task()
         return Admission.PROBE
+
+    @staticmethod
+    def _probing(state: _State) -> bool:
+        """Whether a probe is out; one whose task ended without a word is not."""
+        if state.probing and state.probe_owner is not None and state.probe_owner.done():
+            state.probing = False
+            state.probe_owner = None
+        return state.probing
 
     def report(self, endpoint: Endpoint, result: HttpResult, admission: Admission) -> bool:
         """What the request admitted as ``admission`` ended with; True when this made the
@@ -140,6 +160,7 @@ class EndpointHealth:
         state = self._state(endpoint)
         if admission is Admission.PROBE:
             state.probing = False
+            state.probe_owner = None
         if result.error_class == "withdrawn":  # never sent: says nothing
             if admission is Admission.PROBE:
                 state.next_probe = self.clock()
@@ -171,5 +192,6 @@ class EndpointHealth:
         log.info("endpoint %s://%s:%d answers again after %.1f s down; releasing its held events", *endpoint, down_for)
         state.down_since = None
         state.probing = False
+        state.probe_owner = None
         for callback in list(state.on_recovery):
             callback()
