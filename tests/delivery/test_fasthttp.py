@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 
 import asyncpg
 import pytest
 
 from pgferry.delivery.fasthttp import FastSender
+from pgferry.delivery.retry import judge
 from pgferry.receiver import CutBody, Drop, Garbage, Hang, Receiver, Respond
+from tests.helpers import NOW, subscription
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 
@@ -124,3 +127,41 @@ async def test_the_late_answer_to_a_cancelled_request_is_never_read_as_the_next_
     finally:
         await one.close()
         server.close()
+
+
+@pytest.mark.parametrize(
+    ("head", "status", "says"),
+    [
+        (b"HTTP/1.1 500 Bad\0Thing\r\n", 500, "HTTP 500 Bad Thing"),
+        (b"HTTP/1.1 302 Found\r\nlocation: /x\0y\r\n", 302, "redirect to /x y"),
+        (b"HTTP/1.1 410 Gone\r\ncontent-type: text/plain; charset=undefined\r\n", 410, "HTTP 410 Gone"),
+        (
+            b"HTTP/1.1 503 Busy\r\ncontent-type: text/plain; charset=idna\r\nretry-after: 100000000000000\r\n",
+            503,
+            "503",
+        ),
+    ],
+)
+async def test_answers_whose_text_postgresql_or_python_cannot_take_are_still_recorded(
+    sender: FastSender, head: bytes, status: int, says: str
+) -> None:
+    """A NUL in the reason or Location made the attempt unrecordable (the worker failed and sent
+    again, forever); charset=undefined or idna made decoding raise, losing the status (a 410 no
+    longer disabled the subscription); a huge Retry-After overflowed the retry time."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(head + b"content-length: 4\r\n\r\nn\0pe")
+        await writer.drain()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        result = await post(sender, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook")
+    finally:
+        server.close()
+    assert result.status == status and says in (result.error or ""), result
+    assert "\0" not in (result.error or "") + (result.response or "")
+    sub = subscription(max_attempts=3)
+    verdict = judge(sub, result, 1, NOW, NOW)
+    assert not verdict.dead and verdict.next_attempt_at is not None
+    assert verdict.next_attempt_at - NOW <= timedelta(hours=6)

@@ -84,7 +84,7 @@ def decode_text(raw: bytes, content_type: str | None) -> str:
 def _decode(raw: bytes, charset: str | None) -> str:
     try:
         text = raw.decode(charset or "utf-8", "replace")
-    except LookupError:  # a charset Python does not know
+    except (LookupError, UnicodeError):  # a charset Python does not know, or "undefined", "idna", ...
         text = raw.decode("utf-8", "replace")
     return text.split("\0", 1)[0]  # PostgreSQL text cannot hold NUL; pg_net stops there too
 

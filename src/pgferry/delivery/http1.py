@@ -266,19 +266,19 @@ class ResponseReader:
             elif key == b"connection":
                 connection += b"," + value.lower()
             elif key == b"retry-after":
-                response.retry_after = value.decode("latin-1")
+                response.retry_after = _text(value)
             elif key == b"location":
-                response.location = value.decode("latin-1")
+                response.location = _text(value)
             elif key == b"keep-alive":
                 found = _IDLE_TIMEOUT.search(value)
                 response.idle_timeout = int(found.group(1)) if found else None
             else:  # content-type
-                response.content_type = value.decode("latin-1")
+                response.content_type = _text(value)
         if folded:  # rare: folded lines are unfolded first, and everything read again
             self._parse_folded(lines)
             return
         if kept is not None:
-            response.headers = [(n.strip().decode("latin-1"), v.decode("latin-1")) for n, v in kept]
+            response.headers = [(_text(n.strip()), _text(v)) for n, v in kept]
         if connection:
             tokens = {t.strip() for t in connection.split(b",")}
             response.keep_alive = b"close" not in tokens and (minor == 1 or b"keep-alive" in tokens)
@@ -440,15 +440,23 @@ _STEPS = (ResponseReader._head, ResponseReader._buffered_length, ResponseReader.
 assert len(_STEPS) == _DONE
 
 
+def _text(value: bytes) -> str:
+    """A header value or reason phrase as text, a NUL replaced by a space (RFC 9110 5.5 allows it):
+    PostgreSQL text cannot hold NUL, and an attempt whose error quoted one could not be recorded
+    (the worker failed and sent again, forever)."""
+    text = value.decode("latin-1")
+    return text.replace("\0", " ") if "\0" in text else text
+
+
 def _status_line(line: bytes) -> tuple[int, int, str]:
     """(minor version, status, reason) of ``HTTP/1.x NNN reason``."""
     version = line[:8]
     if version == b"HTTP/1.1" or version == b"HTTP/1.0":  # noqa: PLR1714 - two compares beat a tuple
         code = line[9:12]
         if line[8:9] == b" " and line[12:13] in (b" ", b"") and code.isdigit() and code[0] != 0x30:
-            return version[7] - 0x30, int(code), line[13:].strip().decode("latin-1", "replace")
+            return version[7] - 0x30, int(code), _text(line[13:].strip())
         # lenient: several spaces before the code
         code, _, reason = line[8:].lstrip(b" ").partition(b" ")
         if len(code) == 3 and code.isdigit() and code[0] != 0x30 and line[8:9] == b" ":
-            return version[7] - 0x30, int(code), reason.strip().decode("latin-1", "replace")
+            return version[7] - 0x30, int(code), _text(reason.strip())
     raise ProtocolError(f"invalid HTTP response: status line {line[:60]!r}")

@@ -51,5 +51,7 @@ def judge(
         return Verdict(dead=True, next_attempt_at=None)
     delay = backoff(sub, attempts)
     if result.retry_after is not None:
-        delay = max(delay, min(timedelta(seconds=result.retry_after), MAX_RETRY_AFTER))
+        # Capped before it becomes a timedelta: Retry-After: 100000000000000 overflowed it, and the
+        # worker failed on every answer without recording one.
+        delay = max(delay, timedelta(seconds=min(result.retry_after, MAX_RETRY_AFTER.total_seconds())))
     return Verdict(dead=False, next_attempt_at=now + delay)
