@@ -306,6 +306,43 @@ async def test_unresolvable_host_and_oversized_payload_are_recorded_failures(
     relay.task = asyncio.create_task(relay.relay.run(relay.stop_event))
 
 
+@pytest.mark.parametrize("ordered", [False, True])
+async def test_a_batch_over_the_body_limit_goes_in_smaller_requests_and_only_a_too_large_event_dies(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver,
+    ordered: bool,
+) -> None:  # fmt: skip
+    """100 events of 15 KB at batch_size 100 went to dead letters whole (over the 1 MB limit),
+    though each one fit."""
+    receiver, url = await receiver_factory()
+    await relay.stop()  # max_body_bytes is read at relay start
+    await conn.execute("update ferry.config set max_body_bytes = 2000")
+    await conn.execute("select ferry.subscribe('batched', array['s'], $1, batch_size => 10, ordered => $2)",
+                       url, ordered)  # fmt: skip
+    ids = await ferry.publish_many(
+        [{"stream": "s", "payload": {"pad": "x" * 300}, "key": str(n % 3)} for n in range(20)]
+    )
+    big = await ferry.publish("s", {"pad": "x" * 3000}, key="big")
+
+    async def settled() -> bool:
+        return bool(await conn.fetchval("select count(*) from ferry.dead_letters") == 1) and len(
+            {item["id"] for r in receiver.received for item in orjson.loads(r.body)["data"]}
+        ) == len(ids)
+
+    restarted = RunningRelay(relay.relay.url)
+    try:
+        await eventually(settled, timeout=30, what="every event that fits delivered, the big one dead")
+    finally:
+        await restarted.stop()
+    assert await conn.fetchval("select event_id from ferry.dead_letters") == big
+    assert all(len(r.body) <= 2000 and len(orjson.loads(r.body)["data"]) >= 1 for r in receiver.received)
+    if ordered:  # per key, in id order
+        for key in ("0", "1", "2"):
+            got = [i["id"] for r in receiver.received for i in orjson.loads(r.body)["data"] if i["key"] == key]
+            assert got == sorted(got)
+    relay.stop_event.clear()
+    relay.task = asyncio.create_task(relay.relay.run(relay.stop_event))
+
+
 async def test_secret_rotation_signs_with_every_secret(
     relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
 ) -> None:

@@ -213,6 +213,8 @@ class Sender:
             result = await self.send(chunk, on_wire, sending.admission)
         finally:
             wired = sending.in_flight.pop(key, None) is not None
+        if isinstance(result, HttpResult) and result.error_class == "too_large" and len(chunk) > 1:
+            return await self._send_halves(sending, chunk)
         if sending.let_go:
             # Its events were parked when the round let go: as in flight if the request was
             # on the wire (its answer is recorded now), as due now if it was not.
@@ -223,3 +225,19 @@ class Sender:
             return None
         sending.outcomes.extend((e, result) for e in chunk)
         return result
+
+    async def _send_halves(self, sending: Round, chunk: Sequence[OutEvent]) -> HttpResult | Held | None:
+        """A chunk too large as one request goes as two, each split again while too large, so
+        only an event too large on its own is refused (a batch of 100 events of 15 KB each went
+        to dead letters whole, over the 1 MB limit, though each one fit). With ``ordered``, the
+        second half's events of a key the first half failed to deliver wait behind it."""
+        half = len(chunk) // 2
+        first = await self._send_in(sending, chunk[:half])
+        rest = list(chunk[half:])
+        failed = not (isinstance(first, HttpResult) and first.ok)
+        if self.sub.ordered and failed:
+            keys = {e.key for e in chunk[:half] if e.key is not None}
+            sending.outcomes.extend((e, None) for e in rest if e.key in keys)
+            rest = [e for e in rest if e.key not in keys]
+        second = await self._send_in(sending, rest) if rest else None
+        return first if failed else second
