@@ -2,6 +2,8 @@
 --
 -- A primary key stored as a JSON object {column: value} written back as a
 -- row of typed SQL literals ('41'::integer, 'x'::text), for the keyset
+-- (values in their text form, as ferry.backfill_chunk stores them; the
+-- numbers and strings earlier versions stored as JSON read the same)
 -- predicate of a backfill chunk: literals, not a lookup, so that the
 -- planner sees constants and walks the primary-key index from there.
 -- key: the stored key; columns, types: the primary key's columns and their

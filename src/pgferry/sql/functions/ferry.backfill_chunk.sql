@@ -34,7 +34,7 @@ declare
     b         ferry.backfills;
     v_capture ferry.captures;
     v_cols    text;   -- r.a, r.b: the primary key, in index order
-    v_object  text;   -- 'a', r.a, 'b', r.b: the primary key as a JSON object
+    v_object  text;   -- 'a', r.a::text, 'b', r.b::text: the primary key as a JSON object
     v_names   text[]; -- the primary key's columns
     v_types   text[]; -- and their types
     v_where   text;
@@ -72,7 +72,9 @@ begin
         cross join lateral unnest(i.indkey) with ordinality as k(attnum, ord)
         join pg_attribute a on a.attrelid = i.indrelid and a.attnum = k.attnum
         where i.indrelid = b.relid and i.indisprimary;
-        select string_agg(format('r.%I', n), ', ' order by o), string_agg(format('%L, r.%I', n, n), ', ' order by o)
+        -- The key's values in their text form, which their type reads back exactly: as JSON, an
+        -- array, a composite or a jsonb string key did not (`[2, 3]` is no int[] literal).
+        select string_agg(format('r.%I', n), ', ' order by o), string_agg(format('%L, r.%I::text', n, n), ', ' order by o)
           into v_cols, v_object
         from unnest(v_names) with ordinality x(n, o);
         if v_cols is null then
