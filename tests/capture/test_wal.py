@@ -444,3 +444,18 @@ async def test_a_change_that_cannot_be_appended_holds_capture_says_why_and_goes_
     assert await conn.fetchval("select error from ferry.wal_slot") is None
     events = await read_all(ferry, conn, "c")
     assert [(e.stream, e.key) for e in events] == [("public.risky", "1"), ("public.other", "1")]
+
+
+async def test_a_char_n_key_is_the_key_triggers_and_backfills_give(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running
+) -> None:
+    """The fast path keyed 'ab' of a char(5) key as 'ab   ' (the padded value), so one row had two keys."""
+    for t, method in (("by_trigger", "trigger"), ("by_wal", "wal")):
+        await conn.execute(f"create table {t} (k char(5) primary key, v int)")
+        await ferry.capture_table(t, stream=t, method=method)
+        await ferry.register_consumer(t, [t])
+        await conn.execute(f"insert into {t} values ('ab', 1)")
+        await conn.execute(f"delete from {t}")
+    await wal.caught_up(conn)
+    for t in ("by_trigger", "by_wal"):
+        assert [e.key for e in await read_all(ferry, conn, t)] == ["ab", "ab"], t

@@ -76,7 +76,8 @@ begin
             -- The fast path: every column of a type whose to_jsonb form the relay wrote as it is
             -- (numbers, booleans, text, uuid, json: capture/wal.py's NUMBER_TYPES, BOOL and
             -- JSON_TYPES, the rest as JSON strings), no condition and no changed_columns to
-            -- evaluate over a typed row, and a key whose text equals its JSON value's: the row
+            -- evaluate over a typed row, and a key whose text equals its JSON value's (not float,
+            -- json or char(n): its ::text drops the padding the row object keeps): the row
             -- object is the record, with no conversion through the table's row type.
             -- Stored generated columns: the WAL does not carry them (pgoutput before PostgreSQL
             -- 18), so they are computed again from the row, by their own expressions.
@@ -90,7 +91,7 @@ begin
                                 and not a.attisdropped and a.atttypid not in (21, 23, 20, 700, 701, 1700, 16, 25, 1043,
                                                                               1042, 19, 2950, 114, 3802))
                 and not exists (select 1 from pg_attribute a where a.attrelid = c.relid
-                                and a.attname = any(c.key_columns) and a.atttypid in (700, 701, 114, 3802));
+                                and a.attname = any(c.key_columns) and a.atttypid in (700, 701, 114, 3802, 1042));
             if v_fast then
                 v_key := case when cardinality(c.key_columns) = 1 then format('(x.n->>%L)', c.key_columns[1])
                               else format('jsonb_build_array(%s)::text', (select string_agg(format('x.n->%L', k), ', ')
