@@ -439,7 +439,12 @@ async def test_a_change_that_cannot_be_appended_holds_capture_says_why_and_goes_
     assert status is not None and status["error"] == error
     assert await conn.fetchval("select count(*) from ferry.events where stream = 'public.other'") == 0  # held
 
-    await ferry.capture_table("risky", method="wal", condition="case when v = 5 then false else 10 / (v - 5) > 0 end")
+    capture = await conn.fetchval("select id from ferry.captures where relid = 'risky'::regclass")
+    assert f"update ferry.captures set condition = '...' where id = {capture}" in error
+    await conn.execute(
+        "update ferry.captures set condition = 'case when v = 5 then false else 10 / (v - 5) > 0 end' where id = $1",
+        capture,
+    )
     await wal.caught_up(conn)
     assert await conn.fetchval("select error from ferry.wal_slot") is None
     events = await read_all(ferry, conn, "c")
@@ -459,3 +464,32 @@ async def test_a_char_n_key_is_the_key_triggers_and_backfills_give(
     await wal.caught_up(conn)
     for t in ("by_trigger", "by_wal"):
         assert [e.key for e in await read_all(ferry, conn, t)] == ["ab", "ab"], t
+
+
+async def test_changes_made_before_a_switch_or_an_uncapture_are_kept_as_they_were_captured(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    """Which capture a change belongs to is decided by where it is in the WAL: the changes a table
+    made before it went to triggers, was uncaptured or captured again with other options were
+    dropped (or written under the new options) when the relay decoded them after."""
+    for t in ("switched", "gone", "reoptioned"):
+        await conn.execute(f"create table {t} (id int primary key, secret text)")
+        await ferry.capture_table(t, method="wal")
+    await ferry.register_consumer("c", ["public.switched", "public.gone", "public.reoptioned", "other"])
+    for t in ("switched", "gone", "reoptioned"):  # the relay is not running: nothing is decoded yet
+        await conn.execute(f"insert into {t} values (1, 's')")
+    await ferry.capture_table("switched")
+    await ferry.uncapture_table("gone")
+    await ferry.capture_table("reoptioned", method="wal", stream="other", exclude_columns=["secret"])
+    for t in ("switched", "gone", "reoptioned"):
+        await conn.execute(f"insert into {t} values (2, 's')")
+    async with Running(db_url) as wal:
+        await wal.caught_up(conn)
+    got = sorted((e.stream, e.key, tuple(sorted(e.payload["record"]))) for e in await read_all(ferry, conn, "c"))
+    assert got == [
+        ("other", "2", ("id",)),
+        ("public.gone", "1", ("id", "secret")),
+        ("public.reoptioned", "1", ("id", "secret")),
+        ("public.switched", "1", ("id", "secret")),
+        ("public.switched", "2", ("id", "secret")),  # by trigger
+    ]

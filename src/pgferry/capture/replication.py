@@ -15,11 +15,12 @@ no transaction is open: that is how an idle capture lets the slot advance.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import select
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psycopg2
 import psycopg2.extensions
@@ -39,6 +40,9 @@ class ReplicationError(Exception):
 class Batch:
     messages: list[bytes]
     wal_end: int
+    #: each message's position in the WAL (a change's is its record's: ferry._append_wal gives it
+    #: to the capture that held the table there)
+    starts: list[int] = field(default_factory=list)
 
 
 class ReplicationStream:
@@ -80,16 +84,23 @@ class ReplicationStream:
     def _hand_over(self, item: Batch | BaseException) -> bool:
         """Queue ``item`` for the event loop, waiting while it is full (back pressure);
         False when the stream was closed meanwhile."""
-        while not self._stop.is_set():
+        try:
             future = asyncio.run_coroutine_threadsafe(self._put(item), self._loop)
+        except RuntimeError:  # the loop is gone
+            return False
+        # One put, waited for however long the loop takes. Not cancelled and put again on a
+        # timeout: a put that had already happened, its result not yet passed back by a busy
+        # loop, was put twice (2,000 changes appended twice under load).
+        while True:
             try:
                 future.result(timeout=0.5)
                 return True
             except TimeoutError:
-                future.cancel()
-            except RuntimeError:  # the loop is gone
+                if self._stop.is_set():  # closing: whether it was queued or not, nobody reads it
+                    future.cancel()
+                    return False
+            except (RuntimeError, concurrent.futures.CancelledError):  # the loop is gone
                 return False
-        return False
 
     async def _put(self, item: Batch | BaseException) -> None:
         await self._queue.put(item)
@@ -114,13 +125,15 @@ class ReplicationStream:
             reported_end = 0
             while not self._stop.is_set():
                 messages: list[bytes] = []
+                starts: list[int] = []
                 while len(messages) < BATCH:
                     msg = cur.read_message()
                     if msg is None:
                         break
                     messages.append(msg.payload)
+                    starts.append(msg.data_start)
                 if messages:
-                    if not self._hand_over(Batch(messages, cur.wal_end)):
+                    if not self._hand_over(Batch(messages, cur.wal_end, starts)):
                         return
                     reported_end = cur.wal_end
                 elif cur.wal_end > reported_end:

@@ -81,6 +81,7 @@ class _Pending:
     olds: list[bytes | None] = field(default_factory=list)
     missing: list[bytes | None] = field(default_factory=list)
     times: list[datetime] = field(default_factory=list)
+    lsns: list[int] = field(default_factory=list)
 
 
 class WalCapture:
@@ -162,14 +163,22 @@ class WalCapture:
             await stream.close()
 
     async def _report_failing(self, exc: asyncpg.PostgresError) -> None:
-        # ferry._append_wal runs one statement per table, "... where x.relid = <oid> ...": the one
-        # that failed is in the error's context; else every table of the failed append.
-        failed = re.search(r"x\.relid = (\d+)", getattr(exc, "context", None) or "")
+        # ferry._append_wal runs one statement per capture, "/* pgferry capture <id> */ ... where
+        # x.relid = <oid>": the one that failed is in the error's context; else every table of the
+        # failed append.
+        context = getattr(exc, "context", None) or ""
+        failed = re.search(r"x\.relid = (\d+)", context)
+        capture = re.search(r"pgferry capture (\d+)", context)
         relids = [int(failed.group(1))] if failed else self._failed_relids
         tables = ", ".join(sorted({self._table_name(oid) for oid in relids})) or "?"
-        error = (f"cannot append the changes of {tables} at {_lsn_text(self.lsn)}: {one_line(exc)}. Fix the "
-                 "capture (ferry.capture_table again, e.g. with a condition that holds for every row) or stop "
-                 "capturing the table; WAL capture retries and holds every later change until then")  # fmt: skip
+        if capture is not None:
+            fix = (f"The change was made under capture {capture.group(1)}, whose options still apply to it "
+                   "(capturing the table again changes what comes after): correct them, e.g. update "
+                   f"ferry.captures set condition = '...' where id = {capture.group(1)}")  # fmt: skip
+        else:
+            fix = "Fix what the error names"
+        error = (f"cannot append the changes of {tables} at {_lsn_text(self.lsn)}: {one_line(exc)}. {fix}; WAL "
+                 "capture retries and holds every later change until then")  # fmt: skip
         await self.conn.execute(sql.query("wal_failing"), error)
         if error != self._failing:
             log.error("WAL capture: %s", error)
@@ -207,11 +216,11 @@ class WalCapture:
                     getter.cancel()
                     break
                 batch = getter.result()
-                for data in batch.messages:
+                for data, start in zip(batch.messages, batch.starts, strict=True):
                     m = decode(data)
                     if isinstance(m, Change):
                         if not skip:
-                            self._add(pending, m, commit_time)
+                            self._add(pending, m, commit_time, start)
                     elif isinstance(m, Begin):
                         open_xact = True
                         skip = m.final_lsn < skip_before
@@ -224,7 +233,7 @@ class WalCapture:
                         self.relations[m.oid] = m
                     elif isinstance(m, Truncate) and not skip:
                         for rel in m.relations:
-                            _append(pending, rel, "T", b"{}", None, None, commit_time)
+                            _append(pending, rel, "T", b"{}", None, None, commit_time, start)
                     if len(pending.ops) >= chunk:  # a large round: append what there is, commit at its end
                         if tail is not None:
                             await tail
@@ -308,11 +317,11 @@ class WalCapture:
         self._failed_relids = p.relids  # the tables to name should this fail
         n = await self.conn.fetchval(
             sql.query("wal_append"),
-            _lsn_text(at), _lsn_text(to), committed_at, p.relids, p.ops, p.rows, p.olds, p.missing, p.times,
+            _lsn_text(at), _lsn_text(to), committed_at, p.relids, p.ops, p.rows, p.olds, p.missing, p.times, p.lsns,
         )  # fmt: skip
         return int(n)
 
-    def _add(self, pending: _Pending, change: Change, commit_time: datetime | None) -> None:
+    def _add(self, pending: _Pending, change: Change, commit_time: datetime | None, lsn: int) -> None:
         rel = self.relations.get(change.relation)
         if rel is None:
             raise ReplicationError(f"pgoutput sent a change of relation {change.relation} before describing it")
@@ -320,23 +329,25 @@ class WalCapture:
         if change.op == "D":
             assert change.old is not None
             row, missing = _row(rel, change.old, None)
-            _append(pending, change.relation, "D", row, None, missing, commit_time)
+            _append(pending, change.relation, "D", row, None, missing, commit_time, lsn)
             return
         assert change.new is not None
         row, missing = _row(rel, change.new, old)
         old_row = _row(rel, old, None)[0] if old is not None else None
-        _append(pending, change.relation, change.op, row, old_row, missing, commit_time)
+        _append(pending, change.relation, change.op, row, old_row, missing, commit_time, lsn)
 
 
 def _append(
-    pending: _Pending, rel: int, op: str, row: bytes, old: bytes | None, missing: bytes | None, at: datetime | None
-) -> None:
+    pending: _Pending, rel: int, op: str, row: bytes, old: bytes | None, missing: bytes | None, at: datetime | None,
+    lsn: int,
+) -> None:  # fmt: skip
     pending.relids.append(rel)
     pending.ops.append(op)
     pending.rows.append(row)
     pending.olds.append(old)
     pending.missing.append(missing)
     pending.times.append(at or datetime.now(UTC))
+    pending.lsns.append(lsn)
 
 
 def _row(rel: Relation, values: list[object], old: list[object] | None) -> tuple[bytes, bytes | None]:

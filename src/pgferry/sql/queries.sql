@@ -647,7 +647,7 @@ update ferry.wal_slot set error = $1, error_at = coalesce(error_at, now())
 update ferry.wal_slot set error = null, error_at = null where error is not null
 
 -- name: wal_append
-select ferry._append_wal($1::text::pg_lsn, $2::text::pg_lsn, $3, $4::oid[], $5::text[]::"char"[], $6::jsonb[], $7::jsonb[], $8::jsonb[], $9::timestamptz[])
+select ferry._append_wal($1::text::pg_lsn, $2::text::pg_lsn, $3, $4::oid[], $5::text[]::"char"[], $6::jsonb[], $7::jsonb[], $8::jsonb[], $9::timestamptz[], $10::bigint[])
 
 -- name: capture_table
 select ferry.capture_table($1::text::regclass, stream => $2, key_columns => $3, condition => $4, columns => $5,

@@ -1,4 +1,4 @@
--- ferry._append_wal(from_lsn pg_lsn, to_lsn pg_lsn, committed_at timestamptz, relids oid[], ops "char"[], rows jsonb[], olds jsonb[], missing jsonb[], times timestamptz[]) returns integer
+-- ferry._append_wal(from_lsn pg_lsn, to_lsn pg_lsn, committed_at timestamptz, relids oid[], ops "char"[], rows jsonb[], olds jsonb[], missing jsonb[], times timestamptz[], lsns bigint[]) returns integer
 --
 -- Appends changes decoded from the WAL (capture/wal.py) to the log, as
 -- capture_table's triggers would have written them, and moves
@@ -13,7 +13,12 @@
 -- UPDATE when the table's replica identity logged one, missing the columns
 -- of rows the WAL did not carry (an unchanged TOASTed value with no old
 -- row to take it from: left out of the record rather than sent as null),
--- times the source transaction's commit time (the events' created_at).
+-- times the source transaction's commit time (the events' created_at), lsns
+-- the change's own position in the WAL (as a number): it belongs to the
+-- capture of its table whose [captured_lsn, uncaptured_lsn) holds it
+-- (migration 0022), so a table switched to triggers, uncaptured or captured
+-- again with other options still has the changes it made before, as they
+-- were captured then.
 -- Values are converted by the columns' own input functions
 -- (jsonb_populate_record), so records equal to_jsonb of the row; a table
 -- whose columns are all numbers, booleans, text, uuid or json (the relay
@@ -22,7 +27,7 @@
 -- Stored generated columns, which the WAL does not carry before PostgreSQL
 -- 18, are computed again from the decoded row by their expressions (they
 -- are immutable), so their values are the ones triggers see. Changes
--- of tables no longer captured with method 'wal' are dropped; the
+-- a table had when no WAL capture of it held them are dropped; the
 -- capture's condition, operations, changed_columns and column choice
 -- apply; TRUNCATE is an event with no key and no record. Event ids are
 -- drawn in change order, so readers see the source's order within and
@@ -39,7 +44,7 @@
 
 create or replace function ferry._append_wal(
     from_lsn pg_lsn, to_lsn pg_lsn, committed_at timestamptz,
-    relids oid[], ops "char"[], rows jsonb[], olds jsonb[], missing jsonb[], times timestamptz[])
+    relids oid[], ops "char"[], rows jsonb[], olds jsonb[], missing jsonb[], times timestamptz[], lsns bigint[])
 returns integer language plpgsql as $$
 declare
     v_at    pg_lsn;
@@ -69,8 +74,12 @@ begin
         v_ids := array(select nextval('ferry.event_id_seq') from generate_series(1, cardinality(ops)) order by 1);
         v_txid := pg_current_xact_id();
         v_part := ferry._current_partition();
+        -- Every WAL capture of the tables that may own one of the changes: current, or ended
+        -- after the first of them (the statement below keeps each change to its own).
         for c in select * from ferry.captures cc
-                 where cc.method = 'wal' and cc.uncaptured_at is null and cc.relid = any(relids) loop
+                 where cc.method = 'wal' and cc.relid = any(relids)
+                   and (cc.uncaptured_at is null
+                        or cc.uncaptured_lsn - '0/0'::pg_lsn > (select min(l) from unnest(lsns) l)) loop
             v_ops := array_to_string(array(select case o when 'insert' then 'I' when 'update' then 'U' else 'D' end
                                            from unnest(c.operations) o), '');
             -- The fast path: every column of a type whose to_jsonb form the relay wrote as it is
@@ -124,17 +133,20 @@ begin
                                               from unnest(c.changed_columns) col)) end;
             end if;
             execute format(
+                '/* pgferry capture %4$s */ '  -- names the capture in the context of an error (capture/wal.py)
                 'insert into ferry.events_%1$s (id, part, txid, stream, capture, key, payload, op, old_payload, created_at) '
                 'select x.id, %1$s, %2$L::xid8, %3$L, %4$s, '
                 '       case when x.op = ''T'' then null else %5$s end, '
                 '       case when x.op = ''T'' then ''{}''::jsonb when x.missing is null then %6$s '
                 '            else %6$s - array(select jsonb_array_elements_text(x.missing)) end, '
                 '       x.op, case when x.op = ''U'' and x.o is not null then %7$s end, x.at '
-                'from unnest($1, $2, $3, $4, $5, $6, $7) x(id, relid, op, n, o, missing, at) %8$s'
-                'where x.relid = %9$s and (x.op = ''T'' or (strpos(%10$L, x.op) > 0 and (%11$s))) '
+                'from unnest($1, $2, $3, $4, $5, $6, $7, $8) x(id, relid, op, n, o, missing, at, lsn) %8$s'
+                'where x.relid = %9$s and x.lsn >= %12$s and x.lsn < %13$s '
+                '  and (x.op = ''T'' or (strpos(%10$L, x.op) > 0 and (%11$s))) '
                 'order by x.id',
-                v_part, v_txid, c.stream, c.id, v_key, v_record, v_old, v_from, c.relid, v_ops, v_filter)
-            using v_ids, relids, ops, rows, olds, missing, times;
+                v_part, v_txid, c.stream, c.id, v_key, v_record, v_old, v_from, c.relid, v_ops, v_filter,
+                coalesce(c.captured_lsn - '0/0'::pg_lsn, 0), coalesce(c.uncaptured_lsn - '0/0'::pg_lsn, 9223372036854775807))
+            using v_ids, relids, ops, rows, olds, missing, times, lsns;
             get diagnostics v_n = row_count;
             v_total := v_total + v_n;
         end loop;

@@ -175,6 +175,8 @@ begin
         if (select c.relreplident from pg_class c where c.oid = tbl) = 'd' then
             execute format('alter table %s replica identity full', tbl);
         end if;
+        -- Changes from here on in the WAL are this capture's (migration 0022).
+        update ferry.captures c set captured_lsn = pg_current_wal_insert_lsn() where c.id = v_capture;
         return v_stream;
     end if;
     -- The generated statements name rows by the aliases r, n and o; a bare alias that is also a

@@ -2,7 +2,8 @@
 --
 -- Stops capturing a table: drops its capture triggers and generated
 -- functions (also those of captures made before migration 0003) and marks
--- its ferry.captures rows as ended (they stay: events still point at them).
+-- its ferry.captures rows as ended (they stay: events still point at them;
+-- a WAL capture's changes made before the end are still appended, 0022).
 -- A table captured from the WAL leaves the publication (its REPLICA
 -- IDENTITY is left as it is).
 --
@@ -35,5 +36,8 @@ begin
                join pg_publication_rel pr on pr.prpubid = p.oid where pr.prrelid = tbl) then
         execute format('alter publication %I drop table %s', (select w.publication from ferry.wal_slot w), tbl);
     end if;
-    update ferry.captures set uncaptured_at = now() where relid = tbl and uncaptured_at is null;
+    -- A WAL capture's changes before this point in the WAL are still appended when decoded (0022).
+    update ferry.captures set uncaptured_at = now(),
+                              uncaptured_lsn = case when method = 'wal' then pg_current_wal_insert_lsn() end
+    where relid = tbl and uncaptured_at is null;
 end $$;
