@@ -493,3 +493,19 @@ async def test_changes_made_before_a_switch_or_an_uncapture_are_kept_as_they_wer
         ("public.switched", "1", ("id", "secret")),
         ("public.switched", "2", ("id", "secret")),  # by trigger
     ]
+
+
+async def test_domains_over_json_and_jsonb_are_json_as_triggers_write_them(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running
+) -> None:
+    """Their values came out as JSON strings: "{\\"a\\": 1}" for {"a": 1}, "null" for null."""
+    await conn.execute("create domain dj as jsonb; create domain djs as json; create domain ddj as dj")
+    for t, method in (("by_trigger", "trigger"), ("by_wal", "wal")):
+        await conn.execute(f"create table {t} (id int primary key, a dj, b djs, c ddj)")
+        await ferry.capture_table(t, stream=t, method=method)
+        await ferry.register_consumer(t, [t])
+        await conn.execute(f"""insert into {t} values (1, '{{"a": 1}}', '"str"', 'null'), (2, '[1]', '2', null)""")
+    await wal.caught_up(conn)
+    by_trigger = [e.payload["record"] for e in await read_all(ferry, conn, "by_trigger")]
+    assert by_trigger[0] == {"id": 1, "a": {"a": 1}, "b": "str", "c": None}
+    assert [e.payload["record"] for e in await read_all(ferry, conn, "by_wal")] == by_trigger

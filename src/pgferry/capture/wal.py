@@ -54,6 +54,8 @@ JSON_TYPES = frozenset({114, 3802})
 NUMBER_TYPES = frozenset({21, 23, 20, 700, 701, 1700})
 NOT_JSON_NUMBERS = frozenset({"NaN", "Infinity", "-Infinity"})
 BOOL = 16
+#: OIDs from here on are the database's own types (domains among them), not built-in ones
+FIRST_USER_OID = 16384
 #: SQLSTATE classes of failures another attempt may not meet: serialization, resources,
 #: an operator's intervention (a connection's end is db.CONNECTION_ERRORS). The relay's leader
 #: job handles them as any other: it steps down and comes back.
@@ -110,6 +112,8 @@ class WalCapture:
         #: why the last append failed (None: it did not), and the tables its changes were of
         self._failing: str | None = None
         self._failed_relids: list[int] = []
+        #: user-defined types met in relations: whether each is a domain over json or jsonb
+        self._json_domains: dict[int, bool] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         # The append must be durable before the slot moves past it: never synchronous_commit off here.
@@ -184,6 +188,17 @@ class WalCapture:
             log.error("WAL capture: %s", error)
         self._failing = error
 
+    async def _describe(self, rel: Relation) -> None:
+        """Keep ``rel``, knowing which of its columns are JSON: of type json or jsonb, or of a
+        domain over them (their values were written as JSON strings: '{"a": 1}' for {"a": 1})."""
+        domains = {c.type_oid for c in rel.columns if c.type_oid >= FIRST_USER_OID} - self._json_domains.keys()
+        if domains:
+            found = set(await self.conn.fetchval(sql.query("wal_json_domains"), list(domains)))
+            self._json_domains.update((oid, oid in found) for oid in domains)
+        json_types = JSON_TYPES | {oid for oid, is_json in self._json_domains.items() if is_json}
+        _shape(rel, json_types)
+        self.relations[rel.oid] = rel
+
     def _table_name(self, oid: int) -> str:
         rel = self.relations.get(oid)
         return f"{rel.schema}.{rel.name}" if rel is not None else f"relation {oid}"
@@ -230,7 +245,10 @@ class WalCapture:
                         if not skip:
                             last_end, dirty = m.end_lsn, True
                     elif isinstance(m, Relation):
-                        self.relations[m.oid] = m
+                        if tail is not None:  # the connection is the append's
+                            await tail
+                            tail = None
+                        await self._describe(m)
                     elif isinstance(m, Truncate) and not skip:
                         for rel in m.relations:
                             _append(pending, rel, "T", b"{}", None, None, commit_time, start)
@@ -383,11 +401,11 @@ def _row(rel: Relation, values: list[object], old: list[object] | None) -> tuple
     return orjson.dumps(row), orjson.dumps(missing) if missing else None
 
 
-def _shape(rel: Relation) -> tuple[list[str], list[int], list[int], list[int]]:
+def _shape(rel: Relation, json_types: frozenset[int] = JSON_TYPES) -> tuple[list[str], list[int], list[int], list[int]]:
     """A relation's column names and where its json, number and boolean columns are (kept on it)."""
     if rel.shape is None:
         at = {kind: [i for i, c in enumerate(rel.columns) if c.type_oid in types]
-              for kind, types in (("json", JSON_TYPES), ("number", NUMBER_TYPES), ("bool", {BOOL}))}  # fmt: skip
+              for kind, types in (("json", json_types), ("number", NUMBER_TYPES), ("bool", {BOOL}))}  # fmt: skip
         rel.shape = ([c.name for c in rel.columns], at["json"], at["number"], at["bool"])
     return rel.shape
 

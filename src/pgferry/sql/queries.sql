@@ -646,6 +646,16 @@ update ferry.wal_slot set error = $1, error_at = coalesce(error_at, now())
 -- name: wal_recovered
 update ferry.wal_slot set error = null, error_at = null where error is not null
 
+-- name: wal_json_domains
+-- Of the types $1, the domains over json or jsonb (through domains over domains): WAL capture
+-- writes their values into the row as JSON, as it does json's and jsonb's.
+with recursive d(oid, base) as (
+    select t.oid, t.typbasetype from pg_type t where t.oid = any($1::oid[]) and t.typtype = 'd'
+    union all
+    select d.oid, t.typbasetype from d join pg_type t on t.oid = d.base where t.typtype = 'd'
+)
+select coalesce(array_agg(d.oid), '{}') from d where d.base in (114, 3802)
+
 -- name: wal_append
 select ferry._append_wal($1::text::pg_lsn, $2::text::pg_lsn, $3, $4::oid[], $5::text[]::"char"[], $6::jsonb[], $7::jsonb[], $8::jsonb[], $9::timestamptz[], $10::bigint[])
 
