@@ -206,13 +206,17 @@ class Ferry:
         condition: str | None = None,
         columns: Sequence[str] | None = None,
         exclude_columns: Sequence[str] | None = None,
+        changed_columns: Sequence[str] | None = None,
+        operations: Sequence[str] | None = None,
     ) -> str:
         """Capture a table's row changes into a stream (``ferry.capture_table``); returns the stream.
 
         ``method``: 'trigger' (statement triggers, in the writer's transaction) or 'wal' (decoded
-        from the write-ahead log by the relay; needs ``wal_level = logical``).
+        from the write-ahead log by the relay; needs ``wal_level = logical``). ``changed_columns``:
+        an UPDATE only when one of them changed; ``operations``: of insert, update, delete (all).
         """
-        args = (table, stream, _list(key_columns), condition, _list(columns), _list(exclude_columns), method)
+        args = (table, stream, _list(key_columns), condition, _list(columns), _list(exclude_columns), method,
+                _list(changed_columns), _list(operations))  # fmt: skip
         return str(await self._capture_call("capture_table", *args))
 
     async def uncapture_table(self, table: str) -> None:

@@ -253,6 +253,13 @@ async def test_capture_from_the_wal_says_what_is_wrong(ferry: pgferry.Ferry, con
         with pytest.raises(asyncpg.PostgresError, match="cannot create the replication slot") as refused:
             await conn.execute("select ferry.capture_table('t', method => 'wal')")
     assert "on its own" in (refused.value.hint or "")
+    await conn.execute("create table keyed (id int primary key, s text)")
+    await conn.execute("alter table keyed replica identity using index keyed_pkey")
+    for option in ({"condition": "s = 'paid'"}, {"changed_columns": ["s"]}):
+        with pytest.raises(pgferry.PgferryError, match="needs its whole old rows") as partial:
+            await ferry.capture_table("keyed", method="wal", **option)
+        assert "replica identity full" in str(partial.value)
+    await ferry.capture_table("keyed", method="wal")  # without them, the key is enough
 
 
 async def test_a_slot_that_went_away_is_reported_with_the_way_out(

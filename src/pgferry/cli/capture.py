@@ -18,6 +18,10 @@ from pgferry.cli.common import database_url_option, with_ferry
 @click.option("--condition", help="Capture only rows for which this SQL expression is true (e.g. \"status = 'paid'\").")
 @click.option("--column", "columns", multiple=True, help="Keep only these columns in the record (repeatable).")
 @click.option("--exclude-column", "exclude_columns", multiple=True, help="Leave these columns out (repeatable).")
+@click.option("--changed-column", "changed_columns", multiple=True,
+              help="Capture an UPDATE only when one of these columns changed (repeatable).")  # fmt: skip
+@click.option("--operation", "operations", multiple=True, type=click.Choice(["insert", "update", "delete"]),
+              help="Capture only these operations (repeatable; default: all three).")  # fmt: skip
 @click.option("--remove", is_flag=True, help="Stop capturing TABLE instead.")
 def capture(
     database_url: str | None,
@@ -28,6 +32,8 @@ def capture(
     condition: str | None,
     columns: tuple[str, ...],
     exclude_columns: tuple[str, ...],
+    changed_columns: tuple[str, ...],
+    operations: tuple[str, ...],
     remove: bool,
 ) -> None:
     """Capture TABLE's inserts, updates and deletes into a stream (or stop, with --remove)."""
@@ -45,6 +51,8 @@ def capture(
             condition=condition,
             columns=columns or None,
             exclude_columns=exclude_columns or None,
+            changed_columns=changed_columns or None,
+            operations=operations or None,
         ),
     )
     how = "from the WAL (the relay decodes it)" if method == "wal" else "by trigger"

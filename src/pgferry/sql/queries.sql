@@ -661,7 +661,8 @@ select ferry._append_wal($1::text::pg_lsn, $2::text::pg_lsn, $3, $4::oid[], $5::
 
 -- name: capture_table
 select ferry.capture_table($1::text::regclass, stream => $2, key_columns => $3, condition => $4, columns => $5,
-                           exclude_columns => $6, method => $7)
+                           exclude_columns => $6, method => $7, changed_columns => $8,
+                           operations => coalesce($9, array['insert', 'update', 'delete']))
 
 -- name: uncapture_table
 select ferry.uncapture_table($1::text::regclass)

@@ -175,6 +175,17 @@ begin
         if (select c.relreplident from pg_class c where c.oid = tbl) = 'd' then
             execute format('alter table %s replica identity full', tbl);
         end if;
+        -- A condition or changed_columns looks at the old row, which the WAL has whole only with
+        -- REPLICA IDENTITY FULL: with an index's, a DELETE's old row is its key, and the events
+        -- would differ from what triggers write (rows leaving the condition, deletes, unchanged
+        -- columns taken for changed).
+        if (v_cond is not null or capture_table.changed_columns is not null)
+           and (select c.relreplident from pg_class c where c.oid = tbl) <> 'f' then
+            raise exception 'pgferry: capturing % from the WAL with a condition or changed_columns needs its whole old rows, '
+                            'and its REPLICA IDENTITY gives only their key', tbl
+                using errcode = '55000',
+                      hint = format('alter table %s replica identity full; or capture it with method => ''trigger''.', tbl);
+        end if;
         -- Changes from here on in the WAL are this capture's (migration 0022).
         update ferry.captures c set captured_lsn = pg_current_wal_insert_lsn() where c.id = v_capture;
         return v_stream;
