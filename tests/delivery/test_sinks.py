@@ -130,6 +130,23 @@ async def test_redis_gets_each_event_once_on_its_key_stream(
 
 
 @needs_redis
+async def test_more_appends_at_once_than_connections_wait_for_one_and_fail_none(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, redis_server: RedisServer
+) -> None:
+    """200 in flight against a pool of 64: "Too many connections" was recorded as the server
+    failing, marked it down and up, and reconnecting left connections open by the thousand."""
+    await ferry.subscribe("wide", ["s"], f"{redis_server.url}/4?stream=wide:{{key}}", max_in_flight=200)
+    await ferry.publish_many([{"stream": "s", "payload": {"n": n}, "key": str(n % 20)} for n in range(2000)])
+    await eventually(recorded(conn, "wide", 2000), timeout=60, what="2,000 attempts recorded")
+    failed = await conn.fetchval("select count(*) from ferry.attempts where error_class is not null")
+    client = redis_client(redis_server.port, db=4)
+    clients = int((await client.info("clients"))["connected_clients"])
+    assert sum([await client.xlen(f"wide:{k}") for k in range(20)]) == 2000
+    await client.aclose()
+    assert failed == 0 and clients <= 64 + 1  # the pool, and this client
+
+
+@needs_redis
 async def test_a_relay_killed_three_times_leaves_exactly_one_message_per_event(
     pgferry_cmd: list[str],
     db_url: str,

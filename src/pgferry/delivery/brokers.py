@@ -194,7 +194,11 @@ class Brokers:
         from redis.backoff import NoBackoff  # noqa: PLC0415
 
         async def make(ip: str) -> redis.asyncio.Redis:
-            client = redis.asyncio.Redis(
+            # A blocking pool: a send beyond 64 at once waits for a connection (its timeout_ms
+            # bounds the wait). The default pool raised "Too many connections", which counted as
+            # the server failing: 100 subscriptions to one Redis marked it down and up again,
+            # reconnected, and left connections open by the thousand.
+            pool = redis.asyncio.BlockingConnectionPool(
                 host=ip,
                 port=port,
                 db=db,
@@ -203,7 +207,9 @@ class Brokers:
                 socket_connect_timeout=CONNECT_TIMEOUT_S,
                 retry=Retry(NoBackoff(), 0),
                 max_connections=64,
+                timeout=None,
             )
+            client = redis.asyncio.Redis.from_pool(pool)
             try:
                 await client.ping()
             except redis.exceptions.AuthenticationError as exc:

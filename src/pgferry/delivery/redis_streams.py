@@ -91,7 +91,7 @@ async def append_once(client: redis.asyncio.Redis, keys: Sequence[str], args: Se
     packed = hiredis.pack_command(("EVALSHA", APPEND_ONCE_SHA, len(keys), *keys, *args))
     for loaded in (False, True):
         pool = client.connection_pool
-        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+        conn = await pool.get_connection()  # type: ignore[no-untyped-call]  # waits for one (a blocking pool)
         try:
             await conn.send_packed_command(packed)
             await conn.read_response()
