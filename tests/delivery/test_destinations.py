@@ -45,6 +45,11 @@ def test_urls_parse_into_host_port_and_templates() -> None:
         ("redis://cache:6379/0?stream=s&maxlen=0", "maxlen='0'"),
         ("redis://cache:6379/0?stream=s&ttl=5", "unknown parameter 'ttl'"),
         ("redis://cache:6379/0?stream=s{key", "unbalanced braces"),
+        # each accepted once, and failing at every send (found by an outside probe):
+        ("nats://broker:99999/x", "Port out of range"),
+        ("nats://[::1/x", "Invalid IPv6 URL"),
+        ("redis://cache:6379/0?stream=s&maxlen=99999999999999999999", "from 1 to 2147483647"),
+        ("redis://cache:6379/0?stream=s&dedup_window=99999999999999999999", "from 1 to 2147483647"),
     ],
 )
 def test_bad_urls_are_refused_with_what_is_wrong(url: str, says: str) -> None:
@@ -52,6 +57,14 @@ def test_bad_urls_are_refused_with_what_is_wrong(url: str, says: str) -> None:
     with pytest.raises(BadDestination, match=None) as caught:
         parse(url)
     assert says in str(caught.value)
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_a_stream_name_never_makes_an_empty_token(stream: str) -> None:
+    """A stream x..y made subject sp.x..y.k, which no server takes (recorded as "no stream captures it")."""
+    subject = parse_nats("nats://b/sp.{stream}.{key}").subject.render(_event(key="k", stream=stream), subject=True)
+    tokens = subject.split(".")
+    assert tokens[0] == "sp" and tokens[-1] == "k" and all(tokens), subject
 
 
 @given(st.text(min_size=1, max_size=40))
@@ -71,6 +84,7 @@ async def test_subscribe_refuses_bad_broker_urls_in_sql_and_in_python(conn: asyn
         ("redis://127.0.0.1:6379/0", "names no Redis stream"),
         ("nats://127.0.0.1:4222/a.{nope}", "unknown placeholder"),
         ("kafka://127.0.0.1:9092/t", "unsupported URL scheme"),
+        ("http://127.0.0.1:65536/hook", "port out of range"),
     ]:
         with pytest.raises(asyncpg.InvalidParameterValueError, match=says):
             await conn.execute("select ferry.subscribe('x', array['s'], $1)", url)

@@ -147,6 +147,25 @@ async def test_more_appends_at_once_than_connections_wait_for_one_and_fail_none(
 
 
 @needs_redis
+async def test_a_database_the_server_lacks_fails_its_subscription_only(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, redis_server: RedisServer
+) -> None:
+    """It was a "connect" failure: after five the server was held as down for every subscription."""
+    await ferry.subscribe("nodb", ["bad"], f"{redis_server.url}/20?stream=x", max_attempts=50)
+    await ferry.subscribe("fine", ["good"], f"{redis_server.url}/5?stream=y")
+    await ferry.publish_many([{"stream": "bad", "payload": {"n": n}} for n in range(10)])
+
+    async def failing() -> bool:
+        return bool(await conn.fetchval("select count(*) from ferry.attempts where subscription = 'nodb'") >= 10)
+
+    await eventually(failing, what="the bad database's attempts")
+    await ferry.publish_many([{"stream": "good", "payload": {"n": n}} for n in range(5)])
+    await eventually(recorded(conn, "fine", 5), timeout=5, what="the other subscription's 5 (never held)")
+    classes = await conn.fetch("select distinct error_class, error from ferry.attempts where subscription = 'nodb'")
+    assert [r["error_class"] for r in classes] == ["config"] and "DB index is out of range" in classes[0]["error"]
+
+
+@needs_redis
 async def test_a_relay_killed_three_times_leaves_exactly_one_message_per_event(
     pgferry_cmd: list[str],
     db_url: str,

@@ -113,7 +113,7 @@ def relays(database_url: str | None, as_json: bool) -> None:
 
 @click.command()
 @database_url_option
-@click.argument("event_id", type=int)
+@click.argument("event_id", type=click.IntRange(1, 2**63 - 1))
 @json_option
 def trace(database_url: str | None, event_id: int, as_json: bool) -> None:
     """Follow event EVENT_ID: the event, the subscriptions it matched and where it is for each,

@@ -170,7 +170,10 @@ def _warn_unwritten(streams: list[str]) -> None:
 
 
 def _warn_unresolvable(url: str) -> None:
-    _, host, port = endpoint_of(url)
+    try:
+        _, host, port = endpoint_of(url)
+    except ValueError:  # malformed: ferry.subscribe says what is wrong with it
+        return
     if not host:
         return
     try:

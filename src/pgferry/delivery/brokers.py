@@ -217,8 +217,10 @@ class Brokers:
                 raise BrokerUnreachable("auth", f"Redis at {host}:{port}: {exc}") from None
             except redis.exceptions.ResponseError as exc:
                 await client.aclose()
+                # The server answered: not down. Wrong credentials, or this subscription's setting
+                # (a database number the server does not have), which held every other one back.
                 auth = "NOAUTH" in str(exc) or "WRONGPASS" in str(exc)
-                raise BrokerUnreachable("auth" if auth else "connect", f"Redis at {host}:{port}: {exc}") from None
+                raise BrokerUnreachable("auth" if auth else "config", f"Redis at {host}:{port}: {exc}") from None
             except (redis.exceptions.ConnectionError, OSError, TimeoutError) as exc:
                 await client.aclose()
                 raise BrokerUnreachable("connect", f"cannot connect to Redis at {host}:{port}: {exc}") from None

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 from pgferry.delivery.model import OutEvent
 
@@ -61,6 +61,8 @@ class Template:
         if self.fixed:
             return self.text
         stream = _encode(event.stream, _SUBJECT_SAFE) if subject else event.stream
+        if subject and (stream.startswith(".") or stream.endswith(".") or ".." in stream):
+            stream = stream.replace(".", "%2E")  # its dots would make an empty token: one token instead
         key = event.key or "_"
         if subject:
             key = _encode(key, _TOKEN_SAFE) if key != "_" else key
@@ -97,7 +99,7 @@ class RedisDestination:
 
 
 def parse_nats(url: str) -> NatsDestination:
-    parts = urlsplit(url)
+    parts = _split(url)
     if parts.username or parts.password:
         raise BadDestination("credentials do not go in the URL; set them with ferry.set_subscription_credentials")
     subject = unquote(parts.path.lstrip("/"))
@@ -111,7 +113,7 @@ def parse_nats(url: str) -> NatsDestination:
 
 
 def parse_redis(url: str) -> RedisDestination:
-    parts = urlsplit(url)
+    parts = _split(url)
     if parts.username or parts.password:
         raise BadDestination("credentials do not go in the URL; set them with ferry.set_subscription_credentials")
     path = parts.path.strip("/")
@@ -134,6 +136,13 @@ def parse_redis(url: str) -> RedisDestination:
     )
 
 
+def _split(url: str) -> SplitResult:
+    try:
+        return urlsplit(url)
+    except ValueError as exc:  # e.g. "Invalid IPv6 URL"
+        raise BadDestination(f"{url!r}: {exc}") from None
+
+
 def _host(host: str | None, url: str) -> str:
     if not host:
         raise BadDestination(f"{url!r} names no host")
@@ -152,6 +161,6 @@ def _positive(query: dict[str, list[str]], name: str, default: int | None) -> in
     if name not in query:
         return default
     value = query[name][-1]
-    if not value.isdigit() or int(value) < 1:
-        raise BadDestination(f"{name}={value!r}: expected a positive whole number")
+    if not value.isdigit() or not 1 <= int(value) < 2**31:  # Redis takes them as 64-bit, EXPIRE as seconds
+        raise BadDestination(f"{name}={value!r}: expected a whole number from 1 to {2**31 - 1}")
     return int(value)

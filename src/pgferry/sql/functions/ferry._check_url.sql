@@ -53,6 +53,10 @@ begin
             using errcode = '22023',
                   hint = 'Expected http(s)://host[:port]/path with no spaces, control characters or user:password part.';
     end if;
+    if coalesce(substring(url from '^[A-Za-z]+://(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]+):([0-9]{1,5})')::integer, 1)
+       not between 1 and 65535 then
+        raise exception 'pgferry: % has a port out of range (1-65535)', quote_literal(url) using errcode = '22023';
+    end if;
     begin
         v_ip := coalesce(substring(url from '^[A-Za-z]+://\[([0-9A-Fa-f:.]+)\]'),
                          substring(url from '^[A-Za-z]+://([0-9.]+)(?:[:/?#]|$)'))::inet;
