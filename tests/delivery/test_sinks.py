@@ -307,6 +307,36 @@ async def test_a_message_over_the_servers_max_payload_is_dead_lettered_with_the_
         server.close()
 
 
+async def test_messages_at_the_max_payload_boundary_and_overlong_subjects_are_refused_not_timed_out(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    """The size check left out the header block's 12 framing bytes, and a 5,000-byte key made a
+    subject over the server's control line: the server closed the connection each time, recorded
+    as timeouts of that event and of the others in flight on it."""
+    server = NatsServer("max_payload: 1024")
+    server.start()
+    try:
+        client = await nats.connect(server.url)
+        js: Any = client.jetstream()
+        await js.add_stream(name="EDGE", subjects=["edge.>"])
+        await ferry.subscribe("edge", ["s"], f"{server.url}/edge.{{key}}", timeout_ms=2000, max_attempts=2)
+        ids = [await ferry.publish("s", {"p": "x" * n}, key="k") for n in range(820, 940, 2)]
+        ids.append(await ferry.publish("s", {"p": 1}, key="k" * 5000))
+
+        async def settled() -> bool:
+            dead = await conn.fetchval("select count(*) from ferry.dead_letters")
+            return bool(dead + (await js.stream_info("EDGE")).state.messages == len(ids))
+
+        await eventually(settled, timeout=30, what="each event stored or dead")
+        classes = {r[0] for r in await conn.fetch("select distinct error_class from ferry.attempts")}
+        assert classes <= {None, "too_large"}, classes
+        reasons = [r[0] for r in await conn.fetch("select last_error from ferry.dead_letters order by event_id")]
+        assert reasons[-1].startswith(f"the subject of evt_{ids[-1]} is 5005 bytes") and len(reasons) > 1
+        await client.close()
+    finally:
+        server.close()
+
+
 async def _subscribe_both(conn: asyncpg.Connection, nats_url: str, redis_url: str, options: str) -> None:
     """Subscriptions n (JetStream) and r (Redis Streams) to stream s, retrying fast, with ``options``."""
     for name, target in (("n", nats_url), ("r", redis_url)):

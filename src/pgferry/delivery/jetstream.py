@@ -43,6 +43,11 @@ if TYPE_CHECKING:
 MESSAGE_TOO_LARGE_CODES = frozenset((10054,))
 
 
+#: The longest subject a publish may have: a NATS server's max_control_line (4,096 bytes by default)
+#: less the rest of the line (HPUB, the reply subject, the sizes).
+MAX_SUBJECT_BYTES = 3_840
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     subject: str
@@ -51,7 +56,12 @@ class Message:
 
     @property
     def size(self) -> int:
-        return len(self.data) + sum(len(k) + len(v) + 4 for k, v in self.headers.items())
+        """What the server counts against max_payload: the payload and the header block, whose
+        "NATS/1.0\r\n" and closing "\r\n" were left out (messages up to 12 bytes over the
+        limit passed here, and the server closed the connection under every request on it)."""
+        if not self.headers:
+            return len(self.data)
+        return len(self.data) + 12 + sum(len(k) + len(v) + 4 for k, v in self.headers.items())
 
 
 def message_of(sub: Subscription, dest: NatsDestination, event: OutEvent) -> Message:
@@ -90,6 +100,12 @@ class JetStreamSink(Sink):
         for m in messages:
             if m.size > self.ctx.max_body_bytes:
                 return _too_large(m, self.ctx.max_body_bytes, "the relay's limit (ferry.config.max_body_bytes)")
+            if len(m.subject.encode()) > MAX_SUBJECT_BYTES:
+                # A longer PUB line makes the server close the connection, and every request on it fails.
+                size = len(m.subject.encode())
+                error = (f"the subject of {m.headers['webhook-id']} is {size} bytes, over the {MAX_SUBJECT_BYTES} "
+                         "a NATS server's control line leaves it (max_control_line, 4 KB)")  # fmt: skip
+                return HttpResult(None, "too_large", error, None, 0.0)
         return messages
 
     async def send(
