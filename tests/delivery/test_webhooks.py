@@ -428,3 +428,23 @@ async def test_a_cursor_moved_by_another_process_is_followed_not_fatal(
 
 async def _logged(caplog: pytest.LogCaptureFixture, text: str) -> bool:
     return text in caplog.text
+
+
+async def test_a_subscription_removed_while_its_events_are_in_hand_stops_quietly(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """Its worker failed with an ERROR and a traceback ("its consumer does not exist")."""
+    _, url = await receiver_factory(lambda _: Respond(500, b"no"))
+    await conn.execute(f"select ferry.subscribe('brief', array['s'], $1, {FAST_RETRY})", url)
+    await ferry.publish_many([{"stream": "s", "payload": {"n": n}, "key": str(n)} for n in range(20)])
+
+    async def parked() -> bool:
+        return bool(await conn.fetchval("select count(*) from ferry.retries where subscription = 'brief'"))
+
+    await eventually(parked, what="events parked")
+    await ferry.publish_many([{"stream": "s", "payload": {"n": n}} for n in range(20)])
+    await conn.execute("select ferry.unsubscribe('brief')")
+    await asyncio.sleep(2)
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert not errors, errors

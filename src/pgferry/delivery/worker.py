@@ -73,6 +73,8 @@ READ_SPAN_MAX = 5000
 CURSOR_MOVED = "PF001"
 #: SQLSTATE of ferry._fence when another relay claimed the subscription (migration 0016).
 OWNERSHIP_LOST = "PF002"
+#: ferry.webhook_steps refused a step: the subscription's consumer is gone (it was removed)
+REMOVED = "42704"
 
 
 #: Seconds between checks of held events against their max_age while the endpoint is down.
@@ -259,10 +261,12 @@ class SubscriptionWorker:
             while self.background:
                 await asyncio.gather(*self.background, return_exceptions=True)
         except (asyncpg.PostgresError, StepRefused) as exc:
-            if exc.sqlstate != OWNERSHIP_LOST:
+            if exc.sqlstate == REMOVED:  # unsubscribed while its events were in hand: nothing to deliver them to
+                log.info("subscription %s was removed; this relay stops delivering it", self.sub.name)
+            elif exc.sqlstate != OWNERSHIP_LOST:
                 raise
-            # Another relay delivers it now: what we had read and not recorded, it sends again.
-            log.warning("subscription %s: %s; this relay stops delivering it", self.sub.name, exc.args[0])
+            else:  # another relay delivers it now: what we had read and not recorded, it sends again
+                log.warning("subscription %s: %s; this relay stops delivering it", self.sub.name, exc.args[0])
         finally:
             for task in [*loops, *self.background]:
                 task.cancel()
