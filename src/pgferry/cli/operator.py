@@ -206,7 +206,7 @@ def replay(database_url: str | None, subscription: str, since: str | None, from_
     since_at = parse_since(since) if since is not None else None
     url = require_url(database_url)
 
-    async def go() -> dict[str, int]:
+    async def go() -> tuple[dict[str, int], str]:
         async with pgferry.connect(url, pool_size=1) as f, f.pool.acquire() as conn:
             total = await inspect.replay_count(conn, subscription, since_at, from_event)
             if total and not yes and not as_json and sys.stdin.isatty():
@@ -226,9 +226,10 @@ def replay(database_url: str | None, subscription: str, since: str | None, from_
                     queued += step.queued
                     skipped += step.skipped
                     progress.advance(task, step.queued + step.skipped)
-            return {"matched": total, "queued": queued, "skipped": skipped}
+            target = await conn.fetchval(sql.query("subscription_url"), subscription)
+            return {"matched": total, "queued": queued, "skipped": skipped}, str(target or "")
 
-    counts = run_coroutine(go())
+    counts, target = run_coroutine(go())
     if as_json:
         print_json(counts)
         return
@@ -236,6 +237,12 @@ def replay(database_url: str | None, subscription: str, since: str | None, from_
         f"{counts['queued']} event(s) queued for delivery again, {counts['skipped']} skipped "
         "(already parked or dead letters: see `pgferry dlq replay`)"
     )
+    if counts["queued"] and target.partition(":")[0].lower() in ("nats", "redis"):
+        click.echo(  # the replay is recorded as delivered either way (docs/sinks.md)
+            "note: the broker drops a message whose webhook-id it stored within its duplicate window "
+            "(JetStream's duplicate_window; Redis: the URL's dedup_window, 120 s by default): events it "
+            "received that recently are not stored again"
+        )
 
 
 @click.command()
