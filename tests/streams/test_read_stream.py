@@ -214,3 +214,27 @@ async def started(conn: asyncpg.Connection, stream: str) -> Position:
     position = await start(conn, stream, None)
     assert position is not None
     return position
+
+
+async def test_concurrent_closes_write_one_end_marker_and_all_return_its_id(
+    db_url: str, conn: asyncpg.Connection
+) -> None:
+    """Each wrote a marker of its own and returned its id; readers stopped at one of them."""
+    await conn.execute("select ferry.publish('race:1', '1')")
+
+    async def close() -> int:
+        other = await asyncpg.connect(db_url)
+        try:
+            async with other.transaction():
+                end = await other.fetchval("select ferry.close_stream('race:1')")
+                await asyncio.sleep(0.3)  # the others come while this one is open
+                return int(end)
+        finally:
+            await other.close()
+
+    ends = await asyncio.gather(*(close() for _ in range(5)))
+    markers = await conn.fetchval(
+        "select count(*) from ferry.events where stream = 'race:1' and headers ? 'pgferry-control'"
+    )
+    assert len(set(ends)) == 1 and markers == 1
+    assert await conn.fetchval("select end_event from ferry.closed_streams where stream = 'race:1'") == ends[0]

@@ -26,6 +26,10 @@ begin
     if stream is null or length(stream) > 200 or btrim(stream) = '' then
         perform ferry._check_stream(stream);  -- raises the precise error
     end if;
+    -- One closer at a time per stream (advisory class 0x7068, the hash of its name), until its
+    -- transaction ends: concurrent closes each wrote an end marker and returned its own id, and
+    -- readers stopped at only one of them. The second one waits, then finds the first's.
+    perform pg_advisory_xact_lock(28776, hashtext(close_stream.stream));
     select c.end_event into v_end from ferry.closed_streams c where c.stream = close_stream.stream;
     if found then
         return v_end;
@@ -47,7 +51,7 @@ begin
         values (2, v_txid, stream, 'null', '{"pgferry-control": "end"}') returning id into v_end;
     end if;
     insert into ferry.closed_streams (stream, end_event, end_txid) values (close_stream.stream, v_end, v_txid)
-    on conflict on constraint closed_streams_pkey do nothing;  -- closed meanwhile: readers stop at the first marker
+    on conflict on constraint closed_streams_pkey do nothing;  -- (cannot happen now: the lock above)
     return v_end;
 end $$;
 
