@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -246,6 +247,8 @@ async def test_bad_requests_get_clear_errors_and_the_relay_keeps_serving(
         "/events?limit=-1": (400, "limit must be"),
         "/events?wait=nan": (400, "wait must be a number of seconds from 0 to 30"),
         "/events?wait=1e9": (400, "wait must be"),
+        "/events?limit=%C2%B2": (400, "limit must be"),  # "²".isdigit(): a 500 and a traceback
+        "/events?wait=%D9%A1": (400, "wait must be"),  # an Arabic-Indic 1
         "?after=99999999999999999999": (400, "not a stream offset"),
         "?after=999999999-1": (400, "is ahead of this database's log"),  # SSE: once waited, silently
         "/events?after=999999999-1": (400, "is ahead of this database's log"),
@@ -417,3 +420,36 @@ async def test_clients_joining_at_random_moments_under_load_each_get_their_whole
             assert got[-1].event == "end", got[-1].data
             assert sorted(ids) == sorted(i for r in results for i in r.get(stream, [])), stream
             assert len(ids) == len(set(ids)), f"duplicates on {stream}"
+
+
+@pytest.mark.alone  # timing: a busy machine's pauses would look like a stalled client
+async def test_a_client_reading_history_slowly_but_steadily_is_not_cut_off(
+    start_api: StartApi, ferry: pgferry.Ferry
+) -> None:
+    """The stall timeout was around the write of a whole range of history (megabytes): a client
+    reading 49 KiB/s without a pause was cut off mid-event once that took longer than it."""
+    api = await start_api(allow_loopback=True, stall_timeout=0.5)
+    ids = await ferry.publish_many([{"stream": "long", "payload": "y" * 10_000} for _ in range(600)])
+    await ferry.close_stream("long")
+    await asyncio.sleep(0.3)  # ticked: the reader gets them as history, in one range
+    host, port = api.base.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65_536)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    await asyncio.get_running_loop().sock_sendall(sock, b"GET /v1/streams/long HTTP/1.1\r\nHost: x\r\n\r\n")
+    received = bytearray()
+    while True:  # until the relay closes the connection: after the end, or cutting it off
+        await asyncio.sleep(0.02)  # a few MB/s: what the kernel's buffers do not take of 6 MB of history
+        try:  # (one range, one write) drains in longer than the stall timeout
+            chunk = sock.recv(65_536)
+        except BlockingIOError:
+            continue
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        received += chunk
+    sock.close()
+    assert b"event: end" in received, f"cut off after {received.count(b'id: ')} of {len(ids)} events"
+    assert received.count(b"id: ") >= len(ids)

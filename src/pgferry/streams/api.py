@@ -31,6 +31,7 @@ from its last offset).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import socket
@@ -59,6 +60,11 @@ MAX_WAIT = 30.0
 #: The most events one POST may publish, and the largest body.
 MAX_PUBLISH = 1000
 MAX_BODY = 1 << 20
+#: What one write to a reader carries at most: the stall timeout is per piece, so it measures a
+#: client that stopped reading, not the time a slow one takes over a range of history.
+WRITE_PIECE = 64 * 1024
+#: The kernel send buffer of an SSE connection (the kernel doubles it).
+SSE_SEND_BUFFER = 128 * 1024
 
 
 class Authorizer(Protocol):
@@ -103,7 +109,7 @@ class StreamsApi:
         self.stats = ApiStats()
         #: the requests that read (SSE, long-polls): ended when the relay stops
         self.readers: set[asyncio.Task[Any]] = set()
-        self.app = web.Application(client_max_size=MAX_BODY)
+        self.app = web.Application(client_max_size=MAX_BODY, middlewares=[_database_unreachable])
         self.app.on_response_prepare.append(self._cors)
         self.app.router.add_get("/v1/streams/{name}", self.sse)
         self.app.router.add_get("/v1/streams/{name}/events", self.events)
@@ -148,16 +154,21 @@ class StreamsApi:
                 "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
             })  # fmt: skip
             response.force_close()  # a stream's connection is its own; it ends with it
+            sock = request.transport.get_extra_info("socket") if request.transport is not None else None
+            if sock is not None:
+                # A bounded kernel buffer, so that progress shows within stall_timeout: Linux grows
+                # a socket's to 4 MB and wakes its writer only once a third of it is free, which
+                # took a client reading 49 KiB/s longer than 30 s (cut off mid-history).
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SSE_SEND_BUFFER)
             try:
                 await response.prepare(request)
                 await self._write(request, response, b"retry: 2000\n\n")
                 await self._serve_sse(request, response, stream, position)
             except (ConnectionError, TimeoutError):
                 pass  # the client went away, or read nothing for stall_timeout (cut off)
-            # The connection closes once what was written is read: a client that reads nothing
-            # more would keep it (and its buffers) forever.
             if request.transport is not None:
-                asyncio.get_running_loop().call_later(self.settings.stall_timeout, request.transport.abort)
+                self._close_once_read(request.transport)
             return response
         finally:
             self._leave(this)
@@ -303,15 +314,42 @@ class StreamsApi:
         return read if read is not None else ([], position)
 
     async def _write(self, request: web.Request, response: web.StreamResponse, data: bytes) -> None:
-        """Write, but cut the connection off if the client reads nothing for ``stall_timeout``."""
+        """Write, but cut the connection off if the client reads nothing for ``stall_timeout``:
+        in pieces, each with its own deadline, so that it measures a client that stopped
+        reading, not one that reads a range of history (megabytes) slowly but steadily (one
+        reading 49 KiB/s was cut off mid-event after 30 s)."""
+        view = memoryview(data)
         try:
-            async with asyncio.timeout(self.settings.stall_timeout):
-                await response.write(data)
+            for start in range(0, len(view), WRITE_PIECE):
+                async with asyncio.timeout(self.settings.stall_timeout):
+                    await response.write(view[start : start + WRITE_PIECE])
         except TimeoutError:
             self._let_go("stalled")
             if request.transport is not None:
                 request.transport.abort()
             raise
+
+    def _close_once_read(self, transport: asyncio.BaseTransport) -> None:
+        """Close the connection once what was written has left the relay's buffers, and abort it
+        if the client stops reading before: one that reads nothing more would keep it (and its
+        buffers) forever. Aborting it a fixed stall_timeout after the last write cut off a client
+        still reading megabytes of history, with the end event unsent."""
+        loop = asyncio.get_running_loop()
+        left = [transport.get_write_buffer_size()]  # type: ignore[attr-defined]
+
+        def check() -> None:
+            if transport.is_closing():
+                return
+            size = transport.get_write_buffer_size()  # type: ignore[attr-defined]
+            if size == 0:
+                transport.close()  # the kernel sends what it holds, then the FIN
+            elif size >= left[0]:
+                transport.abort()  # type: ignore[attr-defined]  # no progress for stall_timeout
+            else:
+                left[0] = size
+                loop.call_later(self.settings.stall_timeout, check)
+
+        loop.call_later(self.settings.stall_timeout, check)
 
     def _let_go(self, reason: str) -> None:
         self.stats.let_go[reason] = self.stats.let_go.get(reason, 0) + 1
@@ -432,10 +470,20 @@ def _error(
     return classes[status](text=text, content_type="application/json", headers=headers)
 
 
+@web.middleware
+async def _database_unreachable(request: web.Request, handler: Any) -> web.StreamResponse:
+    """503 with the reason, as JSON like every other error (it was a 500 text page and a traceback
+    in the log, with --api-allow-loopback and the database down)."""
+    try:
+        return await handler(request)  # type: ignore[no-any-return]
+    except db.CONNECTION_ERRORS as exc:
+        raise _error(503, f"the database cannot be reached ({db.describe(exc)}); try again shortly") from None
+
+
 def _int(raw: str | None, name: str, default: int, low: int, high: int) -> int:
     if raw is None:
         return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
+    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:  # "²".isdigit(), int("²") fails
         raise _error(400, f"{name} must be a whole number from {low} to {high}")
     return int(raw)
 
@@ -444,7 +492,7 @@ def _float(raw: str | None, name: str, default: float, low: float, high: float) 
     if raw is None:
         return default
     try:
-        value = float(raw)
+        value = float(raw) if raw.isascii() else -1.0
     except ValueError:
         value = -1.0
     if not low <= value <= high:
