@@ -31,6 +31,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 import orjson
@@ -38,7 +39,7 @@ import orjson
 from pgferry import db, sql
 from pgferry.aio import backoff_delay, wait_for_event
 from pgferry.capture.pgoutput import UNCHANGED, Begin, Change, Commit, Relation, Truncate, decode
-from pgferry.capture.replication import ReplicationError, ReplicationStream
+from pgferry.capture.replication import Batch, ReplicationError, ReplicationStream
 from pgferry.errors import one_line
 
 log = logging.getLogger(__name__)
@@ -223,14 +224,26 @@ class WalCapture:
         tail: asyncio.Task[None] | None = None
         stopper = asyncio.ensure_future(stop.wait())
         batches = aiter(stream.batches())
+        getter: asyncio.Future[Batch] | None = None
         try:
             while not stop.is_set():
-                getter = asyncio.ensure_future(anext(batches))
-                done, _ = await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if getter is None:
+                    getter = asyncio.ensure_future(anext(batches))
+                waiters: set[asyncio.Future[Any]] = {getter, stopper}
+                if tail is not None:
+                    waiters.add(tail)
+                done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                if tail is not None and tail.done():
+                    # Its end now, not when the next batch comes: a failed append (the database
+                    # stopping) holds its confirmation back, and a server shutting down sends
+                    # nothing more until it has it (a fast shutdown waited out pg_ctl's 60 s).
+                    finished, tail = tail, None
+                    finished.result()
                 if getter not in done:
-                    getter.cancel()
-                    break
-                batch = getter.result()
+                    if stopper in done:
+                        break
+                    continue
+                batch, getter = getter.result(), None
                 for data, start in zip(batch.messages, batch.starts, strict=True):
                     m = decode(data)
                     if isinstance(m, Change):
@@ -280,6 +293,8 @@ class WalCapture:
                 tail = None
         finally:
             stopper.cancel()
+            if getter is not None:
+                getter.cancel()
             if tail is not None:
                 tail.cancel()
                 with contextlib.suppress(BaseException):
