@@ -8,6 +8,7 @@ pgferry's sink code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
@@ -56,6 +57,21 @@ async def js(nats_server: NatsServer) -> AsyncIterator[Any]:
 def redis_client(port: int, **options: Any) -> Any:
     """redis-py's client, typed loosely: its replies' types depend on decode_responses."""
     return redis.asyncio.Redis(port=port, decode_responses=True, **options)
+
+
+@contextlib.asynccontextmanager
+async def nats_with(config: str) -> AsyncIterator[tuple[NatsServer, Any]]:
+    """A nats-server of its own with ``config`` (e.g. a small max_payload), and a JetStream client."""
+    server = NatsServer(config)
+    server.start()
+    try:
+        client = await nats.connect(server.url)
+        try:
+            yield server, client.jetstream()
+        finally:
+            await client.close()
+    finally:
+        server.close()
 
 
 async def stream_messages(js: Any, stream: str) -> list[Any]:
@@ -276,11 +292,7 @@ async def test_a_subject_no_stream_captures_is_retried_with_its_name_until_a_str
 async def test_a_message_over_the_servers_max_payload_is_dead_lettered_with_the_reason(
     relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry
 ) -> None:
-    server = NatsServer("max_payload: 2048")
-    server.start()
-    try:
-        client = await nats.connect(server.url)
-        js: Any = client.jetstream()
+    async with nats_with("max_payload: 2048") as (server, js):
         await js.add_stream(name="SMALL", subjects=["small"])
         await js.add_stream(name="TINY", subjects=["tiny"], max_msg_size=500)
         await ferry.subscribe("small", ["s"], f"{server.url}/small")
@@ -302,9 +314,6 @@ async def test_a_message_over_the_servers_max_payload_is_dead_lettered_with_the_
 
         await eventually(stored, what="the small event")
         assert (await js.get_msg("SMALL", 1)).headers["webhook-id"] == f"evt_{fine}"
-        await client.close()
-    finally:
-        server.close()
 
 
 async def test_messages_at_the_max_payload_boundary_and_overlong_subjects_are_refused_not_timed_out(
@@ -313,11 +322,7 @@ async def test_messages_at_the_max_payload_boundary_and_overlong_subjects_are_re
     """The size check left out the header block's 12 framing bytes, and a 5,000-byte key made a
     subject over the server's control line: the server closed the connection each time, recorded
     as timeouts of that event and of the others in flight on it."""
-    server = NatsServer("max_payload: 1024")
-    server.start()
-    try:
-        client = await nats.connect(server.url)
-        js: Any = client.jetstream()
+    async with nats_with("max_payload: 1024") as (server, js):
         await js.add_stream(name="EDGE", subjects=["edge.>"])
         await ferry.subscribe("edge", ["s"], f"{server.url}/edge.{{key}}", timeout_ms=2000, max_attempts=2)
         ids = [await ferry.publish("s", {"p": "x" * n}, key="k") for n in range(820, 940, 2)]
@@ -332,9 +337,6 @@ async def test_messages_at_the_max_payload_boundary_and_overlong_subjects_are_re
         assert classes <= {None, "too_large"}, classes
         reasons = [r[0] for r in await conn.fetch("select last_error from ferry.dead_letters order by event_id")]
         assert reasons[-1].startswith(f"the subject of evt_{ids[-1]} is 5005 bytes") and len(reasons) > 1
-        await client.close()
-    finally:
-        server.close()
 
 
 async def _subscribe_both(conn: asyncpg.Connection, nats_url: str, redis_url: str, options: str) -> None:

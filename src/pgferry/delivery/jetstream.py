@@ -100,9 +100,9 @@ class JetStreamSink(Sink):
         for m in messages:
             if m.size > self.ctx.max_body_bytes:
                 return _too_large(m, self.ctx.max_body_bytes, "the relay's limit (ferry.config.max_body_bytes)")
-            if len(m.subject.encode()) > MAX_SUBJECT_BYTES:
+            size = len(m.subject.encode())
+            if size > MAX_SUBJECT_BYTES:
                 # A longer PUB line makes the server close the connection, and every request on it fails.
-                size = len(m.subject.encode())
                 error = (f"the subject of {m.headers['webhook-id']} is {size} bytes, over the {MAX_SUBJECT_BYTES} "
                          "a NATS server's control line leaves it (max_control_line, 4 KB)")  # fmt: skip
                 return HttpResult(None, "too_large", error, None, 0.0)

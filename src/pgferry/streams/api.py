@@ -335,18 +335,19 @@ class StreamsApi:
         buffers) forever. Aborting it a fixed stall_timeout after the last write cut off a client
         still reading megabytes of history, with the end event unsent."""
         loop = asyncio.get_running_loop()
-        left = [transport.get_write_buffer_size()]  # type: ignore[attr-defined]
+        left = transport.get_write_buffer_size()  # type: ignore[attr-defined]
 
         def check() -> None:
+            nonlocal left
             if transport.is_closing():
                 return
             size = transport.get_write_buffer_size()  # type: ignore[attr-defined]
             if size == 0:
                 transport.close()  # the kernel sends what it holds, then the FIN
-            elif size >= left[0]:
+            elif size >= left:
                 transport.abort()  # type: ignore[attr-defined]  # no progress for stall_timeout
             else:
-                left[0] = size
+                left = size
                 loop.call_later(self.settings.stall_timeout, check)
 
         loop.call_later(self.settings.stall_timeout, check)
