@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -163,11 +163,26 @@ def _explain(url: str, exc: BaseException) -> DatabaseUnreachable:
     )
 
 
-async def connect(url: str, **kwargs: Any) -> asyncpg.Connection:
+#: Settings every pgferry session starts with (a caller's own win). JIT off: pgferry's
+#: statements are short, but the planner's estimates for its small, rarely analyzed
+#: tables (ferry.partitions has 3 rows; never analyzed it is guessed at 860) pass
+#: jit_above_cost, and compiling them took 1.2 s of CPU per ``ferry.housekeeping()``
+#: call and ~70 ms per ``ferry._tick()``: half the database's work while a relay drained
+#: a backlog (docs/benchmarks.md, "JIT").
+SESSION_DEFAULTS: Mapping[str, str] = {"jit": "off"}
+
+
+def _session_settings(server_settings: Mapping[str, str] | None) -> dict[str, str]:
+    return {**SESSION_DEFAULTS, **(server_settings or {})}
+
+
+async def connect(url: str, *, server_settings: Mapping[str, str] | None = None, **kwargs: Any) -> asyncpg.Connection:
     """Open one connection, or raise DatabaseUnreachable saying why not."""
     check_url(url)
     try:
-        conn = await asyncpg.connect(url, timeout=CONNECT_TIMEOUT_S, **kwargs)
+        conn = await asyncpg.connect(
+            url, timeout=CONNECT_TIMEOUT_S, server_settings=_session_settings(server_settings), **kwargs
+        )
     except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
         raise _explain(url, exc) from exc
     await init_connection(conn)
@@ -187,7 +202,7 @@ async def create_pool(
     *,
     min_size: int = 1,
     max_size: int = 10,
-    server_settings: dict[str, str] | None = None,
+    server_settings: Mapping[str, str] | None = None,
     reset: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
     command_timeout: float | None = None,
 ) -> asyncpg.Pool:
@@ -204,7 +219,7 @@ async def create_pool(
             max_size=max_size,
             timeout=CONNECT_TIMEOUT_S,
             init=init_connection,
-            server_settings=server_settings,
+            server_settings=_session_settings(server_settings),
             reset=reset,
             command_timeout=command_timeout,
         )
