@@ -23,7 +23,7 @@ import os
 import socket
 import time
 import uuid
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -199,9 +199,14 @@ class Ownership:
         # Every extra at once: with several relays starting together, the first to claim takes
         # everything, and handing back one per round would take minutes with 1,000 subscriptions.
         extras = sorted(self.owned)[share:]
-        for generation in held:  # partitions beyond this relay's share of their subscription
-            mine = sorted(u for u, o in self.owned.items() if o.worker.sub.generation == generation)
-            extras += [u for u in mine[math.ceil(generation[1] / relays) :] if u not in extras]
+        # ... and partitions beyond this relay's share of their subscription (grouped in one pass:
+        # one scan of the owned per generation cost an idle relay with 1,000 subscriptions 0.4 s a round)
+        by_generation: defaultdict[tuple[str, int], list[str]] = defaultdict(list)
+        for unit, owned in self.owned.items():
+            by_generation[owned.worker.sub.generation].append(unit)
+        leaving = set(extras)
+        for (_, parts), units in by_generation.items():
+            extras += [u for u in sorted(units)[math.ceil(parts / relays) :] if u not in leaving]
         if extras:
             log.info("delivery: handing %d subscription(s) to other relays (fair share %d)", len(extras), share)
             await asyncio.gather(*(self._stop_worker(n, self.owned[n], True) for n in extras))
