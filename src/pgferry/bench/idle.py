@@ -22,10 +22,10 @@ import pgferry
 from pgferry import db
 from pgferry import sql as core_sql
 from pgferry.bench.context import BENCH_DATABASE, BenchContext
-from pgferry.bench.procstat import cpu_seconds
+from pgferry.bench.procstat import cpu_seconds, parent, tree_cpu_seconds
 from pgferry.bench.relay import running_relay, wait_for_lock
 from pgferry.bench.report import num, table
-from pgferry.bench.sqlfiles import query
+from pgferry.bench.sqlfiles import named, query
 from pgferry.schema import CONSUMER_LOCK_CLASS
 
 CONSUMER = "bench-idle"
@@ -64,9 +64,9 @@ async def run_idle(ctx: BenchContext) -> None:
     )
     click.echo(
         table(
-            ["subscriptions", "queries", "per second", "ticks taken", "relay CPU s"],
-            [[num(r["subscriptions"]), num(r["queries"]), num(r["qps"], 2), num(r["ticks"]), num(r["relay_cpu_s"], 2)]
-             for r in rows],
+            ["subscriptions", "queries", "per second", "ticks taken", "relay CPU s", "PostgreSQL CPU s"],
+            [[num(r["subscriptions"]), num(r["queries"]), num(r["qps"], 2), num(r["ticks"]), num(r["relay_cpu_s"], 2),
+              "-" if r["database_cpu_s"] is None else num(r["database_cpu_s"], 2)] for r in rows],
         )
     )  # fmt: skip
     click.echo("   (pg_stat_database transaction counters; backends report them about once a second)")
@@ -122,12 +122,17 @@ async def _measure_idle(ctx: BenchContext, subscriptions: int) -> dict[str, Any]
                     breakdown = bool(await admin.fetchval(query("has_pg_stat_statements")))
                     started = time.monotonic()
                     cpu_before = cpu_seconds(relay.pid)
+                    # PostgreSQL's CPU too (the postmaster and its backends; None: the server is not on
+                    # this machine): an idle relay once cost no queries but a fifth of a core in JIT.
+                    postmaster = parent(int(await conn.fetchval(named("streams.sql", "backend_pid"))))
+                    db_cpu_before = tree_cpu_seconds(postmaster) if postmaster is not None else 0.0
                     before = int(await admin.fetchval(query("database_xacts"), BENCH_DATABASE))
                     calls_before = await _calls(admin) if breakdown else {}
                     await asyncio.sleep(seconds)
                     after = int(await admin.fetchval(query("database_xacts"), BENCH_DATABASE))
                     calls_after = await _calls(admin) if breakdown else {}
                     cpu = cpu_seconds(relay.pid) - cpu_before
+                    db_cpu = tree_cpu_seconds(postmaster) - db_cpu_before if postmaster is not None else None
                     elapsed = time.monotonic() - started
                     ticks = int(await conn.fetchval(query("last_tick_id"))) - first_tick
                 finally:
@@ -147,6 +152,7 @@ async def _measure_idle(ctx: BenchContext, subscriptions: int) -> dict[str, Any]
         "qps": queries / elapsed,
         "ticks": ticks,
         "relay_cpu_s": cpu,
+        "database_cpu_s": db_cpu,
         "per_statement": {
             q: calls_after[q] - calls_before.get(q, 0) for q in calls_after if calls_after[q] > calls_before.get(q, 0)
         },
