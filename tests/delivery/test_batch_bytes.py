@@ -180,6 +180,32 @@ async def test_a_part_of_a_range_cut_inside_one_transaction_keeps_the_cursor(con
     assert [r["id"] for r in rest] == [rows[1]["id"] + 1, rows[1]["id"] + 2, None]  # and its range's row
 
 
+async def test_a_range_that_is_one_huge_tick_is_read_in_parts_of_a_bounded_count(
+    conn: asyncpg.Connection, db_url: str
+) -> None:
+    # As after a relay was down: no tick between thousands of events. Each part builds only its
+    # own events (quadratic otherwise); a part takes at most 4 x max_batch_events of them.
+    await conn.execute("update ferry.config set max_batch_events = 10")
+    await conn.execute("select ferry.register_consumer('c', null, 'beginning')")
+    other = await asyncpg.connect(db_url)
+    try:
+        early = other.transaction()
+        await early.start()
+        await publish(other, 100, 30)  # ids drawn first, committed last
+        for _ in range(5):
+            await publish(conn, 100, 25)
+        await early.commit()
+    finally:
+        await other.close()
+    await tick(conn)
+    ticks = await commit_ticks(conn)
+    reads = await drain(conn, BOUND * 100)
+    order = check(reads, ticks, BOUND * 100)
+    assert order == sorted(ticks), "one range: id order"
+    assert [len(r.ids) for r in reads] == [40, 40, 40, 35]
+    assert [r.cut_after is not None for r in reads] == [True, True, True, False]
+
+
 async def test_bad_byte_bounds_are_refused_with_their_sqlstate(conn: asyncpg.Connection) -> None:
     await conn.execute("select ferry.register_consumer('c', null, 'beginning')")
     with pytest.raises(asyncpg.PostgresError, match="max_bytes must be positive") as raised:

@@ -3,7 +3,8 @@
 -- Where a read that a byte bound cut short may end (ferry.webhook_step,
 -- migration 0015). The read took the events of the range (start_tick,
 -- end_tick] with ids in (done_id, last_id], in id order; earlier reads of
--- the same range took those with ids up to done_id (NULL: none). Returns
+-- the same range took those with ids up to done_id (NULL: none), and some
+-- event of the range has an id above last_id (the read was cut). Returns
 -- the furthest tick t of the range such that
 --   (a) no event of (start_tick, t] has an id above last_id: every event
 --       committed by t has been read, now or before, and
@@ -38,9 +39,11 @@ begin
     select coalesce(array_agg(t.id order by t.id), '{}') into v_ticks
     from ferry.ticks t where t.id > start_tick and t.id <= end_tick;
     v_n := coalesce(array_length(v_ticks, 1), 0);
-    -- (a): holds at 0 (nothing committed in (start_tick, start_tick]).
+    -- (a): holds at 0 (nothing committed in (start_tick, start_tick]), and not at end_tick
+    -- (index v_n): the read was cut, so an event of the range has an id above last_id. A range
+    -- of one tick (the first after a relay was down) so costs no scan at all.
     v_lo := 0;
-    v_hi := v_n + 1;
+    v_hi := v_n;
     while v_hi - v_lo > 1 loop
         v_mid := (v_lo + v_hi) / 2;
         if exists (select 1 from ferry.batch_events(start_tick, v_ticks[v_mid], streams, reader) e

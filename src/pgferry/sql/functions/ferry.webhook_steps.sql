@@ -36,9 +36,11 @@
 -- than 0015 calls it). A read takes the events of its range in id order,
 -- counting payload and headers as text over every event it reads (filtered
 -- out or not; for a shared read, every event of the union of its members'
--- streams), until the next one would pass max_bytes; it always takes at
--- least one. A read so cut ends at the furthest tick t (ferry._batch_split)
--- such that (a) no event committed by t has an id above the last one read
+-- streams), until the next one would pass max_bytes or it holds 4 x
+-- max_events (NULL: ferry.config.max_batch_events) of them; it always takes
+-- at least one. (The count cuts only a range that is one huge tick, as the
+-- first after a relay was down is: it is read in parts.) A read
+-- so cut ends at the furthest tick t (ferry._batch_split) such that (a) no event committed by t has an id above the last one read
 -- and (b) every event handed out by earlier parts of the same range is
 -- committed by t; it returns only the events committed by t, more = true,
 -- cut_after NULL, and the cursor moves to t as usual. When no tick fits
@@ -87,11 +89,13 @@ declare
     v_streams text[];
     v_reader text;
     v_end bigint;
-    v_row record;
-    v_bytes bigint;
-    v_size bigint;
-    v_read integer;
     v_last bigint;
+    -- events one read takes at most: more than a range sized by max_events holds, so that only a
+    -- range that is one huge tick is cut by the count, into few parts (each costs a scan of the rest)
+    v_limit integer := 4 * coalesce(max_events, (select c.max_batch_events from ferry.config c));
+    v_hi bigint;
+    v_hi_txid_min xid8;
+    v_hi_txid_max xid8;
     v_cut boolean;
     v_split bigint;
     v_snapshot pg_snapshot;
@@ -238,34 +242,44 @@ begin
                 cross join lateral unnest(c.streams) as st(stream);
                 v_reader := null;
             end if;
-            v_bytes := 0; v_read := 0; v_last := null; v_cut := false; v_snapshot := null;
-            a_id := '{}'; a_txid := '{}'; a_stream := '{}'; a_key := '{}'; a_payload := '{}'; a_headers := '{}';
-            a_created := '{}';
-            for v_row in select e.id, e.txid, e.stream, e.key, e.payload::text as payload, e.headers::text as headers,
-                                e.created_at,
-                                ferry._filter_match(g.filter::jsonpath, e.stream, e.key, e.headers, e.payload)
-                                and (g.parts <= 1 or ferry._partition_of(e.key, e.id, g.parts) = g.part) as wanted
-                         from ferry.batch_events(g.v_start, g.v_end, v_streams, v_reader) e
-                         where e.id > coalesce(g.resume_after, 0)
-                         order by e.id loop
-                v_size := octet_length(v_row.payload) + coalesce(octet_length(v_row.headers), 0);
-                if max_bytes is not null and v_read > 0 and v_bytes + v_size > max_bytes then
-                    v_cut := true;
-                    exit;
-                end if;
-                v_read := v_read + 1;
-                v_bytes := v_bytes + v_size;
-                v_last := v_row.id;
-                if v_row.wanted then
-                    a_id := a_id || v_row.id;
-                    a_txid := a_txid || v_row.txid;
-                    a_stream := a_stream || v_row.stream;
-                    a_key := a_key || v_row.key;
-                    a_payload := a_payload || v_row.payload;
-                    a_headers := a_headers || v_row.headers;
-                    a_created := a_created || v_row.created_at;
-                end if;
-            end loop;
+            -- A range of more events than one read takes (the first tick after a relay was
+            -- down; a huge transaction, read on in parts): first the id the read's events end
+            -- at, which builds no event, so that only those events are built and rendered, not
+            -- every event of the rest of the range for every part (quadratic in its size); their
+            -- transactions' ids bound the second scan to about those events' index entries.
+            v_hi := null;
+            if g.resume_after is not null
+               or (select t2.event_seq from ferry.ticks t2 where t2.id = g.v_end)
+                  - (select t1.event_seq from ferry.ticks t1 where t1.id = g.v_start) > v_limit then
+                select max(x.id), min(x.txid), max(x.txid) into v_hi, v_hi_txid_min, v_hi_txid_max
+                from (select e.id, e.txid from ferry.batch_events(g.v_start, g.v_end, v_streams, v_reader) e
+                      where e.id > coalesce(g.resume_after, 0) order by e.id limit v_limit + 1) x;
+            end if;
+            -- Each event's running size, in id order, decides whether the read takes it; the
+            -- arrays are aggregated in one pass over rows already in id order.
+            v_snapshot := null;
+            select coalesce(array_agg(t.id) filter (where t.taken and t.wanted), '{}'),
+                   coalesce(array_agg(t.txid) filter (where t.taken and t.wanted), '{}'),
+                   coalesce(array_agg(t.stream) filter (where t.taken and t.wanted), '{}'),
+                   coalesce(array_agg(t.key) filter (where t.taken and t.wanted), '{}'),
+                   coalesce(array_agg(t.payload) filter (where t.taken and t.wanted), '{}'),
+                   coalesce(array_agg(t.headers) filter (where t.taken and t.wanted), '{}'),
+                   coalesce(array_agg(t.created_at) filter (where t.taken and t.wanted), '{}'),
+                   max(t.id) filter (where t.taken), coalesce(bool_or(not t.taken), false)
+            into a_id, a_txid, a_stream, a_key, a_payload, a_headers, a_created, v_last, v_cut
+            from (select s.*, s.n = 1 or (s.n <= v_limit and (max_bytes is null or s.running <= max_bytes)) as taken
+                  from (select r.*, row_number() over w as n,
+                               sum(octet_length(r.payload) + coalesce(octet_length(r.headers), 0)) over w as running
+                        from (select e.id, e.txid, e.stream, e.key, e.payload::text as payload,
+                                     e.headers::text as headers, e.created_at,
+                                     ferry._filter_match(g.filter::jsonpath, e.stream, e.key, e.headers, e.payload)
+                                     and (g.parts <= 1 or ferry._partition_of(e.key, e.id, g.parts) = g.part) as wanted
+                              from ferry.batch_events(g.v_start, g.v_end, v_streams, v_reader) e
+                              where e.id > coalesce(g.resume_after, 0)
+                                and (v_hi is null or (e.id <= v_hi and e.txid between v_hi_txid_min and v_hi_txid_max))
+                              order by e.id
+                              limit v_limit + 1) r
+                        window w as (order by r.id rows unbounded preceding)) s) t;
             if v_cut then
                 v_more := true;
                 v_split := ferry._batch_split(g.v_start, g.v_end, v_streams, v_reader, g.resume_after, v_last);
