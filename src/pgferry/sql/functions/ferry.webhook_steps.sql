@@ -61,7 +61,8 @@
 -- reads on alone (resume_after from a shared part) checks (b) over its own
 -- streams, which the shared part's ids bound as well.
 --
--- Calls:   ferry._batch_end, ferry._batch_split, ferry._filter_match, ferry._partition_of, ferry.batch_events
+-- Calls:   ferry._batch_end, ferry._batch_rows, ferry._batch_split, ferry._envelope, ferry._envelope_text,
+--          ferry._filter_match, ferry._partition_of
 -- Reads:   ferry.backfills, ferry.captures, ferry.consumers, ferry.events, ferry.retries, ferry.subscriptions, ferry.ticks
 -- Writes:  ferry.attempts, ferry.consumers
 -- Raises:  22023 (max_bytes not positive; resume_after[i] without peek_after[i] and peek_until[i])
@@ -205,12 +206,12 @@ begin
             if v_alone then  -- alone: its own read, as webhook_step made it
                 return query
                     select g.members, null::text, g.v_start, g.v_end, v_more, ev.id, ev.stream, ev.key,
-                           ev.payload::text, ev.headers::text, ev.created_at,
+                           ferry._envelope_text(ev.op, ev.payload, ev.old_payload, ev.schema_name, ev.table_name), ev.headers::text, ev.created_at,
                            g.is_ordered and ev.key is not null
                            and exists (select 1 from ferry.retries rt where rt.subscription = g.one_sub and rt.key = ev.key),
                            null::bigint
-                    from ferry.batch_events(g.v_start, g.v_end, g.one_streams, g.one_target) ev
-                    where ferry._filter_match(g.filter::jsonpath, ev.stream, ev.key, ev.headers, ev.payload)
+                    from ferry._batch_rows(g.v_start, g.v_end, g.one_streams, g.one_target) ev
+                    where ferry._filter_match(g.filter::jsonpath, ev.stream, ev.key, ev.headers, ferry._envelope(ev.op, ev.payload, ev.old_payload, ev.schema_name, ev.table_name))
                       and (g.parts <= 1 or ferry._partition_of(ev.key, ev.id, g.parts) = g.part);
             else
                 return query
@@ -222,10 +223,11 @@ begin
                         group by st.stream
                     )
                     select ms.members, null::text, g.v_start, g.v_end, v_more, ev.id, ev.stream,
-                           ev.key, ev.payload::text, ev.headers::text, ev.created_at, false, null::bigint
-                    from ferry.batch_events(g.v_start, g.v_end, (select array_agg(ms.stream) from ms), null) ev
+                           ev.key, ferry._envelope_text(ev.op, ev.payload, ev.old_payload, ev.schema_name, ev.table_name), ev.headers::text, ev.created_at, false,
+                           null::bigint
+                    from ferry._batch_rows(g.v_start, g.v_end, (select array_agg(ms.stream) from ms), null) ev
                     join ms on ms.stream = ev.stream
-                    where ferry._filter_match(g.filter::jsonpath, ev.stream, ev.key, ev.headers, ev.payload)
+                    where ferry._filter_match(g.filter::jsonpath, ev.stream, ev.key, ev.headers, ferry._envelope(ev.op, ev.payload, ev.old_payload, ev.schema_name, ev.table_name))
                       and (g.parts <= 1 or ferry._partition_of(ev.key, ev.id, g.parts) = g.part)
                     order by ev.id;
             end if;
@@ -252,7 +254,7 @@ begin
                or (select t2.event_seq from ferry.ticks t2 where t2.id = g.v_end)
                   - (select t1.event_seq from ferry.ticks t1 where t1.id = g.v_start) > v_limit then
                 select max(x.id), min(x.txid), max(x.txid) into v_hi, v_hi_txid_min, v_hi_txid_max
-                from (select e.id, e.txid from ferry.batch_events(g.v_start, g.v_end, v_streams, v_reader) e
+                from (select e.id, e.txid from ferry._batch_rows(g.v_start, g.v_end, v_streams, v_reader) e
                       where e.id > coalesce(g.resume_after, 0) order by e.id limit v_limit + 1) x;
             end if;
             -- Each event's running size, in id order, decides whether the read takes it; the
@@ -270,11 +272,12 @@ begin
             from (select s.*, s.n = 1 or (s.n <= v_limit and (max_bytes is null or s.running <= max_bytes)) as taken
                   from (select r.*, row_number() over w as n,
                                sum(octet_length(r.payload) + coalesce(octet_length(r.headers), 0)) over w as running
-                        from (select e.id, e.txid, e.stream, e.key, e.payload::text as payload,
+                        from (select e.id, e.txid, e.stream, e.key, ferry._envelope_text(e.op, e.payload, e.old_payload, e.schema_name, e.table_name) as payload,
                                      e.headers::text as headers, e.created_at,
-                                     ferry._filter_match(g.filter::jsonpath, e.stream, e.key, e.headers, e.payload)
+                                     ferry._filter_match(g.filter::jsonpath, e.stream, e.key, e.headers,
+                                                         ferry._envelope(e.op, e.payload, e.old_payload, e.schema_name, e.table_name))
                                      and (g.parts <= 1 or ferry._partition_of(e.key, e.id, g.parts) = g.part) as wanted
-                              from ferry.batch_events(g.v_start, g.v_end, v_streams, v_reader) e
+                              from ferry._batch_rows(g.v_start, g.v_end, v_streams, v_reader) e
                               where e.id > coalesce(g.resume_after, 0)
                                 and (v_hi is null or (e.id <= v_hi and e.txid between v_hi_txid_min and v_hi_txid_max))
                               order by e.id
