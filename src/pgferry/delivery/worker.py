@@ -457,6 +457,10 @@ class SubscriptionWorker:
                     await wait_for_event(self.retry_wake, self.ctx.health.probe_wait(self.endpoint) or 0.0)
                     continue
                 probe = True
+            # Requests let go of are still in flight: their answers are recorded when they come.
+            # Those let go of before the fetch count too: an answer recorded while the fetch was
+            # under way deletes the row the fetch may still return (sent again: a duplicate).
+            in_flight = set(self.let_go)
             async with self.ctx.pool.acquire() as conn:
                 if probe:  # the due event with the fewest attempts: probes spread over the held events
                     rows = await conn.fetch(sql.query("retries_probe"), sub.name, sub.ordered, sub.part, sub.parts)
@@ -468,8 +472,8 @@ class SubscriptionWorker:
                     next_at = await conn.fetchval(
                         sql.query("next_retry_at"), sub.name, sub.ordered, sub.part, sub.parts
                     )
-            # Requests let go of are still in flight: their answers are recorded when they come.
-            events = [OutEvent.from_row(r) for r in rows if r["id"] not in self.let_go]
+            in_flight |= self.let_go
+            events = [OutEvent.from_row(r) for r in rows if r["id"] not in in_flight]
             if not events:
                 if probe and self.endpoint is not None:  # nothing of ours to probe with: another worker may
                     self.ctx.health.report(self.endpoint, WITHDRAWN, Admission.PROBE)
@@ -499,11 +503,12 @@ class SubscriptionWorker:
         await recorded.wait()
         try:
             await self._record(self._account([(e, result) for e in chunk], from_batch=False), advance=None)
-            self.let_go.difference_update(e.id for e in chunk)
         except (asyncpg.PostgresError, *db.CONNECTION_ERRORS) as exc:
-            # Still parked as in flight: it is sent again once that is due (at-least-once).
+            # Still parked as in flight: it is sent again once that is due (at-least-once), by this
+            # worker's retry loop too, which skips events in self.let_go.
             log.warning("subscription %s: could not record a late answer (%s); it will be sent again",
                         self.sub.name, db.describe(exc))  # fmt: skip
+        self.let_go.difference_update(e.id for e in chunk)
 
     # -- bookkeeping -------------------------------------------------------
 
