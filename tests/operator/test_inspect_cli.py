@@ -87,3 +87,18 @@ async def test_status_trace_and_dlq_show_explain_a_failing_endpoint(
     assert "pgferry dlq replay billing --id" in human.stdout
     gone = await cli(pgferry_cmd, db_url, "dlq", "show", "424242")
     assert gone.returncode == 1 and "dead letter 424242 does not exist" in gone.stderr
+
+
+async def test_status_piped_is_one_line_a_row_and_says_when_no_relay_runs(
+    pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection
+) -> None:
+    # Found by an outside probe: 1,000 subscriptions printed as 4,921 lines folded to 80 columns,
+    # and with no relay every lag read 0 however much was written.
+    name = "a-subscription-name-long-enough-to-have-been-folded-" + "x" * 40
+    await conn.execute("select ferry.subscribe($1, array['orders'], 'http://127.0.0.1:9/')", name)
+    await conn.execute("select ferry.subscribe('other', array['orders'], 'http://127.0.0.1:9/')")
+    text = (await cli(pgferry_cmd, db_url, "status")).stdout
+    lines = text.splitlines()
+    assert lines[0].startswith("no relay is running"), text
+    assert [line.split()[0] for line in lines if line.startswith((name, "other "))] == [name, "other"], text
+    assert not any(c in text for c in "┃━│─"), "no box drawing in a pipe"

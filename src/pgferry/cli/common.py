@@ -95,7 +95,16 @@ def table(
     columns: list[tuple[str, str]],
     styles: dict[str, Callable[[Any], str]] | None = None,
 ) -> None:
-    """A rich table; cells coloured by ``styles`` (rich leaves colour out when stdout is not a terminal)."""
+    """A rich table in a terminal, cells coloured by ``styles``; plain aligned columns, one line
+    a row however wide, in a pipe or a file (rich folded them into 80 columns: 1,000
+    subscriptions became 4,921 lines, and took it 4 s to lay out)."""
+    if not console.is_terminal:
+        texts = [[cell(row.get(key)).plain for key, _ in columns] for row in rows]
+        widths = [max([len(header)] + [len(t[i]) for t in texts]) for i, (_, header) in enumerate(columns)]
+        click.echo(title)
+        for line in [[header for _, header in columns], *texts]:
+            click.echo("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
+        return
     out = Table(title=title, title_justify="left")
     for _, header in columns:
         out.add_column(header, overflow="fold")

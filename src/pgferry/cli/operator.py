@@ -86,6 +86,11 @@ def status(database_url: str | None, as_json: bool) -> None:
         for row in rows:
             row["partitioned"] = str(row["partitions"]) + (f" ({row['draining']} draining)" if row["draining"] else "")
         columns.insert(2, ("partitioned", "partitions"))
+    if rows and not any(r["live"] for r in relay_rows):
+        # Nothing ticks without a relay, and lag is measured in ticks: it would read 0 however
+        # much was written meanwhile.
+        click.secho("no relay is running: nothing is ticked or delivered, and the lag below counts only "
+                    "events up to the last tick; start one with `pgferry run`", fg="red")  # fmt: skip
     table("delivery status", rows, columns, styles=_STATUS_STYLES)
     _retention_table(inspect.holding_back(retention_rows))
     _relays_table(relay_rows)
