@@ -3,14 +3,17 @@ WAL-captured table produces are the ones trigger capture writes for the same sta
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 import pytest
 
 import pgferry
+from pgferry import db
 from pgferry.capture.replication import ReplicationStream
-from pgferry.capture.wal import WalCapture
+from pgferry.capture.wal import WalCapture, WalSettings
 from pgferry.ops import inspect
 from tests.capture.conftest import Running
 from tests.helpers import eventually, read_all
@@ -516,3 +519,35 @@ async def test_domains_over_json_and_jsonb_are_json_as_triggers_write_them(
     by_trigger = [e.payload["record"] for e in await read_all(ferry, conn, "by_trigger")]
     assert by_trigger[0] == {"id": 1, "a": {"a": 1}, "b": "str", "c": None}
     assert [e.payload["record"] for e in await read_all(ferry, conn, "by_wal")] == by_trigger
+
+
+async def test_an_idle_capture_keeps_its_leadership_session_alive(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    # The relay's leadership connections end when silent for Liveness.session_timeout; an idle
+    # capture streaming the slot said nothing on its own, lost the lead and another relay took it
+    # while the slot was still streamed here (found by an outside probe).
+    await conn.execute("create table quiet (id int primary key)")
+    await ferry.capture_table("quiet", method="wal")
+    leader = await db.connect(db_url, server_settings={"idle_session_timeout": "2000"})
+    capture = WalCapture(leader, db_url, WalSettings(recheck_interval=0.2, keepalive_interval=0.5))
+    stop = asyncio.Event()
+    task = asyncio.create_task(capture.run(stop))
+
+    def captured(n: int) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            return capture.events == n
+
+        return check
+
+    try:
+        await conn.execute("insert into quiet values (1)")
+        await eventually(captured(1), timeout=15, what="the change captured")
+        await asyncio.sleep(4)  # idle, twice the session timeout
+        assert not task.done() and not leader.is_closed(), "the idle leadership session was ended"
+        await conn.execute("insert into quiet values (2)")
+        await eventually(captured(2), what="the next change captured")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+        await leader.close()

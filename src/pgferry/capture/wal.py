@@ -72,6 +72,10 @@ class WalSettings:
     recheck_interval: float = 5.0
     #: backoff cap when the stream cannot be started (the slot read by a relay that is going away)
     max_backoff: float = 5.0
+    #: the longest the leadership connection stays silent while nothing is captured: PostgreSQL
+    #: ends a lock-holding session idle for Liveness.session_timeout (30 s), and another relay
+    #: took the lead while this one still streamed the slot (found by an outside probe)
+    keepalive_interval: float = 10.0
 
 
 @dataclass
@@ -225,6 +229,9 @@ class WalCapture:
         stopper = asyncio.ensure_future(stop.wait())
         batches = aiter(stream.batches())
         getter: asyncio.Future[Batch] | None = None
+        keepalive = self.settings.keepalive_interval
+        loop_time = asyncio.get_running_loop().time
+        spoke_at = loop_time()
         try:
             while not stop.is_set():
                 if getter is None:
@@ -232,7 +239,11 @@ class WalCapture:
                 waiters: set[asyncio.Future[Any]] = {getter, stopper}
                 if tail is not None:
                     waiters.add(tail)
-                done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                    spoke_at = loop_time()  # an append is under way on the connection
+                elif loop_time() - spoke_at >= keepalive:  # idle: keep the leadership session alive
+                    await self.conn.execute(sql.query("keepalive"))
+                    spoke_at = loop_time()
+                done, _ = await asyncio.wait(waiters, timeout=keepalive, return_when=asyncio.FIRST_COMPLETED)
                 if tail is not None and tail.done():
                     # Its end now, not when the next batch comes: a failed append (the database
                     # stopping) holds its confirmation back, and a server shutting down sends

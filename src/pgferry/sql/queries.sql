@@ -631,6 +631,10 @@ where case when $1::bigint is not null then b.id = $1
            else b.state in ('running', 'paused') or b.finished_at > clock_timestamp() - $2::interval end
 order by b.id
 
+-- name: keepalive
+-- A leadership session's word while it has nothing else to say (idle_session_timeout ends silent ones).
+select 1
+
 -- name: wal_slot
 -- WAL capture's slot (capture/wal.py), and what is wrong with it, if anything.
 select w.slot_name, w.publication, w.lsn::text as lsn,
