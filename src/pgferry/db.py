@@ -45,6 +45,10 @@ CONNECTION_ERRORS = (
 )
 
 
+#: see Liveness.delivery_timeout
+DELIVERY_TIMEOUT_FACTOR = 6
+
+
 @dataclass(frozen=True)
 class Liveness:
     """How long a relay connection may go silent before someone gives up on it, on both ends.
@@ -70,6 +74,15 @@ class Liveness:
     #: longer than command_timeout plus the relay's longest healthy pause (claim_interval):
     #: a relay cut off gives up on its locks before PostgreSQL hands them to another relay
     session_timeout: float = 30.0
+
+    @property
+    def delivery_timeout(self) -> float:
+        """The deadline of the relay's delivery statements, DELIVERY_TIMEOUT_FACTOR x command_timeout:
+        on a busy database a catch-up's first read or the recording of thousands of attempts can
+        outlast command_timeout, and cutting it off only makes the worker start over and send what
+        it had in hand again (13,000-21,000 duplicates after a 60-90 s outage, outside probe). They
+        hold no lock, so a silent connection costs only its worker this long."""
+        return self.command_timeout * DELIVERY_TIMEOUT_FACTOR
 
     def connect_kwargs(self, application_name: str, *, holds_locks: bool) -> dict[str, Any]:
         """Keyword arguments for :func:`connect` / :func:`create_pool`."""

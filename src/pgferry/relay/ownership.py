@@ -17,6 +17,7 @@ owns an old partition stops it once it has drained, and removes it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -261,18 +262,20 @@ class Ownership:
 
     async def _stop_worker(self, name: str, owned: _Owned, graceful: bool) -> None:
         owned.worker.stop()
-        if graceful:
-            try:
+        if graceful and not owned.task.done():
+            # Its own failure is reported below (a worker that failed with a statement's timeout
+            # read as "did not finish": the real error was hidden).
+            with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(owned.task), self.settings.stop_grace)
-            except TimeoutError:
+            if not owned.task.done():
                 log.warning("delivery: %s did not finish within %.0f s; cancelling", name, self.settings.stop_grace)
-            except Exception:
-                log.exception("delivery: worker for %s failed", name)
         owned.task.cancel()
-        results = await asyncio.gather(owned.task, return_exceptions=True)
-        for result in results:
-            if isinstance(result, Exception):
-                log.error("delivery: worker for %s failed: %r", name, result)
+        (result,) = await asyncio.gather(owned.task, return_exceptions=True)
+        if isinstance(result, (TimeoutError, asyncpg.PostgresError, *CONNECTION_ERRORS)):
+            log.error("delivery: worker for %s failed: %s; what it had not recorded is sent again",
+                      name, db.describe(result))  # fmt: skip
+        elif isinstance(result, Exception):
+            log.error("delivery: worker for %s failed", name, exc_info=result)
 
     async def _release_all(self, conn: asyncpg.Connection, *, graceful: bool) -> None:
         """Stop every worker at once (each within its grace period), then give the locks back."""

@@ -233,7 +233,7 @@ class Relay:
                 min_size=1,
                 max_size=self.settings.db_pool_size,
                 server_settings={**pool_kwargs["server_settings"], "synchronous_commit": "off"},
-                command_timeout=pool_kwargs["command_timeout"],
+                command_timeout=self.settings.liveness.delivery_timeout,
                 reset=db.rollback_if_open,
             )
             policy = self.settings.addresses
