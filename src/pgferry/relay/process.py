@@ -8,6 +8,7 @@ itself, and loads them only when a port asks for them (``operator_web``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from pgferry.delivery.addresses import AddressPolicy
 from pgferry.delivery.brokers import Brokers
 from pgferry.delivery.context import DEFAULT_MAX_BATCH_BYTES, PIPELINE_DEPTH, DeliveryContext
 from pgferry.delivery.fasthttp import FastSender, tls_context
+from pgferry.errors import DatabaseUnreachable
 from pgferry.log.ticker import Ticker, TickerSettings
 from pgferry.relay.leader import TICKER_LOCK, WAL_CAPTURE_LOCK, lead
 from pgferry.relay.ownership import Ownership, OwnershipSettings
@@ -181,8 +183,13 @@ class Relay:
         try:
             version = await check_installed(conn)
             max_body = await conn.fetchval(sql.query("max_body_bytes"))
+        except (TimeoutError, *db.CONNECTION_ERRORS) as exc:  # e.g. the server shutting down meanwhile
+            raise DatabaseUnreachable(
+                f"lost the connection to {db.redact(self.url)} while checking its schema: {db.describe(exc)}"
+            ) from exc
         finally:
-            await conn.close()
+            with contextlib.suppress(*db.CONNECTION_ERRORS):
+                await conn.close()
         log.info("connected to %s (schema version %d)", db.redact(self.url), version)
         return int(max_body)
 
