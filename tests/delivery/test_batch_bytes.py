@@ -45,6 +45,7 @@ async def step(
         [r[0].removeprefix("webhook:") for r in requests], [r[0] for r in requests], [None] * n, [False] * n,
         [None] * n, [None] * n, [True] * n, [r[1] for r in requests], [], [], [], [], [], None,
         max_bytes, None, [r[2][0] if r[2] else None for r in requests], [r[2][1] if r[2] else None for r in requests],
+        None, None,
     )  # fmt: skip
 
 
@@ -206,6 +207,43 @@ async def test_a_range_that_is_one_huge_tick_is_read_in_parts_of_a_bounded_count
     assert [r.cut_after is not None for r in reads] == [True, True, True, False]
 
 
+async def ack_part(conn: asyncpg.Connection, consumer: str, read: Read) -> None:
+    """Acknowledges a part the way the worker does (cursor stays at its start), with its progress."""
+    await conn.fetch(
+        sql.query("webhook_steps"), [consumer], [consumer], [None], [False], [read.start], [read.start], [False],
+        [None], [], [], [], [], [], None, BOUND * 100, None, [None], [None], [read.end], [read.cut_after],
+    )  # fmt: skip
+
+
+async def test_a_worker_starting_over_resumes_a_range_after_its_last_acknowledged_part(
+    conn: asyncpg.Connection,
+) -> None:
+    # After an outage all the backlog is one tick; a worker that failed in the middle of it sent
+    # every part again (21,004 duplicates after a 90 s outage, outside probe). Now the parts
+    # acknowledged are kept with the cursor (migration 0023) and a read from the cursor resumes.
+    await conn.execute("update ferry.config set max_batch_events = 10")
+    await conn.execute("select ferry.register_consumer('c', null, 'beginning')")
+    start = await conn.fetchval("select tick_id from ferry.consumers where name = 'c'")
+    await publish(conn, 100, 100)
+    await tick(conn)
+    first = as_read(await step(conn, BOUND * 100, ("c", None, None)))
+    second = as_read(await step(conn, BOUND * 100, ("c", start, (first.end, first.cut_after or 0))))
+    assert first.cut_after is not None and second.cut_after is not None
+    await ack_part(conn, "c", first)
+    await ack_part(conn, "c", second)
+    # A new worker reads from the cursor: the third part, not the first again.
+    again = as_read(await step(conn, BOUND * 100, ("c", None, None)))
+    assert again.start == start and again.ids[0] == second.ids[-1] + 1, (again.ids[:3], second.ids[-1])
+    assert again.ids == sorted(again.ids) and len(again.ids) == 20  # the rest: 100 - 2 x 40
+    # Once the cursor moves on, by any path, the progress is gone with the tick it belonged to.
+    await conn.execute("select ferry.advance_consumer('c', $1, $2)", start, again.end)
+    kept = await conn.fetchrow("select part_start, part_end, part_done from ferry.consumers where name = 'c'")
+    assert tuple(kept) == (None, None, None)
+    await conn.execute("update ferry.consumers set tick_id = $1 where name = 'c'", start)  # rewound, as a replay may
+    whole = as_read(await step(conn, BOUND * 100, ("c", None, None)))
+    assert whole.ids[0] == first.ids[0], "a rewound cursor reads the range from its start"
+
+
 async def test_bad_byte_bounds_are_refused_with_their_sqlstate(conn: asyncpg.Connection) -> None:
     await conn.execute("select ferry.register_consumer('c', null, 'beginning')")
     with pytest.raises(asyncpg.PostgresError, match="max_bytes must be positive") as raised:
@@ -214,7 +252,7 @@ async def test_bad_byte_bounds_are_refused_with_their_sqlstate(conn: asyncpg.Con
     with pytest.raises(asyncpg.PostgresError, match="resume_after needs peek_after and peek_until") as raised:
         await conn.fetch(
             sql.query("webhook_steps"), ["nosub"], ["c"], [None], [False], [None], [None], [True], [None],
-            [], [], [], [], [], None, 100, None, [None], [5],
+            [], [], [], [], [], None, 100, None, [None], [5], None, None,
         )  # fmt: skip
     assert raised.value.sqlstate == "22023"
 

@@ -122,9 +122,13 @@ class Bookkeeper:
         self.failed.add(len(books.attempts) - len(books.delivered))
         return books
 
-    async def record(self, sub: Subscription, books: Books, *, advance: tuple[int, int] | None) -> None:
+    async def record(
+        self, sub: Subscription, books: Books, *, advance: tuple[int, int] | None, part: tuple[int, int] | None = None
+    ) -> None:
         """Records attempts, parks and buries failures, and moves the cursor over the batch
-        (``advance``: from tick, to tick; None for parked retries), in one transaction."""
+        (``advance``: from tick, to tick; None for parked retries), in one transaction; ``part``:
+        the batch is a part of a range read in parts (its end tick, its last id), kept with the
+        cursor (migration 0023)."""
         async with self.ctx.pool.acquire() as conn, conn.transaction():
             if self.epoch is not None:  # still ours? (holds the consumer row against a new owner's claim)
                 await conn.execute(sql.query("fence"), sub.consumer, self.epoch)
@@ -148,6 +152,8 @@ class Bookkeeper:
                 await conn.execute(sql.query("disable_subscription"), sub.name, books.gone)
             if advance is not None:
                 await conn.execute(sql.query("advance_consumer"), sub.consumer, *advance)
+                if part is not None:
+                    await conn.execute(sql.query("part_progress"), sub.consumer, advance[1], *part)
         if books.recorded is not None:
             books.recorded.set()
         if books.bury:

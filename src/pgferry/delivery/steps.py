@@ -53,8 +53,9 @@ class Step:
     consumer: str
     epoch: int | None
     ordered: bool
-    #: (from tick, to tick, attempts as (event id, attempt, status, latency ms)) or None
-    ack: tuple[int, int, Sequence[tuple[int, int, int | None, float | None]]] | None
+    #: (from tick, to tick, attempts as (event id, attempt, status, latency ms), the part of a range
+    #: read in parts it ends with as (its end tick, its last id), or None) or None
+    ack: tuple[int, int, Sequence[tuple[int, int, int | None, float | None]], tuple[int, int] | None] | None
     peek: bool
     peek_after: int | None
     #: the rest of a range the byte bound cut inside a transaction: (its end tick, the last id read)
@@ -121,6 +122,8 @@ class Stepper:
                     [s.span for s in batch],
                     [s.resume[0] if s.resume else None for s in batch],
                     [s.resume[1] if s.resume else None for s in batch],
+                    [s.ack[3][0] if s.ack and s.ack[3] else None for s in batch],
+                    [s.ack[3][1] if s.ack and s.ack[3] else None for s in batch],
                 )
         except BaseException as exc:
             for s in batch:

@@ -113,14 +113,21 @@ class _Acks:
     start_tick: int
     end_tick: int
     attempts: list[tuple[Any, ...]]
+    #: the last batch's part of a range read in parts (its end tick, its last id), kept with the
+    #: cursor so that a worker starting over resumes after it (migration 0023)
+    part: tuple[int, int] | None = None
 
     def add(self, flight: _Flight, books: Books) -> None:
         self.end_tick = flight.end_tick
+        self.part = flight.part
         self.attempts.extend(books.attempts)
 
-    def ack(self) -> tuple[int, int, list[tuple[int, int, int | None, float | None]]]:
-        """The cursor move and the delivered attempts (event, attempt, status, latency) to record."""
-        return self.start_tick, self.end_tick, [(x[1], x[2], x[3], x[7]) for x in self.attempts]
+    def ack(
+        self,
+    ) -> tuple[int, int, list[tuple[int, int, int | None, float | None]], tuple[int, int] | None]:
+        """The cursor move, the delivered attempts (event, attempt, status, latency) to record, and
+        the part it ends with."""
+        return self.start_tick, self.end_tick, [(x[1], x[2], x[3], x[7]) for x in self.attempts], self.part
 
 
 @dataclass
@@ -130,6 +137,8 @@ class _Flight:
     start_tick: int
     end_tick: int
     task: asyncio.Task[Books]
+    #: a part of a range read in parts: (the range's end tick, the part's last id)
+    part: tuple[int, int] | None = None
 
 
 class SubscriptionWorker:
@@ -329,7 +338,7 @@ class SubscriptionWorker:
                         if acks is not None:
                             await self._step(acks, peek_after=None, peek=False)
                             acks = None
-                        await self._record(books, advance=(flight.start_tick, flight.end_tick))
+                        await self._record(books, advance=(flight.start_tick, flight.end_tick), part=flight.part)
                     if self.stopping.is_set() and not flights:
                         break
                     room = not self.stopping.is_set() and len(flights) < (1 if self.sub.ordered else PIPELINE_DEPTH)
@@ -349,7 +358,7 @@ class SubscriptionWorker:
                             head = rows[0]
                             resume = None if head["cut_after"] is None else (head["end_tick"], head["cut_after"])
                             ahead = head["end_tick"] if resume is None else head["start_tick"]
-                            flights.append(_Flight(head["start_tick"], ahead, task))
+                            flights.append(_Flight(head["start_tick"], ahead, task, resume))
                             more = resume is not None or head["more"]
                             span = self._next_span(events, cut=resume is not None or head["more"])
                             continue
@@ -515,10 +524,12 @@ class SubscriptionWorker:
     def _account(self, outcomes: Sequence[Outcome], *, from_batch: bool) -> Books:
         return self.books.account(self.sub, self.sink, outcomes, from_batch=from_batch)
 
-    async def _record(self, books: Books, *, advance: tuple[int, int] | None) -> None:
+    async def _record(
+        self, books: Books, *, advance: tuple[int, int] | None, part: tuple[int, int] | None = None
+    ) -> None:
         """Records ``books`` (bookkeeping.py); a subscription its endpoint made gone stops, and the
         retry loop learns when newly parked events are due."""
-        await self.books.record(self.sub, books, advance=advance)
+        await self.books.record(self.sub, books, advance=advance, part=part)
         if books.gone is not None:
             self.stop()
         if books.park:

@@ -109,15 +109,22 @@ select pg_advisory_lock_shared($1::int, $2::int)
 -- name: webhook_steps
 -- Acknowledge delivered batches and read the next, for many subscriptions; each read at most $15
 -- bytes (a part of a range when one transaction is larger: $17, $18 continue it, per request;
--- $16 sizes each request's range in events; ferry.webhook_steps' file says how).
+-- $16 sizes each request's range in events; $19, $20: the part of such a range an acknowledgement
+-- ends with, kept with the cursor; ferry.webhook_steps' file says how).
 select reqs, refused, start_tick, end_tick, more, id, stream, key, payload, headers, created_at, blocked, cut_after
 from ferry.webhook_steps(subscriptions => $1, consumers => $2, epochs => $3, ordered => $4,
                          ack_from => $5, ack_to => $6, peeks => $7, peek_after => $8,
                          attempt_req => $9, event_ids => $10, attempt_nos => $11, statuses => $12, latencies => $13,
-                         max_events => $14, max_bytes => $15, spans => $16, peek_until => $17, resume_after => $18)
+                         max_events => $14, max_bytes => $15, spans => $16, peek_until => $17, resume_after => $18,
+                         ack_part_end => $19, ack_part_done => $20)
 
 -- name: advance_consumer
 select ferry.advance_consumer($1, $2, $3)
+
+-- name: part_progress
+-- A part of a range read in parts recorded (with failures parked): where the range is delivered up
+-- to, for a worker that starts over (migration 0023). Only while the cursor is at $2.
+update ferry.consumers set part_start = $2, part_end = $3, part_done = $4 where name = $1 and tick_id = $2
 
 -- name: park
 insert into ferry.retries (subscription, event_id, stream, key, payload, headers, event_created_at, attempts,

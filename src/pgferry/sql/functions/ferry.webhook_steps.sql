@@ -1,4 +1,4 @@
--- ferry.webhook_steps( subscriptions text[], consumers text[], epochs bigint[], ordered boolean[], ack_from bigint[], ack_to bigint[], peeks boolean[], peek_after bigint[], attempt_req integer[], event_ids bigint[], attempt_nos integer[], statuses integer[], latencies real[], max_events integer, max_bytes integer default null, spans integer[] default null, peek_until bigint[] default null, resume_after bigint[] default null) returns table (reqs integer[], refused text, start_tick bigint, end_tick bigint, more boolean, id bigint, stream text, key text, payload text, headers text, created_at timestamptz, blocked boolean, cut_after bigint)
+-- ferry.webhook_steps( subscriptions text[], consumers text[], epochs bigint[], ordered boolean[], ack_from bigint[], ack_to bigint[], peeks boolean[], peek_after bigint[], attempt_req integer[], event_ids bigint[], attempt_nos integer[], statuses integer[], latencies real[], max_events integer, max_bytes integer default null, spans integer[] default null, peek_until bigint[] default null, resume_after bigint[] default null, ack_part_end bigint[] default null, ack_part_done bigint[] default null) returns table (reqs integer[], refused text, start_tick bigint, end_tick bigint, more boolean, id bigint, stream text, key text, payload text, headers text, created_at timestamptz, blocked boolean, cut_after bigint)
 --
 -- ferry.webhook_step for many subscriptions in one round trip: a relay with
 -- 1,000 subscriptions on one stream makes one statement per tick, not 1,000,
@@ -11,6 +11,12 @@
 --     refused (below), not raised: one subscription moved elsewhere must not
 --     fail the others. ack_from[i] = ack_to[i] moves nothing but records
 --     and checks the cursor is still there (the parts of a range, below).
+--     ack_part_end[i], ack_part_done[i] (migration 0023): the acknowledgement
+--     ends with a part of a range read in parts, (ack_to[i], ack_part_end[i]]
+--     delivered up to id ack_part_done[i]; kept in ferry.consumers, so that a
+--     read from the cursor (peek_after[i] NULL, no resume_after[i]) resumes
+--     after it, as a worker starting over does, instead of sending the parts
+--     again.
 --  2. Reads (peeks[i]): the batch after peek_after[i] (the cursor when NULL),
 --     up to spans[i] events' worth of ticks (NULL: max_events), as
 --     webhook_step returned it: the events of the range on its streams
@@ -74,7 +80,8 @@ create or replace function ferry.webhook_steps(
     ack_from bigint[], ack_to bigint[], peeks boolean[], peek_after bigint[],
     attempt_req integer[], event_ids bigint[], attempt_nos integer[], statuses integer[], latencies real[],
     max_events integer, max_bytes integer default null, spans integer[] default null,
-    peek_until bigint[] default null, resume_after bigint[] default null)
+    peek_until bigint[] default null, resume_after bigint[] default null,
+    ack_part_end bigint[] default null, ack_part_done bigint[] default null)
 returns table (reqs integer[], refused text, start_tick bigint, end_tick bigint, more boolean, id bigint,
                stream text, key text, payload text, headers text, created_at timestamptz, blocked boolean,
                cut_after bigint)
@@ -121,11 +128,16 @@ begin
 
     -- 1. Acknowledgements.
     with a as (
-        select u.i::integer as i, u.c, u.ep, u.f, u.t
-        from unnest(consumers, epochs, ack_from, ack_to) with ordinality as u(c, ep, f, t, i)
+        select u.i::integer as i, u.c, u.ep, u.f, u.t, u.pe, u.pd
+        from unnest(consumers, epochs, ack_from, ack_to, ack_part_end, ack_part_done)
+             with ordinality as u(c, ep, f, t, pe, pd, i)
         where u.t is not null
     ), moved as (
-        update ferry.consumers c set tick_id = a.t, next_tick_id = null, batch_id = null, updated_at = now()
+        -- A part acknowledged (pe, pd: its range's end, its last id) is kept for the tick the
+        -- cursor is at after this update; ferry._consumer_moved clears a part the cursor left.
+        update ferry.consumers c set tick_id = a.t, next_tick_id = null, batch_id = null, updated_at = now(),
+               part_start = case when a.pe is not null then a.t else c.part_start end,
+               part_end = coalesce(a.pe, c.part_end), part_done = coalesce(a.pd, c.part_done)
         from a
         where c.name = a.c and c.tick_id = a.f and (a.ep is null or c.owner_epoch = a.ep)
         returning a.i
@@ -156,7 +168,13 @@ begin
     for g in
         with r as (
             select u.i::integer as i, u.s, u.cn, u.o, c.name as found, c.streams, c.owner_epoch, u.ep,
-                   coalesce(u.pa, c.tick_id) as v_start, u.pu, u.ra, u.sp, sub.filter, sub.state,
+                   coalesce(u.pa, c.tick_id) as v_start,
+                   -- from the cursor, where an earlier worker got to in a range read in parts
+                   case when u.pa is null and u.ra is null and c.part_start = c.tick_id then c.part_end
+                        else u.pu end as pu,
+                   case when u.pa is null and u.ra is null and c.part_start = c.tick_id then c.part_done
+                        else u.ra end as ra,
+                   u.sp, sub.filter, sub.state,
                    c.part, c.parts, c.drain_to, coalesce('webhook:' || c.subscription, u.cn) as target,
                    c.drain_to is null and exists (select 1 from ferry.consumers o
                                                   where o.subscription = c.subscription and o.drain_to is not null
