@@ -23,5 +23,5 @@ begin
     return new;
 end $$;
 
-create or replace trigger consumers_moved before update on ferry.consumers
+create or replace trigger consumers_moved before update of tick_id on ferry.consumers
     for each row execute function ferry._consumer_moved();
