@@ -23,9 +23,7 @@ class Running:
 
     async def __aenter__(self) -> Running:
         self.conn = await db.connect(self.url)
-        self.capture = self.kind(
-            self.conn, self.url, WalSettings(chunk=3, recheck_interval=0.2, idle_recheck_interval=0.2)
-        )
+        self.capture = self.kind(self.conn, self.url, WalSettings(chunk=3, recheck_interval=0.2))
         self.task = asyncio.create_task(self.capture.run(self.stop))
         return self
 

@@ -530,9 +530,7 @@ async def test_an_idle_capture_keeps_its_leadership_session_alive(
     await conn.execute("create table quiet (id int primary key)")
     await ferry.capture_table("quiet", method="wal")
     leader = await db.connect(db_url, server_settings={"idle_session_timeout": "2000"})
-    capture = WalCapture(
-        leader, db_url, WalSettings(recheck_interval=0.2, idle_recheck_interval=0.2, keepalive_interval=0.5)
-    )
+    capture = WalCapture(leader, db_url, WalSettings(recheck_interval=0.2, keepalive_interval=0.5))
     stop = asyncio.Event()
     task = asyncio.create_task(capture.run(stop))
 

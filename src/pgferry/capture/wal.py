@@ -68,12 +68,8 @@ class WalSettings:
     #: changes appended per statement, and the most a round holds before it commits at the next
     #: transaction boundary
     chunk: int = 5_000
-    #: how often an invalidated slot is looked at again
+    #: how often a missing or invalidated slot is looked at again (a new slot is notified)
     recheck_interval: float = 5.0
-    #: how often the leader looks for a slot while nothing is captured from the WAL: a new slot
-    #: is notified (pgferry_wal), so this is only the fallback (every 5 s it was 0.2 queries/s of
-    #: an idle relay's ~5, for a feature most databases do not use)
-    idle_recheck_interval: float = 30.0
     #: backoff cap when the stream cannot be started (the slot read by a relay that is going away)
     max_backoff: float = 5.0
     #: the longest the leadership connection stays silent while nothing is captured: PostgreSQL
@@ -139,7 +135,7 @@ class WalCapture:
                 wake.clear()
                 slot = await self.conn.fetchrow(sql.query("wal_slot"))
                 if slot is None:  # nothing is captured from the WAL
-                    await wait_for_event(wake, self.settings.idle_recheck_interval)
+                    await wait_for_event(wake, self.settings.recheck_interval)
                     continue
                 if slot["problem"] is not None:
                     await self._report_lost(slot)
