@@ -173,6 +173,39 @@ async def test_partitions_spread_over_relays_and_move_when_one_is_killed(
         await receiver.stop()
 
 
+async def test_a_relay_joining_leaves_no_partition_owned_by_nobody(
+    pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    # Found by an outside probe: relay A owned 5 subscriptions and both partitions of a third;
+    # when B joined, A handed over the 3 over its fair share (4) including both partitions, B took
+    # one (its share of that subscription), A was at its fair share: the other had no owner.
+    for name in "abcde":
+        await ferry.subscribe(name, ["s"], "http://127.0.0.1:9/")
+    await ferry.subscribe("z", ["s"], "http://127.0.0.1:9/", partitions=2)
+    everything = sorted([*"abcde", "z#0/2", "z#1/2"])
+    relays = [RelayProcess(pgferry_cmd, db_url)]
+    try:
+
+        async def owned_by(count: int) -> Callable[[], Awaitable[bool]]:
+            async def check() -> bool:
+                owned = await units(conn)
+                return len(owned) == count and sorted(u for us in owned.values() for u in us) == everything
+
+            return check
+
+        await eventually(await owned_by(1), timeout=30, what="one relay delivering everything")
+        relays.append(RelayProcess(pgferry_cmd, db_url))
+        await eventually(await owned_by(2), timeout=30, what="two relays delivering everything between them")
+        await asyncio.sleep(5)  # and it stays so
+        owned = await units(conn)
+        assert sorted(u for us in owned.values() for u in us) == everything, owned
+        assert sorted(len(us) for us in owned.values()) == [3, 4], owned
+        assert all(sum(u.startswith("z#") for u in us) == 1 for us in owned.values()), "z spread over both"
+    finally:
+        for relay in relays:
+            relay.stop()
+
+
 async def test_each_partition_retries_its_own_parked_events(
     db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry
 ) -> None:

@@ -174,46 +174,73 @@ class Ownership:
         # A hot subscription's partitions spread over the relays first: each takes at most its
         # share of every subscription's partitions (claiming in name order would put them together).
         held = Counter(o.worker.sub.generation for o in self.owned.values())
+        capped: list[tuple[str, Subscription]] = []
         for name, sub in active.items():
             if len(self.owned) >= share:
                 break
-            if name in self.owned or held[sub.generation] >= math.ceil(sub.parts / relays):
+            if name in self.owned:
                 continue
-            key = await conn.fetchval(sql.query("consumer_lock_key"), sub.consumer)
-            if await conn.fetchval(sql.query("try_advisory_lock"), CONSUMER_LOCK_CLASS, key):
-                # A new ownership epoch fences off a former owner that has not noticed yet.
-                epoch = await conn.fetchval(sql.query("claim_consumer"), sub.consumer)
-                if epoch is None:
-                    log.info("delivery: subscription %s is still being recorded by its former owner; later", name)
-                    await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, key)
-                    continue
-                try:
-                    worker = SubscriptionWorker(sub, self.ctx, epoch=epoch)
-                except ValueError as exc:  # e.g. a secret that is not whsec_<base64>
-                    log.error("delivery: cannot deliver subscription %s: %s", name, exc)
-                    await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, key)
-                    continue
-                task = asyncio.create_task(worker.run(), name=f"deliver {name}")
-                self.owned[name] = _Owned(worker, task, key)
+            if held[sub.generation] >= math.ceil(sub.parts / relays):
+                capped.append((name, sub))
+                continue
+            if await self._claim(conn, name, sub):
                 held[sub.generation] += 1
-                log.info("delivery: now delivering subscription %s -> %s", name, _host(sub.url))
+        # ... a preference, not a rule: a partition no relay took (every relay with room already
+        # holds its share of that subscription, the others are at their fair share) would wait
+        # for a change of relays (an outside probe saw one stay unowned for 7 minutes). The
+        # relays' fair shares add up to at least every unit, so one with room takes it here.
+        for name, sub in capped:
+            if len(self.owned) >= share:
+                break
+            await self._claim(conn, name, sub)
         # Every extra at once: with several relays starting together, the first to claim takes
         # everything, and handing back one per round would take minutes with 1,000 subscriptions.
-        extras = sorted(self.owned)[share:]
-        # ... and partitions beyond this relay's share of their subscription (grouped in one pass:
-        # one scan of the owned per generation cost an idle relay with 1,000 subscriptions 0.4 s a round)
-        by_generation: defaultdict[tuple[str, int], list[str]] = defaultdict(list)
-        for unit, owned in self.owned.items():
-            by_generation[owned.worker.sub.generation].append(unit)
-        leaving = set(extras)
-        for (_, parts), units in by_generation.items():
-            extras += [u for u in sorted(units)[math.ceil(parts / relays) :] if u not in leaving]
+        # Partitions beyond this relay's share of their subscription go first (that spreads a hot
+        # subscription), then whole subscriptions from the end of the name order. Only what is over
+        # the fair share goes: handing over partitions regardless left one owned by nobody when
+        # the other relays were at their fair share (grouped in one pass: one scan of the owned
+        # per subscription cost an idle relay with 1,000 subscriptions 0.4 s a round).
+        extras: list[str] = []
+        if len(self.owned) > share:
+            by_generation: defaultdict[tuple[str, int], list[str]] = defaultdict(list)
+            for unit, owned in self.owned.items():
+                by_generation[owned.worker.sub.generation].append(unit)
+            beyond = [
+                u for (_, parts), units in by_generation.items() for u in sorted(units)[math.ceil(parts / relays) :]
+            ]
+            first = set(beyond)
+            rest = [u for u in sorted(self.owned, reverse=True) if u not in first]
+            whole = [u for u in rest if self.owned[u].worker.sub.parts <= 1]  # before a partition kept at its share
+            extras = [*beyond, *whole, *(u for u in rest if self.owned[u].worker.sub.parts > 1)]
+            extras = extras[: len(self.owned) - share]
         if extras:
             log.info("delivery: handing %d subscription(s) to other relays (fair share %d)", len(extras), share)
             await asyncio.gather(*(self._stop_worker(n, self.owned[n], True) for n in extras))
             for name in extras:
                 owned = self.owned.pop(name)
                 await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, owned.lock_key)
+
+    async def _claim(self, conn: asyncpg.Connection, name: str, sub: Subscription) -> bool:
+        """Takes ``sub`` when no relay holds it; whether it did."""
+        key = await conn.fetchval(sql.query("consumer_lock_key"), sub.consumer)
+        if not await conn.fetchval(sql.query("try_advisory_lock"), CONSUMER_LOCK_CLASS, key):
+            return False
+        # A new ownership epoch fences off a former owner that has not noticed yet.
+        epoch = await conn.fetchval(sql.query("claim_consumer"), sub.consumer)
+        if epoch is None:
+            log.info("delivery: subscription %s is still being recorded by its former owner; later", name)
+            await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, key)
+            return False
+        try:
+            worker = SubscriptionWorker(sub, self.ctx, epoch=epoch)
+        except ValueError as exc:  # e.g. a secret that is not whsec_<base64>
+            log.error("delivery: cannot deliver subscription %s: %s", name, exc)
+            await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, key)
+            return False
+        task = asyncio.create_task(worker.run(), name=f"deliver {name}")
+        self.owned[name] = _Owned(worker, task, key)
+        log.info("delivery: now delivering subscription %s -> %s", name, _host(sub.url))
+        return True
 
     async def _retire(self, conn: asyncpg.Connection, sub: Subscription) -> None:
         """Removes an old partition that drained after a change of partitions, once its worker (if
