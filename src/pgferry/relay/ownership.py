@@ -209,10 +209,10 @@ class Ownership:
                 u for (_, parts), units in by_generation.items() for u in sorted(units)[math.ceil(parts / relays) :]
             ]
             first = set(beyond)
-            rest = [u for u in sorted(self.owned, reverse=True) if u not in first]
-            whole = [u for u in rest if self.owned[u].worker.sub.parts <= 1]  # before a partition kept at its share
-            extras = [*beyond, *whole, *(u for u in rest if self.owned[u].worker.sub.parts > 1)]
-            extras = extras[: len(self.owned) - share]
+            # the rest: whole subscriptions before a partition kept at its share (a stable sort)
+            rest = sorted((u for u in sorted(self.owned, reverse=True) if u not in first),
+                          key=lambda u: self.owned[u].worker.sub.parts > 1)  # fmt: skip
+            extras = [*beyond, *rest][: len(self.owned) - share]
         if extras:
             log.info("delivery: handing %d subscription(s) to other relays (fair share %d)", len(extras), share)
             await asyncio.gather(*(self._stop_worker(n, self.owned[n], True) for n in extras))

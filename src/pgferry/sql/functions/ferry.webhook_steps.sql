@@ -45,9 +45,10 @@
 -- streams), until the next one would pass max_bytes or it holds 4 x
 -- max_events (NULL: ferry.config.max_batch_events) of them; it always takes
 -- at least one. (The count cuts only a range that is one huge tick, as the
--- first after a relay was down is: it is read in parts.) A read
--- so cut ends at the furthest tick t (ferry._batch_split) such that (a) no event committed by t has an id above the last one read
--- and (b) every event handed out by earlier parts of the same range is
+-- first after a relay was down is: it is read in parts.) A read so cut
+-- ends at the furthest tick t (ferry._batch_split) such that (a) no event
+-- committed by t has an id above the last one read and (b) every event
+-- handed out by earlier parts of the same range is
 -- committed by t; it returns only the events committed by t, more = true,
 -- cut_after NULL, and the cursor moves to t as usual. When no tick fits
 -- (one transaction larger than the bound), the read is a part of the range
@@ -224,12 +225,14 @@ begin
             if v_alone then  -- alone: its own read, as webhook_step made it
                 return query
                     select g.members, null::text, g.v_start, g.v_end, v_more, ev.id, ev.stream, ev.key,
-                           ferry._envelope_text(ev.op, ev.payload, ev.old_payload, ev.schema_name, ev.table_name), ev.headers::text, ev.created_at,
+                           ferry._envelope_text(ev.op, ev.payload, ev.old_payload, ev.schema_name, ev.table_name),
+                           ev.headers::text, ev.created_at,
                            g.is_ordered and ev.key is not null
                            and exists (select 1 from ferry.retries rt where rt.subscription = g.one_sub and rt.key = ev.key),
                            null::bigint
                     from ferry._batch_rows(g.v_start, g.v_end, g.one_streams, g.one_target) ev
-                    where ferry._filter_match(g.filter::jsonpath, ev.stream, ev.key, ev.headers, ferry._envelope(ev.op, ev.payload, ev.old_payload, ev.schema_name, ev.table_name))
+                    where ferry._filter_match(g.filter::jsonpath, ev.stream, ev.key, ev.headers,
+                              ferry._envelope(ev.op, ev.payload, ev.old_payload, ev.schema_name, ev.table_name))
                       and (g.parts <= 1 or ferry._partition_of(ev.key, ev.id, g.parts) = g.part);
             else
                 return query
@@ -240,12 +243,13 @@ begin
                         cross join lateral unnest(c.streams) as st(stream)
                         group by st.stream
                     )
-                    select ms.members, null::text, g.v_start, g.v_end, v_more, ev.id, ev.stream,
-                           ev.key, ferry._envelope_text(ev.op, ev.payload, ev.old_payload, ev.schema_name, ev.table_name), ev.headers::text, ev.created_at, false,
-                           null::bigint
+                    select ms.members, null::text, g.v_start, g.v_end, v_more, ev.id, ev.stream, ev.key,
+                           ferry._envelope_text(ev.op, ev.payload, ev.old_payload, ev.schema_name, ev.table_name),
+                           ev.headers::text, ev.created_at, false, null::bigint
                     from ferry._batch_rows(g.v_start, g.v_end, (select array_agg(ms.stream) from ms), null) ev
                     join ms on ms.stream = ev.stream
-                    where ferry._filter_match(g.filter::jsonpath, ev.stream, ev.key, ev.headers, ferry._envelope(ev.op, ev.payload, ev.old_payload, ev.schema_name, ev.table_name))
+                    where ferry._filter_match(g.filter::jsonpath, ev.stream, ev.key, ev.headers,
+                              ferry._envelope(ev.op, ev.payload, ev.old_payload, ev.schema_name, ev.table_name))
                       and (g.parts <= 1 or ferry._partition_of(ev.key, ev.id, g.parts) = g.part)
                     order by ev.id;
             end if;
@@ -290,10 +294,13 @@ begin
             from (select s.*, s.n = 1 or (s.n <= v_limit and (max_bytes is null or s.running <= max_bytes)) as taken
                   from (select r.*, row_number() over w as n,
                                sum(octet_length(r.payload) + coalesce(octet_length(r.headers), 0)) over w as running
-                        from (select e.id, e.txid, e.stream, e.key, ferry._envelope_text(e.op, e.payload, e.old_payload, e.schema_name, e.table_name) as payload,
+                        from (select e.id, e.txid, e.stream, e.key,
+                                     ferry._envelope_text(e.op, e.payload, e.old_payload, e.schema_name,
+                                                          e.table_name) as payload,
                                      e.headers::text as headers, e.created_at,
                                      ferry._filter_match(g.filter::jsonpath, e.stream, e.key, e.headers,
-                                                         ferry._envelope(e.op, e.payload, e.old_payload, e.schema_name, e.table_name))
+                                                         ferry._envelope(e.op, e.payload, e.old_payload,
+                                                                         e.schema_name, e.table_name))
                                      and (g.parts <= 1 or ferry._partition_of(e.key, e.id, g.parts) = g.part) as wanted
                               from ferry._batch_rows(g.v_start, g.v_end, v_streams, v_reader) e
                               where e.id > coalesce(g.resume_after, 0)
