@@ -539,6 +539,6 @@ async def test_brokers_are_held_to_the_relays_address_policy(
     allowed = Brokers(AddressPolicy(strict=True, allow=parse_networks("127.0.0.1/32")))
     try:
         await allowed.jetstream("127.0.0.1", nats_server.port, {})
-        assert await (await allowed.redis("127.0.0.1", redis_server.port, 0, {})).ping()
+        assert await (await allowed.redis("127.0.0.1", redis_server.port, 0, {})).call("PING") == b"PONG"
     finally:
         await allowed.close()

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from pgferry.delivery.addresses import DEFAULT_POLICY, AddressPolicy, RefusedAddress, allowed_addresses
+from pgferry.delivery.redis_pipe import RedisError, RedisPipe
 
 if TYPE_CHECKING:
     import nats.aio.client
-    import redis.asyncio
 
 log = logging.getLogger(__name__)
 
@@ -187,47 +187,21 @@ class Brokers:
         key = ("nats", host, port, 0, tuple(sorted(credentials.items())))
         return await self._client(key, make, lambda p: not p.client.is_closed)  # type: ignore[no-any-return]
 
-    async def redis(self, host: str, port: int, db: int, credentials: Mapping[str, str]) -> redis.asyncio.Redis:
-        import redis.asyncio  # noqa: PLC0415 - loaded by relays that append to Redis only
-        import redis.exceptions  # noqa: PLC0415
-        from redis.asyncio.retry import Retry  # noqa: PLC0415
-        from redis.backoff import NoBackoff  # noqa: PLC0415
-
-        async def make(ip: str) -> redis.asyncio.Redis:
-            # A blocking pool: a send beyond 64 at once waits for a connection (its timeout_ms
-            # bounds the wait). The default pool raised "Too many connections", which counted as
-            # the server failing: 100 subscriptions to one Redis marked it down and up again,
-            # reconnected, and left connections open by the thousand.
-            pool = redis.asyncio.BlockingConnectionPool(
-                host=ip,
-                port=port,
-                db=db,
-                username=credentials.get("user"),
-                password=credentials.get("password"),
-                socket_connect_timeout=CONNECT_TIMEOUT_S,
-                retry=Retry(NoBackoff(), 0),
-                max_connections=64,
-                timeout=None,
-            )
-            client = redis.asyncio.Redis.from_pool(pool)
+    async def redis(self, host: str, port: int, db: int, credentials: Mapping[str, str]) -> RedisPipe:
+        async def make(ip: str) -> RedisPipe:
             try:
-                await client.ping()
-            except redis.exceptions.AuthenticationError as exc:
-                await client.aclose()
-                raise BrokerUnreachable("auth", f"Redis at {host}:{port}: {exc}") from None
-            except redis.exceptions.ResponseError as exc:
-                await client.aclose()
+                return await RedisPipe.connect(ip, port, db, credentials)
+            except RedisError as exc:
                 # The server answered: not down. Wrong credentials, or this subscription's setting
                 # (a database number the server does not have), which held every other one back.
-                auth = "NOAUTH" in str(exc) or "WRONGPASS" in str(exc)
-                raise BrokerUnreachable("auth" if auth else "config", f"Redis at {host}:{port}: {exc}") from None
-            except (redis.exceptions.ConnectionError, OSError, TimeoutError) as exc:
-                await client.aclose()
+                text = str(exc)
+                auth = "AUTH" in text  # NOAUTH, WRONGPASS, or AUTH given where no password is set
+                raise BrokerUnreachable("auth" if auth else "config", f"Redis at {host}:{port}: {text}") from None
+            except OSError as exc:
                 raise BrokerUnreachable("connect", f"cannot connect to Redis at {host}:{port}: {exc}") from None
-            return client
 
         key = ("redis", host, port, db, tuple(sorted(credentials.items())))
-        return await self._client(key, make, lambda _: True)  # type: ignore[no-any-return]
+        return await self._client(key, make, lambda pipe: pipe.alive)  # type: ignore[no-any-return]
 
     def forget(self, scheme: str, host: str, port: int) -> None:
         """Drop the broker's connections (it was just marked down): the next send connects anew."""
@@ -252,6 +226,6 @@ async def _close(client: Any) -> None:
         if isinstance(client, AckedPublisher):
             await client.client.close()
         else:
-            await client.aclose()
+            client.close()
     except Exception as exc:  # noqa: BLE001 - closing a broken connection: nothing to do about it
         log.debug("closing a broker connection: %s", exc)

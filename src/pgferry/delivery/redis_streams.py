@@ -40,11 +40,10 @@ from pgferry.delivery.destinations import BadDestination, RedisDestination, pars
 from pgferry.delivery.health import Endpoint
 from pgferry.delivery.http import HttpResult
 from pgferry.delivery.model import OutEvent, Subscription
+from pgferry.delivery.redis_pipe import RedisError, RedisPipe
 from pgferry.delivery.sink import Prepared, Sink
 
 if TYPE_CHECKING:
-    import redis.asyncio
-
     from pgferry.delivery.context import DeliveryContext
 
 #: KEYS: the current and previous marks, then one stream key per event.
@@ -81,30 +80,19 @@ return added
 APPEND_ONCE_SHA = hashlib.sha1(APPEND_ONCE.encode()).hexdigest()
 
 
-async def append_once(client: redis.asyncio.Redis, keys: Sequence[str], args: Sequence[Any]) -> None:
+async def append_once(pipe: RedisPipe, keys: Sequence[str], args: Sequence[Any]) -> None:
     """Runs APPEND_ONCE (loading it first on a server that does not know it yet).
 
     The command is packed by hiredis (C): redis-py's own packing in Python took about half
     of a relay's CPU when appending 100-event chunks (py-spy; docs/benchmarks.md)."""
-    import redis.exceptions  # noqa: PLC0415
-
     packed = hiredis.pack_command(("EVALSHA", APPEND_ONCE_SHA, len(keys), *keys, *args))
-    for loaded in (False, True):
-        pool = client.connection_pool
-        conn = await pool.get_connection()  # type: ignore[no-untyped-call]  # waits for one (a blocking pool)
-        try:
-            await conn.send_packed_command(packed)
-            await conn.read_response()
-            return
-        except redis.exceptions.NoScriptError:
-            if loaded:
-                raise
-        except BaseException:
-            await conn.disconnect()  # an answer may still be on its way: this connection cannot be reused
+    try:
+        await pipe.send(packed)
+    except RedisError as exc:
+        if not str(exc).startswith("NOSCRIPT"):
             raise
-        finally:
-            await pool.release(conn)
-        await client.script_load(APPEND_ONCE)
+        await pipe.call("SCRIPT", "LOAD", APPEND_ONCE)
+        await pipe.send(packed)
 
 
 def entry_fields(event: OutEvent) -> list[str]:
@@ -154,8 +142,6 @@ class RedisStreamsSink(Sink):
     async def send(
         self, chunk: Sequence[OutEvent], prepared: Prepared, on_wire: Callable[[], bool] | None, *, fresh: bool
     ) -> HttpResult:
-        import redis.exceptions  # noqa: PLC0415
-
         assert self.dest is not None
         dest = self.dest
         keys, args = prepared
@@ -163,16 +149,16 @@ class RedisStreamsSink(Sink):
         if fresh:
             self.ctx.brokers.forget("redis", dest.host, dest.port)
         try:
-            client = await self.ctx.brokers.redis(dest.host, dest.port, dest.db, self.sub.credentials)
+            pipe = await self.ctx.brokers.redis(dest.host, dest.port, dest.db, self.sub.credentials)
         except BrokerUnreachable as exc:
             return _failed(exc.error_class, str(exc), started)
         if on_wire is not None and not on_wire():
             return HttpResult(None, "withdrawn", "not sent", None, 0.0)
         try:
             async with asyncio.timeout(self.sub.timeout_ms / 1000):
-                await append_once(client, keys, args)
-        except (TimeoutError, redis.exceptions.RedisError, OSError) as exc:
-            if isinstance(exc, redis.exceptions.ConnectionError | OSError):
+                await append_once(pipe, keys, args)
+        except (TimeoutError, RedisError, OSError) as exc:
+            if isinstance(exc, OSError):  # RedisConnectionLost too
                 self.ctx.brokers.forget("redis", dest.host, dest.port)
             return _explain(exc, dest, keys[2], self.sub.timeout_ms, started)
         return HttpResult(None, None, None, None, (time.perf_counter() - started) * 1000)
@@ -184,14 +170,12 @@ class RedisStreamsSink(Sink):
 
 def _explain(exc: BaseException, dest: RedisDestination, stream: str, timeout_ms: int, started: float) -> HttpResult:
     """What a failed append to ``stream`` is recorded as."""
-    import redis.exceptions  # noqa: PLC0415
-
     text = str(exc)
-    if isinstance(exc, TimeoutError | redis.exceptions.TimeoutError):
+    if isinstance(exc, TimeoutError):
         return _failed("timeout", f"no answer from Redis at {dest.address} within {timeout_ms} ms", started)
-    if isinstance(exc, redis.exceptions.AuthenticationError) or "NOAUTH" in text or "WRONGPASS" in text:
+    if "NOAUTH" in text or "WRONGPASS" in text:
         return _failed("auth", f"Redis at {dest.address}: {text}", started)
-    if isinstance(exc, redis.exceptions.ResponseError):
+    if isinstance(exc, RedisError):
         if "OOM" in text:
             return _failed("rejected", f"Redis at {dest.address} is out of memory (maxmemory): {text}", started)
         return _failed("rejected", f"Redis at {dest.address} refused the append to {stream!r}: {text}", started)
