@@ -11,6 +11,7 @@ import asyncpg
 import pgferry
 from pgferry import api_tokens
 from tests.streams.conftest import StartApi
+from tests.streams.sse import SseEvent, sse_events
 
 
 async def test_tokens_decide_who_reads_and_writes_which_stream(
@@ -92,3 +93,33 @@ async def test_cors_answers_listed_origins_only(start_api: StartApi, conn: async
         async with session.get(f"{api.base}/v1/streams/chat:1?access_token={token}",
                                headers={"Origin": "https://app.example.com"}) as r:  # fmt: skip
             assert r.status == 200 and r.headers["Access-Control-Allow-Origin"] == "https://app.example.com"
+
+
+async def test_a_token_revoked_while_its_stream_is_open_ends_that_stream(
+    start_api: StartApi, conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    token = await api_tokens.create(conn, "revoked-live", read=["live:*"], write=[])
+    api = await start_api(heartbeat=0.5)
+    async with aiohttp.ClientSession() as session:
+        headers = {"Authorization": f"Bearer {token}"}
+        async with session.get(f"{api.base}/v1/streams/live:1", headers=headers) as r:
+            assert r.status == 200
+            events = sse_events(r)
+            await ferry.publish("live:1", {"n": 1})
+            first = await asyncio.wait_for(anext(events), 10)
+            assert first.event == "message"
+            await api_tokens.revoke(conn, "revoked-live")
+
+            async def until_error() -> SseEvent:
+                n = 1
+                async for event in events:
+                    if event.event == "error":
+                        return event
+                    n += 1
+                    await ferry.publish("live:1", {"n": n})
+                raise AssertionError("the stream ended without an error event")
+
+            await ferry.publish("live:1", {"n": 2})
+            ended = await asyncio.wait_for(until_error(), 15)
+            assert "no longer valid (revoked)" in ended.data, ended.data
+            assert await r.content.read() == b""  # and the response ends

@@ -352,6 +352,22 @@ class StreamsApi:
 
         loop.call_later(self.settings.stall_timeout, check)
 
+    async def _revoked(self, request: web.Request, stream: str) -> str | None:
+        """Why an open stream's token no longer lets it read (revoked, or its patterns changed),
+        or None. The tokens are reloaded every few seconds (``TokenStore``), so this costs a
+        lookup; while they cannot be reloaded the stream goes on (nothing new is read then)."""
+        if self.settings.allow_loopback and is_loopback(request.remote or ""):
+            return None
+        assert self.authorizer is not None
+        try:
+            decision = await self.authorizer.authorize(_bearer(request), stream, "read")
+        except TokenStoreUnavailable:
+            return None
+        if decision.status == 200:
+            return None
+        why = "is no longer valid (revoked)" if decision.status == 401 else "may no longer read this stream"
+        return f"this API token {why}: the stream ends here; reconnect with a token that may read it"
+
     def _let_go(self, reason: str) -> None:
         self.stats.let_go[reason] = self.stats.let_go.get(reason, 0) + 1
 
@@ -386,8 +402,16 @@ class StreamsApi:
             self.hub.leave(follower)
 
     async def _live(self, request: web.Request, response: web.StreamResponse, follower: Follower) -> None:
+        """Live events as they come, a heartbeat when none do; the token is checked again before
+        each write, so a revoked one ends the stream with an ``error`` event."""
         while True:
             follower.wake.clear()
+            if revoked := await self._revoked(request, follower.stream):
+                self._let_go("revoked")
+                await self._write(
+                    request, response, b"event: error\ndata: " + orjson.dumps({"reason": revoked}) + b"\n\n"
+                )
+                return
             if follower.queue:
                 frames = list(follower.queue)
                 follower.queue.clear()
