@@ -27,6 +27,8 @@ import hiredis
 
 #: Bytes read from the socket at a time.
 READ_SIZE = 1 << 16
+#: Commands written at once at most (and then the socket's buffer is let drain).
+WRITE_AT_ONCE = 256
 
 
 class RedisError(Exception):
@@ -43,6 +45,7 @@ class RedisPipe:
         self._writer = writer
         self._waiting: deque[asyncio.Future[Any]] = deque()
         self._broken: RedisConnectionLost | None = None
+        self._unwritten: list[bytes] = []
         self._reading = asyncio.ensure_future(self._read())
 
     @classmethod
@@ -71,17 +74,29 @@ class RedisPipe:
         """Sends a command packed with ``hiredis.pack_command`` and returns its reply."""
         if self._broken is not None:
             raise self._broken
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
         self._waiting.append(future)
-        self._writer.write(packed)
+        if not self._unwritten:
+            loop.call_soon(self._write)
+        self._unwritten.append(packed)
         try:
-            await self._writer.drain()  # waits only while the socket's buffer is full
+            if len(self._unwritten) >= WRITE_AT_ONCE:
+                self._write()
+                await self._writer.drain()  # waits only while the socket's buffer is full
             return await future
         finally:
             future.cancel()  # the caller stopped waiting: its reply will be read and dropped
 
     async def call(self, *command: str | int | bytes) -> Any:
         return await self.send(hiredis.pack_command(command))  # type: ignore[arg-type]  # its stub wants a 1-tuple
+
+    def _write(self) -> None:
+        """One write for the commands of one turn of the event loop: a system call per command
+        cost ~165 µs each on this machine's loaded cores."""
+        if self._unwritten and self._broken is None:
+            self._writer.write(b"".join(self._unwritten))
+        self._unwritten.clear()
 
     def close(self, why: str = "connection closed by pgferry") -> None:
         self._fail(RedisConnectionLost(why))
