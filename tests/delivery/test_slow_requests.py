@@ -85,6 +85,33 @@ async def test_a_slow_answer_does_not_hold_back_later_events(
     assert received_ids(receiver).count(slow) == 1
 
 
+async def test_many_late_answers_are_each_recorded_once_with_their_own_outcome(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    """Late answers that come together are recorded together: each with its own status."""
+    first: set[int] = set()
+
+    def behave(request: Received) -> Action:
+        n = orjson.loads(request.body)["n"]
+        if n in first:
+            return Respond()
+        first.add(n)
+        return Slow(2.0, Respond(500 if n % 3 == 0 else 200))
+
+    receiver, url = await receiver_factory(behave)
+    await conn.execute(f"select ferry.subscribe('late', array['s'], $1, {FAST_RETRY})", url)
+    await asyncio.sleep(0.5)
+    ids = [await ferry.publish("s", {"n": n}) for n in range(24)]
+    await all_delivered(receiver, set(ids))
+    await eventually(_no_retries(conn), what="the late answers and the retries to be recorded")
+    rows = await conn.fetch(
+        "select event_id, array_agg(status order by attempt) as statuses from ferry.attempts"
+        " where subscription = 'late' group by event_id"
+    )
+    by_id = {r["event_id"]: r["statuses"] for r in rows}
+    assert by_id == {i: ([500, 200] if n % 3 == 0 else [200]) for n, i in enumerate(ids)}
+
+
 async def test_a_request_that_times_out_after_being_let_go_is_retried(
     relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
 ) -> None:

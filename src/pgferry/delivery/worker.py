@@ -161,6 +161,9 @@ class SubscriptionWorker:
         self.background = self.sender.background
         #: events parked as in flight whose answers are not recorded yet
         self.let_go = self.sender.let_go
+        #: late answers waiting to be recorded, and the task recording them
+        self._late: list[tuple[Sequence[OutEvent], HttpResult]] = []
+        self._late_recorder: asyncio.Future[None] | None = None
         #: wakes the retry loop: stopping, or the endpoint answering again
         self.retry_wake = asyncio.Event()
         self.release_parked = False
@@ -508,16 +511,31 @@ class SubscriptionWorker:
                         self.sub.name, expired)  # fmt: skip
 
     async def _answered_late(self, recorded: asyncio.Event, chunk: Sequence[OutEvent], result: HttpResult) -> None:
-        """Records the answer to a request its round let go of, once the round's parking is committed."""
+        """Records the answer to a request its round let go of, once the round's parking is
+        committed. Answers that come while others are being recorded are recorded together, in
+        one statement: under load many requests outlast their round at once, and a write for
+        each added database work exactly when there was the least to spare."""
         await recorded.wait()
-        try:
-            await self._record(self._account([(e, result) for e in chunk], from_batch=False), advance=None)
-        except (asyncpg.PostgresError, *db.CONNECTION_ERRORS) as exc:
-            # Still parked as in flight: it is sent again once that is due (at-least-once), by this
-            # worker's retry loop too, which skips events in self.let_go.
-            log.warning("subscription %s: could not record a late answer (%s); it will be sent again",
-                        self.sub.name, db.describe(exc))  # fmt: skip
-        self.let_go.difference_update(e.id for e in chunk)
+        self._late.append((chunk, result))
+        if self._late_recorder is None or self._late_recorder.done():
+            self._late_recorder = asyncio.ensure_future(self._record_late())
+            self.background.add(self._late_recorder)
+            self._late_recorder.add_done_callback(self.background.discard)
+        await asyncio.shield(self._late_recorder)
+
+    async def _record_late(self) -> None:
+        while self._late:
+            answers, self._late = self._late, []
+            try:
+                outcomes = [(e, result) for chunk, result in answers for e in chunk]
+                await self._record(self._account(outcomes, from_batch=False), advance=None)
+            except (asyncpg.PostgresError, *db.CONNECTION_ERRORS) as exc:
+                # Still parked as in flight: they are sent again once that is due (at-least-once),
+                # by this worker's retry loop too, which skips events in self.let_go.
+                log.warning("subscription %s: could not record %d late answer(s) (%s); they will be sent again",
+                            self.sub.name, len(answers), db.describe(exc))  # fmt: skip
+            for chunk, _ in answers:
+                self.let_go.difference_update(e.id for e in chunk)
 
     # -- bookkeeping -------------------------------------------------------
 
