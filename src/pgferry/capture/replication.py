@@ -28,6 +28,13 @@ import psycopg2.extras
 
 #: messages a batch may hold (the thread hands over sooner when the server has no more)
 BATCH = 2_000
+#: How the server spells values as text in the changes it sends (pgoutput writes each column with
+#: its type's output function, under the replication session's settings): ISO dates with numeric
+#: offsets, whatever the database's DateStyle (under 'SQL, DMY' and TimeZone Asia/Kolkata a
+#: timestamptz came as '... IST' and was read back as Israel time, 3.5 hours off: outside probe),
+#: floats exact, bytea in hex, intervals PostgreSQL's way. These override the database's and
+#: role's defaults; the URL's own ``options`` are replaced.
+TEXT_SETTINGS = "-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3 -c bytea_output=hex"
 #: feedback at least this often, so the server never thinks the relay is gone
 FEEDBACK_INTERVAL = 1.0
 
@@ -112,6 +119,7 @@ class ReplicationStream:
                 self.url,
                 connection_factory=psycopg2.extras.LogicalReplicationConnection,
                 application_name="pgferry wal stream",
+                options=TEXT_SETTINGS,
             )
             cur = conn.cursor()
             cur.start_replication(

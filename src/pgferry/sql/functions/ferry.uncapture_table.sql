@@ -5,7 +5,8 @@
 -- its ferry.captures rows as ended (they stay: events still point at them;
 -- a WAL capture's changes made before the end are still appended, 0022).
 -- A table captured from the WAL leaves the publication (its REPLICA
--- IDENTITY is left as it is).
+-- IDENTITY is left as it is). Locks the table (SHARE ROW EXCLUSIVE) until
+-- commit: a writer's transaction is wholly before the end or wholly after.
 --
 -- Calls:   ferry._capture_function
 -- Reads:   ferry.wal_slot
@@ -19,6 +20,9 @@ language plpgsql as $$
 declare
     v_op text;
 begin
+    -- Writers of the table finish first: the position taken below is after all of their
+    -- changes, and any writer after it finds the capture gone (see ferry.capture_table).
+    execute format('lock table %s in share row exclusive mode', tbl);
     foreach v_op in array array['insert', 'update', 'delete'] loop
         if exists (select 1 from pg_trigger where tgrelid = tbl and tgname = 'pgferry_capture_' || v_op) then
             execute format('drop trigger pgferry_capture_%s on %s', v_op, tbl);
