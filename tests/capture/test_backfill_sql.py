@@ -90,6 +90,23 @@ async def test_a_condition_picks_the_rows_and_a_consumer_target_reaches_only_tha
     assert [e.key for e in await read_all(ferry, conn, "other")] == ["11"]
 
 
+async def test_a_condition_is_stored_as_one_deparsed_expression_and_runs_as_written(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    await conn.execute("create table t (id int primary key, paid boolean); create table vip (id int)")
+    await conn.execute("insert into t select g, g % 2 = 0 from generate_series(1, 10) g; insert into vip values (3)")
+    await conn.execute("select ferry.capture_table('t')")
+    await ferry.register_consumer("c")
+    backfill = await conn.fetchval(
+        "select ferry.backfill('t', condition => $$paid -- even ones\n or id in (select id from vip) /* and 3 */$$,"
+        " chunk_size => 2)"
+    )
+    condition = await conn.fetchval("select condition from ferry.backfills where id = $1", backfill)
+    assert "--" not in condition and "/*" not in condition and "public.vip" in condition
+    assert await _run(conn, backfill) == "done"
+    assert [e.key for e in await read_all(ferry, conn, "c")] == ["2", "3", "4", "6", "8", "10"]
+
+
 async def test_cancel_and_pause_stop_the_next_chunk_and_resume_goes_on_after_the_last_one(
     ferry: pgferry.Ferry, conn: asyncpg.Connection
 ) -> None:
@@ -124,6 +141,12 @@ async def test_cancel_and_pause_stop_the_next_chunk_and_resume_goes_on_after_the
         ("ferry.backfill('t', condition => 'no_such_column > 1')", "42703", "not a valid boolean expression"),
         ("ferry.backfill('t', condition => 'id')", "42804", "not a valid boolean expression"),
         ("ferry.backfill('t', condition => 'true) or (true; drop table t')", "42601", "not a valid boolean expression"),
+        # Checked as it runs: the table is r in the chunk's statement, and a trailing comment or a
+        # closing parenthesis cannot reach past the condition (both passed the old check).
+        ("ferry.backfill('t', condition => 't.id > 3')", "42P01", "the table is aliased r"),
+        ("ferry.backfill('t', condition => 'id > 0) --')", "42601", "not a valid boolean expression"),
+        ("ferry.backfill('t', condition => 'id > 0) group by (1')", "42601", "not a valid boolean expression"),
+        ("ferry.backfill('t', condition => '  ')", "22023", "condition is empty"),
         ("ferry.backfill('t', chunk_size => 0)", "22023", "chunk_size must be between 1 and 1000000"),
         ("ferry.backfill('t', subscription => 'nobody')", "42704", "subscription 'nobody' does not exist"),
         ("ferry.backfill('t', consumer => 'nobody')", "42704", "consumer 'nobody' does not exist"),

@@ -10,11 +10,11 @@
 -- most one): the only reader of the events, which must read the table's
 -- stream (neither: every reader); condition: a boolean SQL expression over
 -- the table's columns (not `where`: a reserved word cannot name an
--- argument), checked here; chunk_size: rows per chunk transaction (the
+-- argument), checked and stored deparsed (ferry._backfill_condition); chunk_size: rows per chunk transaction (the
 -- default, 2000, is docs/backfills.md's measured trade-off).
 -- Returns the backfill's id.
 --
--- Calls:   -
+-- Calls:   ferry._backfill_condition
 -- Reads:   ferry.captures, ferry.consumers, ferry.subscriptions, pg_index, the planner's estimate of tbl's rows
 -- Writes:  ferry.backfills
 -- Raises:  22023, 42704, 42P10, 55000, and the SQLSTATE of an invalid condition (42601, 42703, 42804, ...)
@@ -33,8 +33,7 @@ declare
     v_target  text;
     v_streams text[];
     v_found   boolean;
-    v_state   text;
-    v_message text;
+    v_condition text;
     v_id      bigint;
     v_plan    json;
 begin
@@ -79,16 +78,7 @@ begin
             quote_literal(coalesce(subscription, consumer)), quote_literal(v_capture.stream), tbl
             using errcode = '22023', hint = 'Add the stream to it, or backfill for a reader of that stream.';
     end if;
-    if condition is not null then
-        begin
-            execute format('select 1 from %s where (%s) limit 0', tbl, condition);
-        exception when others then
-            get stacked diagnostics v_state = returned_sqlstate, v_message = message_text;
-            raise exception 'pgferry: condition % is not a valid boolean expression over %: %',
-                quote_literal(condition), tbl, v_message
-                using errcode = v_state, hint = 'Write it as the WHERE clause of a query on the table would be.';
-        end;
-    end if;
+    v_condition := ferry._backfill_condition(tbl, condition);
 
     -- The planner's estimate of the table's rows (no scan): unlike pg_class.reltuples it exists
     -- for a table never analyzed (from its size; reltuples is -1 then, and the progress bar had
@@ -97,7 +87,7 @@ begin
     -- `id % 2 = 0`), and a bar at 100% for most of the run says less than one that ends early.
     execute format('explain (format json) select 1 from %s', tbl) into v_plan;
     insert into ferry.backfills (capture, relid, schema_name, table_name, target, condition, chunk_size, rows_estimate)
-    values (v_capture.id, tbl, v_capture.schema_name, v_capture.table_name, v_target, backfill.condition,
+    values (v_capture.id, tbl, v_capture.schema_name, v_capture.table_name, v_target, v_condition,
             backfill.chunk_size, round((v_plan -> 0 -> 'Plan' ->> 'Plan Rows')::numeric)::bigint)
     returning id into v_id;
     return v_id;
