@@ -3,8 +3,11 @@
 -- The logical replication slot and publication WAL capture uses, created
 -- the first time a table is captured with method 'wal' (migration 0020).
 -- The slot is pgferry_<database oid> (slot names are cluster-wide), the
--- publication pgferry_wal. Creating the slot must come before anything the
--- transaction writes, and needs the REPLICATION attribute (or superuser).
+-- publication pgferry_wal, which pgferry install makes (migration 0024:
+-- made here after the slot, a change committed in between stopped
+-- decoding for good); made here only if someone dropped it. Creating the
+-- slot must come before anything the transaction writes, and needs the
+-- REPLICATION attribute (or superuser).
 -- reset (ferry.reset_wal_slot): drop the slot that is there, if any, and
 -- create a new one; ferry.wal_slot.note says where the log was complete.
 -- Returns the row of ferry.wal_slot.
