@@ -70,7 +70,7 @@ async def _race(ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str, see
         finished.set()
         writes = sum(await asyncio.gather(*writers))
         await runner_conn.close()
-    assert writes > 200, "the writers hardly ran: the test proves nothing"
+    assert writes > 100, "the writers hardly ran: the test proves nothing"
     return await read_all(ferry, conn, "c")
 
 

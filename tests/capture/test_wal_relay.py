@@ -68,7 +68,11 @@ async def test_a_standby_relay_takes_over_wal_capture_after_sigkill_and_the_log_
             await eventually(decoding(len(await in_log())), what="the leader decoding")
             holder.proc.kill()  # mid-decode: the writer never stops
             killed_at = time.monotonic()
-            await eventually(decoding(len(await in_log())), what="the standby decoding")
+            try:
+                await eventually(decoding(len(await in_log())), timeout=15, what="the standby decoding")
+            except AssertionError as exc:
+                logs = "\n".join(f"relay {r.proc.pid}: {line}" for r in relays for line in r.lines[-25:])
+                raise AssertionError(f"{exc}; the relays' last lines:\n{logs}") from None
             assert time.monotonic() - killed_at < 15
         stop_writing.set()
         await writer
