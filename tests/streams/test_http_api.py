@@ -275,6 +275,37 @@ async def test_bad_requests_get_clear_errors_and_the_relay_keeps_serving(
             assert r.status == 200 and [e["id"] for e in (await r.json())["events"]] == [event]
 
 
+async def test_deeply_nested_events_are_served_and_published_like_any_other(
+    start_api: StartApi, ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """orjson stops at 254 levels, jsonb at 6,400: an event 255 levels deep cut every SSE reader
+    of its stream (which reconnected forever), answered the long-poll 500, and was refused on
+    POST with a 500 (outside probe)."""
+    api = await start_api(allow_loopback=True)
+    deep = "[" * 300 + "]" * 300
+    await ferry.publish("deep", {"a": 1})
+    await conn.execute("select ferry.publish('deep', $1::jsonb)", deep)
+    base = f"{api.base}/v1/streams/deep"
+    async with aiohttp.ClientSession() as session:
+        async with session.post(base, data=f'{{"payload": {deep}, "headers": {{"x": "y"}}}}') as r:
+            assert r.status == 201, await r.text()
+        await ferry.publish("deep", {"a": 3})
+        await conn.execute("select ferry.close_stream('deep')")
+        got = await read_sse(session, base)
+        assert [e.event for e in got] == ["message"] * 4 + ["end"]
+        datas = [e.data for e in got[:4]]
+        assert orjson.loads(datas[0])["payload"] == {"a": 1} and orjson.loads(datas[3])["payload"] == {"a": 3}
+        assert deep in datas[1] and deep in datas[2]
+        async with session.get(base + "/events") as r:
+            assert r.status == 200
+            body = await r.text()
+            assert body.count(deep) == 2 and body.endswith('"closed":true}')
+        # A body its Content-Encoding does not decode: 400, not 500.
+        async with session.post(base.replace("deep", "other"), data=b'{"payload": 1}',
+                                headers={"Content-Encoding": "gzip"}) as r:  # fmt: skip
+            assert r.status == 400 and "cannot be read" in (await r.json())["error"]
+
+
 async def test_an_expired_offset_gets_410_with_the_oldest_offset_left(
     start_api: StartApi, ferry: pgferry.Ferry, conn: asyncpg.Connection
 ) -> None:

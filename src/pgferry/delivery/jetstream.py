@@ -61,7 +61,10 @@ class Message:
         limit passed here, and the server closed the connection under every request on it)."""
         if not self.headers:
             return len(self.data)
-        return len(self.data) + 12 + sum(len(k) + len(v) + 4 for k, v in self.headers.items())
+        # In bytes: counted in characters, headers of non-ASCII text passed here over the limit, the
+        # server closed the shared connection under every subscription's publishes, and the event
+        # was retried as a timeout instead of refused (outside probe).
+        return len(self.data) + 12 + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in self.headers.items())
 
 
 def message_of(sub: Subscription, dest: NatsDestination, event: OutEvent) -> Message:

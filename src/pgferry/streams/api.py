@@ -32,16 +32,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal, Protocol
 
 import asyncpg
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from pgferry import db, sql
 from pgferry.api_tokens import Decision, TokenStore, bearer_from_header
@@ -87,11 +91,27 @@ def _event_json(event: StreamEvent, offset: str | None = None) -> dict[str, Any]
     }  # fmt: skip
 
 
+def _json(value: Any) -> bytes:
+    """``value`` as JSON. orjson refuses more than 254 levels of nesting, which PostgreSQL's
+    jsonb allows: one such event could be neither served nor published (its stream's readers
+    reconnected forever, outside probe), so those few go through the standard library."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, default=_isoformat, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _isoformat(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
 def _frame(event: StreamEvent) -> bytes:
     if is_end(event.headers):
         return f"id: {event.offset}\nevent: end\ndata: {{}}\n\n".encode()
     offset = str(event.offset)  # once per event: catch-ups frame a million of them
-    return b"".join((b"id: ", offset.encode(), b"\ndata: ", orjson.dumps(_event_json(event, offset)), b"\n\n"))
+    return b"".join((b"id: ", offset.encode(), b"\ndata: ", _json(_event_json(event, offset)), b"\n\n"))
 
 
 class StreamsApi:
@@ -190,7 +210,7 @@ class StreamsApi:
         body = {"events": [_event_json(e) for e in events if not is_end(e.headers)],
                 "next": resume and str(resume),
                 "closed": position is None or (bool(events) and is_end(events[-1].headers))}  # fmt: skip
-        return web.Response(body=orjson.dumps(body), content_type="application/json")
+        return web.Response(body=_json(body), content_type="application/json")
 
     def _enter(self) -> asyncio.Task[Any]:
         """Count a reader in (503 beyond max_clients); the relay ends it when it stops."""
@@ -210,7 +230,11 @@ class StreamsApi:
     async def publish(self, request: web.Request) -> web.Response:
         stream, _ = await self._admit(request, "write", sse=False)
         try:
-            body = orjson.loads(await request.read())
+            raw = await request.read()
+        except (HttpProcessingError, RequestPayloadError) as exc:  # e.g. a Content-Encoding that does not decode
+            raise _error(400, f"the body cannot be read: {' '.join(str(exc).split())}") from None
+        try:
+            body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise _error(400, f"the body is not JSON: {exc}") from None
         items = body if isinstance(body, list) else [body]
@@ -225,9 +249,9 @@ class StreamsApi:
                 raise _error(400, f"event #{i}: key must be a string")
             if head is not None and not isinstance(head, dict):
                 raise _error(400, f"event #{i}: headers must be an object of strings")
-            payloads.append(orjson.dumps(item["payload"]).decode())
+            payloads.append(_json(item["payload"]).decode())
             keys.append(key)
-            headers.append(orjson.dumps(head).decode() if head is not None else None)
+            headers.append(_json(head).decode() if head is not None else None)
         assert self.pool is not None
         try:
             async with self.pool.acquire() as conn:
@@ -448,6 +472,8 @@ class StreamsApi:
                 break
             events, position = read
             got.extend(events)
+            if any(is_end(e.headers) for e in events):  # closed: nothing after it is the stream's
+                break
         got = _until_end(got)[:limit]
         if got:
             return got, got[-1].offset
