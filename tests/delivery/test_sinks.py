@@ -327,6 +327,8 @@ async def test_messages_at_the_max_payload_boundary_and_overlong_subjects_are_re
         await ferry.subscribe("edge", ["s"], f"{server.url}/edge.{{key}}", timeout_ms=2000, max_attempts=2)
         ids = [await ferry.publish("s", {"p": "x" * n}, key="k") for n in range(820, 940, 2)]
         ids.append(await ferry.publish("s", {"p": 1}, key="k" * 5000))
+        # Under the limit counted in characters, over it in bytes (headers are UTF-8).
+        ids.append(await ferry.publish("s", {"p": 1}, key="k", headers={"x-note": "é" * 500}))
 
         async def settled() -> bool:
             dead = await conn.fetchval("select count(*) from ferry.dead_letters")
@@ -336,7 +338,8 @@ async def test_messages_at_the_max_payload_boundary_and_overlong_subjects_are_re
         classes = {r[0] for r in await conn.fetch("select distinct error_class from ferry.attempts")}
         assert classes <= {None, "too_large"}, classes
         reasons = [r[0] for r in await conn.fetch("select last_error from ferry.dead_letters order by event_id")]
-        assert reasons[-1].startswith(f"the subject of evt_{ids[-1]} is 5005 bytes") and len(reasons) > 1
+        assert reasons[-2].startswith(f"the subject of evt_{ids[-2]} is 5005 bytes") and len(reasons) > 2
+        assert "over" in reasons[-1] and "1024" in reasons[-1], reasons[-1]
 
 
 async def _subscribe_both(conn: asyncpg.Connection, nats_url: str, redis_url: str, options: str) -> None:
