@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import time
 from collections.abc import Awaitable, Callable
 
 import asyncpg
@@ -97,3 +100,25 @@ async def test_dlq_and_status_from_the_cli(
         return len(receiver.received) == 2
 
     await eventually(delivered, what="replayed deliveries")
+
+
+async def test_a_long_json_answer_reaches_a_slow_reader_of_a_pipe_whole(
+    pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection
+) -> None:
+    """After uvloop had run, a write to a pipe returned at its 64 KiB and the rest was lost:
+    `pgferry subscription list --json | slow-reader` got 65,536 bytes, exit 0 (outside probe)."""
+    await conn.execute(
+        "select ferry.subscribe('s' || g, array['x'], 'http://127.0.0.1:9/' || repeat('p', 200)) "
+        "from generate_series(1, 400) g"
+    )
+
+    def run() -> tuple[bytes, int]:
+        proc = subprocess.Popen([*pgferry_cmd, "subscription", "list", "--json", "--database-url", db_url],
+                                stdout=subprocess.PIPE)  # fmt: skip
+        time.sleep(3)  # the command has written what fits in the pipe by now
+        out, _ = proc.communicate(timeout=60)
+        return out, proc.returncode
+
+    out, status = await asyncio.to_thread(run)
+    assert status == 0 and len(out) > 1 << 17
+    assert len(orjson.loads(out)) == 400

@@ -43,14 +43,19 @@ def setup_logging(verbose: bool, fmt: str = "human", process: str | None = None)
     configure(verbose=verbose, fmt=fmt, process=process)
 
 
-def run_coroutine(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run a coroutine on uvloop, turning pgferry's own errors into a clean exit."""
-    try:
-        import uvloop
+def run_coroutine(coro: Coroutine[Any, Any, Any], *, relay: bool = False) -> Any:
+    """Run a coroutine, turning pgferry's own errors into a clean exit. A relay runs on uvloop;
+    a command that prints its answer runs on asyncio: once uvloop.run has ended, a write to a
+    pipe returns after the pipe's 64 KiB and the rest was lost (`pgferry subscription list
+    --json | slow-reader` printed 65,536 of 168,687 bytes, exit 0: outside probe)."""
+    runner: Any = asyncio.run
+    if relay:
+        try:
+            import uvloop
 
-        runner: Any = uvloop.run
-    except ImportError:  # pragma: no cover - uvloop is a dependency, but stay usable without it
-        runner = asyncio.run
+            runner = uvloop.run
+        except ImportError:  # pragma: no cover - uvloop is a dependency, but stay usable without it
+            pass
     try:
         return runner(coro)
     except PgferryError as exc:

@@ -272,9 +272,9 @@ def run(
         # by URL runs on every usable core unless told otherwise (docs/operations.md).
         how_many = processes if processes is not None else usable_cores()
         if how_many == 1:
-            run_coroutine(go(database_url, demo=False))
+            run_coroutine(go(database_url, demo=False), relay=True)
         else:
-            run_coroutine(supervise(database_url, how_many))
+            run_coroutine(supervise(database_url, how_many), relay=True)
         return
     if processes is not None and processes != 1:
         raise click.UsageError("the demo (no --database-url) runs one relay process; give --database-url "
@@ -290,7 +290,7 @@ def run(
         with embedded_postgres() as pg:
             click.echo(f"PostgreSQL is up at {pg.url} (removed on exit); try: psql {pg.url}")
             run_coroutine(install_at(pg.url))
-            run_coroutine(go(pg.url, demo=True, page_port=page_port))
+            run_coroutine(go(pg.url, demo=True, page_port=page_port), relay=True)
     except PgferryError as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -328,7 +328,7 @@ def run_child(ctx: click.Context, log_format: str) -> None:
 
     order = read_order(sys.stdin.buffer)
     setup_logging(bool(ctx.find_root().params.get("verbose")), log_format, process=str(order.slot))
-    run_coroutine(_run_relay(child_relay(order), exit_after=None))
+    run_coroutine(_run_relay(child_relay(order), exit_after=None), relay=True)
 
 
 @click.command()
