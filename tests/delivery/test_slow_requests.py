@@ -215,3 +215,40 @@ async def test_an_answer_recorded_while_retries_are_fetched_is_not_sent_again(
         await http.close()
         await pool.close()
     assert event not in received_ids(receiver), "sent again though its answer was recorded"
+
+
+async def test_with_ordering_a_key_whose_first_event_is_still_in_flight_waits_in_the_retry_loop(
+    db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    """An in-flight row is due once timeout_ms and a margin have passed; when its answer is
+    recorded later than that, the retry loop skipped it (still let go of) but sent the events of
+    its key behind it: out of order (outside probe, 440 subscriptions on a busy machine)."""
+    receiver, url = await receiver_factory()
+    await conn.execute(f"select ferry.subscribe('s', array['s'], $1, ordered => true, {FAST_RETRY})", url)
+    sub = Subscription.from_row(await conn.fetchrow("select * from ferry.subscriptions where name = 's'"))
+    first = await ferry.publish("s", {"n": 1}, key="k")
+    second = await ferry.publish("s", {"n": 2}, key="k")
+    other = await ferry.publish("s", {"n": 3}, key="other")
+    for event, note in ((first, IN_FLIGHT_NOTE), (second, None), (other, None)):
+        await conn.execute(
+            """insert into ferry.retries (subscription, event_id, stream, key, payload, headers, event_created_at,
+                                          attempts, first_failed_at, next_attempt_at, last_error)
+               select 's', e.id, e.stream, e.key, e.payload, e.headers, e.created_at, 0, now(), now(), $2
+               from ferry.events e where e.id = $1""",
+            event, note,
+        )  # fmt: skip
+    pool = await db.create_pool(db_url, min_size=1, max_size=2)
+    http = FastSender()
+    try:
+        ctx = DeliveryContext(pool=pool, http=http, global_limit=asyncio.Semaphore(10))
+        worker = SubscriptionWorker(sub, ctx)
+        worker.let_go.add(first)  # its request is still out there
+        retries = asyncio.create_task(worker._retry_loop())
+        await all_delivered(receiver, {other})
+        await asyncio.sleep(0.5)
+        worker.stop()
+        await asyncio.wait_for(retries, 10)
+    finally:
+        await http.close()
+        await pool.close()
+    assert second not in received_ids(receiver), "sent before the event of its key still in flight"

@@ -485,7 +485,13 @@ class SubscriptionWorker:
                         sql.query("next_retry_at"), sub.name, sub.ordered, sub.part, sub.parts
                     )
             in_flight |= self.let_go
-            events = [OutEvent.from_row(r) for r in rows if r["id"] not in in_flight]
+            # With ordering on, a key whose earliest due event is still in flight waits whole: its
+            # in-flight row is due once timeout_ms plus a margin has passed, and when its answer
+            # was recorded later than that (a busy database), the events behind it went first.
+            waiting = (
+                {r["key"] for r in rows if r["id"] in in_flight and r["key"] is not None} if sub.ordered else set()
+            )
+            events = [OutEvent.from_row(r) for r in rows if r["id"] not in in_flight and r["key"] not in waiting]
             if not events:
                 if probe and self.endpoint is not None:  # nothing of ours to probe with: another worker may
                     self.ctx.health.report(self.endpoint, WITHDRAWN, Admission.PROBE)
