@@ -101,7 +101,8 @@ class RelayMetrics:
         )
         self.streams = Gauge(
             "pgferry_streams_api", "The streams API of this relay: readers (SSE and long-polls), followed_streams, "
-            "and since start hub_reads, hub_events, events_sent_live, let_go_slow, let_go_stalled, let_go_revoked.",
+            "and since start hub_reads, hub_events, events_sent_live, let_go_behind (read on from the log), "
+            "let_go_stalled, let_go_revoked.",
             ["what"], registry=r,
         )  # fmt: skip
         backfill_labels = ["backfill", "table", "target", "state"]

@@ -398,18 +398,38 @@ class StreamsApi:
     async def _serve_sse(self, request: web.Request, response: web.StreamResponse, stream: str,
                          position: Position) -> None:  # fmt: skip
         last = position.floor
-        while True:  # history, a range at a time, then live
+        while True:  # history, a range at a time, then live, and history again if live outran the client
             try:
                 read = await self._history(stream, position)
             except OffsetExpired as exc:  # retention dropped the range before this client read it
-                await self._write(
-                    request, response, b"event: error\ndata: " + orjson.dumps({"reason": str(exc)}) + b"\n\n"
-                )
+                await self._error_event(request, response, str(exc))
                 return
             if read is None:
                 follower = Follower(stream, self.settings.client_buffer, last)
-                if self.hub.join(follower, position.lower):
-                    break
+                if not self.hub.join(follower, position.lower):
+                    continue
+                try:
+                    behind = await self._live(request, response, follower)
+                finally:
+                    self.hub.leave(follower)
+                if not behind:
+                    return
+                # More events came at once than client_buffer holds (a burst in one tick, or a client
+                # reading slower than the stream is written): it reads on from the log where it got
+                # to. It was cut off with an error, and a burst of 1,500 events cut every client of
+                # the stream at once, to come back and read the same history together (outside probe).
+                self._let_go("behind")
+                last = follower.after
+                assert self.pool is not None
+                async with self.pool.acquire() as conn:
+                    try:
+                        resumed = await start(conn, stream, last)
+                    except OffsetExpired as exc:
+                        await self._error_event(request, response, str(exc))
+                        return
+                if resumed is None:
+                    return
+                position = resumed
                 continue
             events, position = read
             if events:
@@ -420,38 +440,30 @@ class StreamsApi:
                 last = events[-1].offset
                 if end is not None:
                     return
-        try:
-            await self._live(request, response, follower)
-        finally:
-            self.hub.leave(follower)
 
-    async def _live(self, request: web.Request, response: web.StreamResponse, follower: Follower) -> None:
+    async def _error_event(self, request: web.Request, response: web.StreamResponse, reason: str) -> None:
+        await self._write(request, response, b"event: error\ndata: " + orjson.dumps({"reason": reason}) + b"\n\n")
+
+    async def _live(self, request: web.Request, response: web.StreamResponse, follower: Follower) -> bool:
         """Live events as they come, a heartbeat when none do; the token is checked again before
-        each write, so a revoked one ends the stream with an ``error`` event."""
+        each write, so a revoked one ends the stream with an ``error`` event. True when more came
+        than the follower's buffer holds: the caller reads on from the log."""
         while True:
             follower.wake.clear()
             if revoked := await self._revoked(request, follower.stream):
                 self._let_go("revoked")
-                await self._write(
-                    request, response, b"event: error\ndata: " + orjson.dumps({"reason": revoked}) + b"\n\n"
-                )
-                return
+                await self._error_event(request, response, revoked)
+                return False
             if follower.queue:
                 frames = list(follower.queue)
                 follower.queue.clear()
                 await self._write(request, response, b"".join(map(_frame, frames)))
                 follower.after = frames[-1].offset
                 if is_end(frames[-1].headers):
-                    return
+                    return False
                 continue
             if follower.overflowed:
-                self._let_go("slow")
-                reason = (f"more than {self.settings.client_buffer} events waited for this client: "
-                          "reconnect to resume from the last event received")  # fmt: skip
-                await self._write(
-                    request, response, b"event: error\ndata: " + orjson.dumps({"reason": reason}) + b"\n\n"
-                )
-                return
+                return True  # what was queued is sent; the rest is read from the log
             try:
                 async with asyncio.timeout(self.settings.heartbeat):
                     await follower.wake.wait()
