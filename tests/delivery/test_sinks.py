@@ -545,3 +545,27 @@ async def test_brokers_are_held_to_the_relays_address_policy(
         assert await (await allowed.redis("127.0.0.1", redis_server.port, 0, {})).call("PING") == b"PONG"
     finally:
         await allowed.close()
+
+
+@needs_redis
+async def test_a_stream_key_of_another_type_fails_only_its_own_events_and_is_named(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, redis_server: RedisServer
+) -> None:
+    """One stream key holding a string failed the whole chunk, events on other keys too, and the
+    error named the chunk's first stream (outside probe)."""
+    client = redis_client(redis_server.port)
+    await client.set("x:k2", "not a stream")
+    await ferry.subscribe("mixed", ["s"], f"{redis_server.url}/0?stream=x:{{key}}", batch_size=5, max_attempts=2,
+                          retry_base_ms=50, retry_max_ms=100)  # fmt: skip
+    ids = [await ferry.publish("s", {"n": n}, key=f"k{n % 5}") for n in range(10)]
+
+    async def settled() -> bool:
+        dead = await conn.fetchval("select count(*) from ferry.dead_letters")
+        stored = sum([await client.xlen(f"x:k{k}") for k in (0, 1, 3, 4)])
+        return bool(dead == 2 and stored == 8)
+
+    await eventually(settled, timeout=30, what="the other keys' events stored, k2's dead")
+    dead = await conn.fetch("select event_id, last_error from ferry.dead_letters order by event_id")
+    assert [r["event_id"] for r in dead] == [ids[2], ids[7]]
+    assert all("'x:k2'" in r["last_error"] and "WRONGTYPE" in r["last_error"] for r in dead), dead
+    await client.aclose()

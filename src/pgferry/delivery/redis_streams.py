@@ -67,7 +67,11 @@ for k = 3, #KEYS do
         for j = at + 2, at + 1 + 2 * n do
             args[#args + 1] = ARGV[j]
         end
-        redis.call('HSET', KEYS[1], id, redis.call('XADD', unpack(args)))
+        local ok, entry = pcall(redis.call, 'XADD', unpack(args))
+        if not ok then  -- the appends before it stay, marked: a chunk sent again skips them
+            return redis.error_reply('pgferry-stream ' .. KEYS[k] .. ' ' .. (entry.err or tostring(entry)))
+        end
+        redis.call('HSET', KEYS[1], id, entry)
         added = added + 1
     end
     at = at + 2 + 2 * n
@@ -175,6 +179,8 @@ def _explain(exc: BaseException, dest: RedisDestination, stream: str, timeout_ms
         return _failed("timeout", f"no answer from Redis at {dest.address} within {timeout_ms} ms", started)
     if "NOAUTH" in text or "WRONGPASS" in text:
         return _failed("auth", f"Redis at {dest.address}: {text}", started)
+    if isinstance(exc, RedisError) and text.startswith("pgferry-stream "):  # APPEND_ONCE names the stream
+        stream, _, text = text.removeprefix("pgferry-stream ").partition(" ")
     if isinstance(exc, RedisError):
         if "OOM" in text:
             return _failed("rejected", f"Redis at {dest.address} is out of memory (maxmemory): {text}", started)

@@ -28,6 +28,11 @@ from pgferry.delivery.sink import Sink
 
 log = logging.getLogger(__name__)
 
+#: A chunk that fails so is sent again as two halves, until the events at fault go alone: too
+#: large as a whole, or refused by a broker for one of its events (a Redis stream key holding
+#: another type failed every event of its chunk, on other keys too: outside probe).
+SPLIT_ON = frozenset({"too_large", "rejected"})
+
 #: What the worker does with the answer to a request its round let go of: (the round's
 #: ``recorded`` event, the chunk, the answer).
 AnsweredLate = Callable[[asyncio.Event, Sequence[OutEvent], HttpResult], Coroutine[Any, Any, None]]
@@ -213,7 +218,7 @@ class Sender:
             result = await self.send(chunk, on_wire, sending.admission)
         finally:
             wired = sending.in_flight.pop(key, None) is not None
-        if isinstance(result, HttpResult) and result.error_class == "too_large" and len(chunk) > 1:
+        if isinstance(result, HttpResult) and result.error_class in SPLIT_ON and len(chunk) > 1:
             return await self._send_halves(sending, chunk)
         if sending.let_go:
             # Its events were parked when the round let go: as in flight if the request was
@@ -227,8 +232,8 @@ class Sender:
         return result
 
     async def _send_halves(self, sending: Round, chunk: Sequence[OutEvent]) -> HttpResult | Held | None:
-        """A chunk too large as one request goes as two, each split again while too large, so
-        only an event too large on its own is refused (a batch of 100 events of 15 KB each went
+        """A chunk too large (or refused, SPLIT_ON) as one request goes as two, each split again
+        while it fails so, so only an event too large on its own is refused (a batch of 100 events of 15 KB each went
         to dead letters whole, over the 1 MB limit, though each one fit). With ``ordered``, the
         second half's events of a key the first half failed to deliver wait behind it."""
         half = len(chunk) // 2
