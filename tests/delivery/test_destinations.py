@@ -85,6 +85,12 @@ async def test_subscribe_refuses_bad_broker_urls_in_sql_and_in_python(conn: asyn
         ("nats://127.0.0.1:4222/a.{nope}", "unknown placeholder"),
         ("kafka://127.0.0.1:9092/t", "unsupported URL scheme"),
         ("http://127.0.0.1:65536/hook", "port out of range"),
+        # Refused by `subscription add` only, before (outside probe): wildcards, empty tokens, spaces.
+        ("nats://127.0.0.1:4222/k.*", "not a subject to publish to"),
+        ("nats://127.0.0.1:4222/k.>", "not a subject to publish to"),
+        ("nats://127.0.0.1:4222/k..{key}", "not a subject to publish to"),
+        ("nats://127.0.0.1:4222/k%20x.{key}", "not a subject to publish to"),
+        ("nats://127.0.0.1:4222/k.%3E", "not a subject to publish to"),
     ]:
         with pytest.raises(asyncpg.InvalidParameterValueError, match=says):
             await conn.execute("select ferry.subscribe('x', array['s'], $1)", url)

@@ -19,8 +19,10 @@
 create or replace function ferry._check_url(url text) returns void
 language plpgsql stable as $$
 declare
-    v_scheme text;
-    v_ip inet;
+    v_scheme  text;
+    v_ip      inet;
+    v_subject text;
+    v_hex     text;
 begin
     if url is null or btrim(url) = '' then
         raise exception 'pgferry: url must not be empty' using errcode = '22023';
@@ -39,6 +41,23 @@ begin
     if v_scheme = 'nats' and url !~ '^[A-Za-z]+://[^/]+/[^/?#]+$' then
         raise exception 'pgferry: % names no subject to publish to', quote_literal(url)
             using errcode = '22023', hint = 'Use nats://host:4222/<subject>, e.g. nats://127.0.0.1:4222/orders.{key}.';
+    end if;
+    if v_scheme = 'nats' then
+        -- The subject as the relay reads it (percent-decoded, the placeholders filled in) must
+        -- be one to publish to: this was checked by `pgferry subscription add` only, and
+        -- ferry.subscribe and apply took k.*, k.>, k..{key} (outside probe).
+        v_subject := replace(replace(substring(url from '^[A-Za-z]+://[^/]+/([^?#]*)'), '{stream}', 's'), '{key}', 'k');
+        while v_subject ~ '%[0-9A-Fa-f]{2}' loop
+            v_hex := substring(v_subject from '%([0-9A-Fa-f]{2})');
+            v_subject := replace(v_subject, '%' || v_hex,
+                                 case when v_hex = '00' then ' ' else chr(('x' || v_hex)::bit(8)::integer) end);
+        end loop;
+        if v_subject ~ '[[:space:][:cntrl:]]'
+           or exists (select 1 from unnest(string_to_array(v_subject, '.')) t where t in ('', '*', '>')) then
+            raise exception 'pgferry: % is not a subject to publish to (no spaces, empty tokens or wildcards)',
+                quote_literal(substring(url from '^[A-Za-z]+://[^/]+/(.*)$'))
+                using errcode = '22023', hint = 'Use tokens separated by dots, e.g. nats://127.0.0.1:4222/orders.{key}.';
+        end if;
     end if;
     if v_scheme = 'redis' and url !~ '^[A-Za-z]+://[^/?#]+(/[0-9]*)?[?](.*&)?stream=[^&]' then
         raise exception 'pgferry: % names no Redis stream', quote_literal(url)
