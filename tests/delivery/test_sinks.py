@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import signal
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
@@ -569,3 +570,25 @@ async def test_a_stream_key_of_another_type_fails_only_its_own_events_and_is_nam
     assert [r["event_id"] for r in dead] == [ids[2], ids[7]]
     assert all("'x:k2'" in r["last_error"] and "WRONGTYPE" in r["last_error"] for r in dead), dead
     await client.aclose()
+
+
+async def test_a_nats_credentials_file_the_relay_cannot_read_is_a_config_error_naming_it(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, nats_server: NatsServer
+) -> None:
+    """It was an internal error with a traceback (nkeys, which nats-py needs for it, was not
+    installed), and with nkeys a missing file would have read as the server being unreachable."""
+    await ferry.subscribe("creds", ["s"], f"{nats_server.url}/c.{{key}}", max_attempts=50)
+    await conn.execute(
+        """select ferry.set_subscription_credentials('creds', '{"creds_file": "/nonexistent/u.creds"}')"""
+    )
+    await ferry.publish("s", {"n": 1}, key="k")
+
+    async def refused() -> bool:  # (the relay may try once before it sees the credentials)
+        return bool(await conn.fetchval(
+            "select count(*) from ferry.attempts where subscription = 'creds' and error_class = 'config'"
+            " and error like '%cannot read the NATS credentials file ''/nonexistent/u.creds''%'"))  # fmt: skip
+
+    await eventually(refused, what="an attempt refused as config, naming the file")
+    classes = {r[0] for r in await conn.fetch("select error_class from ferry.attempts where subscription = 'creds'")}
+    assert "internal" not in classes and "connect" not in classes, classes
+    assert importlib.util.find_spec("nkeys") is not None  # installed with nats-py[nkeys]: creds files need it

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -156,7 +157,12 @@ class Brokers:
             if "user" in credentials:
                 options["user"], options["password"] = credentials["user"], credentials.get("password", "")
             if "creds_file" in credentials:
-                options["user_credentials"] = credentials["creds_file"]
+                path = credentials["creds_file"]
+                if not os.access(path, os.R_OK):  # it was "internal" (nkeys missing), or "connect"
+                    raise BrokerUnreachable(
+                        "config", f"cannot read the NATS credentials file {path!r} on this relay's host"
+                    )
+                options["user_credentials"] = path
 
             async def quiet(exc: Exception) -> None:  # failed publishes say what matters
                 log.debug("NATS %s:%d: %s", host, port, exc)
