@@ -592,3 +592,29 @@ async def test_a_nats_credentials_file_the_relay_cannot_read_is_a_config_error_n
     classes = {r[0] for r in await conn.fetch("select error_class from ferry.attempts where subscription = 'creds'")}
     assert "internal" not in classes and "connect" not in classes, classes
     assert importlib.util.find_spec("nkeys") is not None  # installed with nats-py[nkeys]: creds files need it
+
+
+@needs_redis
+async def test_a_redis_frozen_before_the_first_connection_is_waited_for_not_an_internal_error(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, redis_server: RedisServer
+) -> None:
+    """Frozen before the relay connected: redis-py's own TimeoutError in the handshake was not
+    caught, and the attempts were internal errors (no endpoint failure: never held as down) that
+    ran into dead letters for events that were in fact appended (outside probe)."""
+    assert redis_server.proc is not None
+    redis_server.proc.send_signal(signal.SIGSTOP)
+    try:
+        await ferry.subscribe("cold", ["s"], f"{redis_server.url}/0?stream=cold", timeout_ms=500, max_attempts=50)
+        for n in range(5):
+            await ferry.publish("s", {"n": n})
+        await eventually(_failed_with(conn, "cold", "connect"), timeout=30, what="a connect failure recorded")
+    finally:
+        redis_server.proc.send_signal(signal.SIGCONT)
+    client = redis_client(redis_server.port)
+    await eventually(lambda: _equals(client.xlen("cold"), 5), timeout=30, what="the five events stored")
+    classes = {
+        r[0] for r in await conn.fetch("select distinct error_class from ferry.attempts where error_class is not null")
+    }
+    assert classes <= {"connect", "timeout"}, classes
+    assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
+    await client.aclose()
