@@ -606,6 +606,13 @@ select t.id, t.snapshot::text as snapshot from ferry.ticks t where t.id > $1 and
 select id, txid::text::bigint as txid, stream, key, payload, headers, created_at
 from ferry.batch_events($1, $2, array[$3::text])
 
+-- name: stream_events_by_id
+-- One stream's events committed in the range ($1, $2], in id order: the commit order of a range
+-- of one tick (streams.reader.read_range_in_pages reads such a range through a cursor).
+select id, txid::text::bigint as txid, stream, key, payload, headers, created_at
+from ferry.batch_events($1, $2, array[$3::text])
+order by id
+
 -- name: close_stream
 select ferry.close_stream($1)
 

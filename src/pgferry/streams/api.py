@@ -36,7 +36,7 @@ import json
 import logging
 import re
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
@@ -53,7 +53,19 @@ from pgferry.errors import PgferryError, TokenStoreUnavailable
 from pgferry.relay.surface import is_loopback
 from pgferry.streams.hub import Follower, StreamHub
 from pgferry.streams.offsets import BadOffset, Offset
-from pgferry.streams.reader import OffsetAhead, OffsetExpired, Position, StreamEvent, is_end, read_range, start
+from pgferry.streams.reader import (
+    OffsetAhead,
+    OffsetExpired,
+    Position,
+    StreamEvent,
+    is_end,
+    range_end,
+    range_ticks,
+    read_range,
+    read_range_to,
+    read_tick_in_pages,
+    start,
+)
 from pgferry.streams.settings import ApiSettings
 
 log = logging.getLogger(__name__)
@@ -64,6 +76,13 @@ MAX_WAIT = 30.0
 #: The most events one POST may publish, and the largest body.
 MAX_PUBLISH = 1000
 MAX_BODY = 1 << 20
+#: Bytes of history a catching-up SSE client's range aims at. Ranges were 10,000 log events
+#: whatever their size: ~170 MB of relay memory per client catching up on 50 KB events (outside
+#: probe). A client's ranges start at FIRST_SPAN events and halve or double to stay near this.
+HISTORY_BYTES = 4 << 20
+FIRST_SPAN = 200
+#: Events per page of a one-tick range read through a cursor.
+HISTORY_PAGE = 100
 #: What one write to a reader carries at most: the stall timeout is per piece, so it measures a
 #: client that stopped reading, not the time a slow one takes over a range of history.
 WRITE_PIECE = 64 * 1024
@@ -328,13 +347,16 @@ class StreamsApi:
             except OffsetAhead as exc:
                 raise _error(400, str(exc)) from None
 
-    async def _history(self, stream: str, position: Position) -> tuple[list[StreamEvent], Position] | None:
-        """The stream's events in the next range of history, or None once caught up with the hub."""
+    async def _history(
+        self, stream: str, position: Position, span: int | None = None
+    ) -> tuple[list[StreamEvent], Position] | None:
+        """The stream's events in the next range of history (about ``span`` log events, the
+        relay's range_events when None), or None once caught up with the hub."""
         assert self.pool is not None and self.hub.lower is not None
         if position.lower >= self.hub.lower:
             return None
         async with self.pool.acquire() as conn:
-            read = await read_range(conn, stream, position, self.settings.range_events)
+            read = await read_range(conn, stream, position, span or self.settings.range_events)
         return read if read is not None else ([], position)
 
     async def _write(self, request: web.Request, response: web.StreamResponse, data: bytes) -> None:
@@ -398,13 +420,10 @@ class StreamsApi:
     async def _serve_sse(self, request: web.Request, response: web.StreamResponse, stream: str,
                          position: Position) -> None:  # fmt: skip
         last = position.floor
+        span = min(FIRST_SPAN, self.settings.range_events)
+        assert self.hub.lower is not None
         while True:  # history, a range at a time, then live, and history again if live outran the client
-            try:
-                read = await self._history(stream, position)
-            except OffsetExpired as exc:  # retention dropped the range before this client read it
-                await self._error_event(request, response, str(exc))
-                return
-            if read is None:
+            if position.lower >= self.hub.lower:  # caught up with the hub: follow live
                 follower = Follower(stream, self.settings.client_buffer, last)
                 if not self.hub.join(follower, position.lower):
                     continue
@@ -431,15 +450,53 @@ class StreamsApi:
                     return
                 position = resumed
                 continue
-            events, position = read
-            if events:
-                end = next((i for i, e in enumerate(events) if is_end(e.headers)), None)
-                if end is not None:
-                    events = events[: end + 1]
-                await self._write(request, response, b"".join(map(_frame, events)))
-                last = events[-1].offset
-                if end is not None:
-                    return
+            sent, moved = 0, position
+            try:
+                async for page, moved in self._history_pages(stream, position, span):  # noqa: B007 - used after
+                    end = next((i for i, e in enumerate(page) if is_end(e.headers)), None)
+                    if not page:
+                        continue
+                    frames = b"".join(map(_frame, page if end is None else page[: end + 1]))
+                    last = page[-1 if end is None else end].offset
+                    del page  # (held while the frames were written, they doubled the memory)
+                    sent += len(frames)
+                    await self._write(request, response, frames)
+                    if end is not None:
+                        return
+            except OffsetExpired as exc:  # retention dropped the range before this client read it
+                await self._error_event(request, response, str(exc))
+                return
+            position = moved
+            if sent > HISTORY_BYTES:
+                span = max(1, span // 2)
+            elif sent < HISTORY_BYTES // 4:
+                span = min(self.settings.range_events, span * 2)
+
+    async def _history_pages(
+        self, stream: str, position: Position, span: int
+    ) -> AsyncIterator[tuple[list[StreamEvent], Position]]:
+        """The stream's events in the next range of history (about ``span`` log events), in pages,
+        each with the position after the range; nothing while no newer tick exists. A range of
+        one tick, which ``span`` cannot cut, is read through a cursor on a connection of its own
+        (not the pool's, which a slow client would hold), HISTORY_PAGE events at a time."""
+        assert self.pool is not None
+        async with self.pool.acquire() as conn:
+            end = await range_end(conn, position, span)
+            if end is None:
+                return
+            one_tick = len(await range_ticks(conn, position.lower, end)) <= 1
+            events = [] if one_tick else await read_range_to(conn, stream, position, end)
+        after = Position(end, position.floor)
+        if not one_tick:
+            yield events, after
+            return
+        conn = await db.connect(self.url)
+        try:
+            async for page in read_tick_in_pages(conn, stream, position, end, HISTORY_PAGE):
+                yield page, after
+            yield [], after
+        finally:
+            await conn.close()
 
     async def _error_event(self, request: web.Request, response: web.StreamResponse, reason: str) -> None:
         await self._write(request, response, b"event: error\ndata: " + orjson.dumps({"reason": reason}) + b"\n\n")
