@@ -181,7 +181,8 @@ class Brokers:
                     **options,
                 )
             except (nats.errors.NoServersError, OSError, TimeoutError) as exc:
-                raise BrokerUnreachable("connect", f"cannot connect to NATS at {host}:{port}: {exc}") from None
+                why = str(exc) or type(exc).__name__  # a timeout says nothing itself
+                raise BrokerUnreachable("connect", f"cannot connect to NATS at {host}:{port}: {why}") from None
             except nats.errors.Error as exc:
                 text = str(exc)
                 auth = "authorization" in text.lower() or "auth" in type(exc).__name__.lower()
