@@ -44,6 +44,17 @@ async def test_publish_rejects_missing_stream_in_sql(conn: asyncpg.Connection, s
         await conn.execute("select ferry.publish($1, '{}')", stream)
 
 
+@pytest.mark.parametrize("stream", ["ctl\nname", "tab\there", "c1\u0085"])
+async def test_stream_names_with_control_characters_are_refused_as_the_api_refuses_them(
+    conn: asyncpg.Connection, stream: str
+) -> None:
+    """Accepted from SQL, such a stream could be read only from Python: the API answers 400 to its name."""
+    with pytest.raises(asyncpg.PostgresError, match="holds control characters"):
+        await conn.execute("select ferry.publish($1, '{}')", stream)
+    with pytest.raises(asyncpg.PostgresError, match="without control characters"):
+        await conn.execute("select ferry.publish_many(array['ok', $1], array['1', '2']::jsonb[])", stream)
+
+
 async def test_publish_rejects_bad_input(ferry: pgferry.Ferry, conn: asyncpg.Connection) -> None:
     with pytest.raises(pgferry.InvalidEvent, match="stream must be a non-empty name"):
         await ferry.publish("", {})

@@ -11,6 +11,7 @@ import aiohttp
 import asyncpg
 import orjson
 import pytest
+import yarl
 
 import pgferry
 from pgferry import db
@@ -259,6 +260,9 @@ async def test_bad_requests_get_clear_errors_and_the_relay_keeps_serving(
                 assert r.status == status and message in (await r.json())["error"], (path, await r.text())
         async with session.get(f"{api.base}/v1/streams/{'x' * 201}/events") as r:
             assert r.status == 400 and "1-200 characters" in (await r.json())["error"]
+        for name in ("%FF", "a%ED%A0%80", "%C2%85"):  # not UTF-8 (kept as the text "%FF" before), a C1 control
+            async with session.get(yarl.URL(f"{api.base}/v1/streams/{name}/events", encoded=True)) as r:
+                assert r.status == 400 and "stream name" in (await r.json())["error"], (name, await r.text())
         async with session.get(base + "/events", headers={"Last-Event-ID": "garbage"}) as r:
             assert r.status == 200  # Last-Event-ID counts for SSE only
         # More readers than max_clients: 503, and the ones in get served.

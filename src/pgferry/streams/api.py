@@ -40,6 +40,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
+from urllib.parse import unquote
 
 import asyncpg
 import orjson
@@ -70,7 +71,7 @@ from pgferry.streams.settings import ApiSettings
 
 log = logging.getLogger(__name__)
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 MAX_LIMIT = 1000
 MAX_WAIT = 30.0
 #: The most events one POST may publish, and the largest body.
@@ -302,6 +303,11 @@ class StreamsApi:
         stream = request.match_info["name"]
         if not stream or len(stream) > 200 or _CONTROL.search(stream):
             raise _error(400, "a stream name is 1-200 characters without control characters")
+        segment = request.raw_path.split("?", 1)[0].removeprefix("/v1/streams/").split("/", 1)[0]
+        try:
+            unquote(segment, errors="strict")
+        except UnicodeDecodeError:  # the router kept such bytes as text: %FF named the stream "%FF"
+            raise _error(400, "a stream name is UTF-8, percent-encoded in the path (%FF is not UTF-8)") from None
         if not (self.settings.allow_loopback and is_loopback(request.remote or "")):
             assert self.authorizer is not None
             try:

@@ -22,4 +22,8 @@ begin
         raise exception 'pgferry: stream name is % characters long; the limit is 200', length(p_stream)
             using errcode = '22023';
     end if;
+    if p_stream ~ '[\x01-\x1f\x7f-\x9f]' then  -- (the API refuses them in URLs: such a stream could not be read there)
+        raise exception 'pgferry: stream name % holds control characters', quote_literal(p_stream)
+            using errcode = '22023', hint = 'Use printable characters only, e.g. chat:42.';
+    end if;
 end $$;

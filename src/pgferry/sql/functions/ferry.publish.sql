@@ -24,7 +24,7 @@ declare
     v_id   bigint;
 begin
     -- Checks inline (not via helper calls): publish is on the writer's hot path.
-    if stream is null or length(stream) > 200 or btrim(stream) = '' then
+    if stream is null or length(stream) > 200 or btrim(stream) = '' or stream ~ '[\x01-\x1f\x7f-\x9f]' then
         perform ferry._check_stream(stream);  -- raises the precise error
     end if;
     if payload is null then

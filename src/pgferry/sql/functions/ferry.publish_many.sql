@@ -23,8 +23,10 @@ begin
         raise exception 'pgferry: publish_many needs arrays of the same length (streams %, payloads %, keys %, headers %)',
             cardinality(streams), n, cardinality(keys), cardinality(headers) using errcode = '22023';
     end if;
-    if exists (select 1 from unnest(streams) s where s is null or btrim(s) = '' or length(s) > 200) then
-        raise exception 'pgferry: every stream must be a non-empty name of at most 200 characters' using errcode = '22023';
+    if exists (select 1 from unnest(streams) s where s is null or btrim(s) = '' or length(s) > 200
+               or s ~ '[\x01-\x1f\x7f-\x9f]') then
+        raise exception 'pgferry: every stream must be a non-empty name of at most 200 characters without control characters'
+            using errcode = '22023';
     end if;
     if exists (select 1 from unnest(payloads) p where p is null) then
         raise exception 'pgferry: payload must not be NULL (use ''null''::jsonb for a JSON null)' using errcode = '22004';
