@@ -260,6 +260,10 @@ async def test_bad_requests_get_clear_errors_and_the_relay_keeps_serving(
                 assert r.status == status and message in (await r.json())["error"], (path, await r.text())
         async with session.get(f"{api.base}/v1/streams/{'x' * 201}/events") as r:
             assert r.status == 400 and "1-200 characters" in (await r.json())["error"]
+        async with session.delete(base + "/events") as r:  # aiohttp's own answers are JSON too
+            assert r.status == 405 and "error" in await r.json() and "GET" in r.headers["Allow"]
+        async with session.post(base, data=b"x" * (2 << 20)) as r:
+            assert r.status == 413 and "exceeded" in (await r.json())["error"]
         for name in ("%FF", "a%ED%A0%80", "%C2%85"):  # not UTF-8 (kept as the text "%FF" before), a C1 control
             async with session.get(yarl.URL(f"{api.base}/v1/streams/{name}/events", encoded=True)) as r:
                 assert r.status == 400 and "stream name" in (await r.json())["error"], (name, await r.text())

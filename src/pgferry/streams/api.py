@@ -604,6 +604,15 @@ async def _database_unreachable(request: web.Request, handler: Any) -> web.Strea
         return await handler(request)  # type: ignore[no-any-return]
     except db.CONNECTION_ERRORS as exc:
         raise _error(503, f"the database cannot be reached ({db.describe(exc)}); try again shortly") from None
+    except web.HTTPException as exc:
+        if exc.content_type == "application/json" or exc.status < 400:
+            raise
+        # aiohttp's own answers (405 method, 413 body too large, 404 path) were text: JSON as well
+        detail = exc.text if exc.text and exc.text != f"{exc.status}: {exc.reason}" else exc.reason
+        return web.json_response(
+            {"error": detail}, status=exc.status,
+            headers={k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")},
+        )  # fmt: skip
 
 
 def _int(raw: str | None, name: str, default: int, low: int, high: int) -> int:
