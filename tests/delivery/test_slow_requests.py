@@ -50,6 +50,17 @@ async def _parked_in_flight(conn: asyncpg.Connection) -> list[int]:
     return [r["event_id"] for r in rows]
 
 
+async def _park_due(conn: asyncpg.Connection, event: int, note: str | None) -> None:
+    """Park ``event`` for subscription s, due now, with ``note`` as its last error."""
+    await conn.execute(
+        """insert into ferry.retries (subscription, event_id, stream, key, payload, headers, event_created_at,
+                                      attempts, first_failed_at, next_attempt_at, last_error)
+           select 's', e.id, e.stream, e.key, e.payload, e.headers, e.created_at, 0, now(), now(), $2
+           from ferry.events e where e.id = $1""",
+        event, note,
+    )  # fmt: skip
+
+
 async def _publish_over(ferry: pgferry.Ferry, count: int, seconds: float, key: str | None = None) -> list[int]:
     ids = []
     for n in range(1, count + 1):
@@ -186,13 +197,7 @@ async def test_an_answer_recorded_while_retries_are_fetched_is_not_sent_again(
     sub = Subscription.from_row(await conn.fetchrow("select * from ferry.subscriptions where name = 's'"))
     event = await ferry.publish("s", {"n": 1})
     # Parked as in flight and (its batch recorded late) already due; its request is let go of.
-    await conn.execute(
-        """insert into ferry.retries (subscription, event_id, stream, key, payload, headers, event_created_at,
-                                      attempts, first_failed_at, next_attempt_at, last_error)
-           select 's', e.id, e.stream, e.key, e.payload, e.headers, e.created_at, 0, now(), now(), $2
-           from ferry.events e where e.id = $1""",
-        event, IN_FLIGHT_NOTE,
-    )  # fmt: skip
+    await _park_due(conn, event, IN_FLIGHT_NOTE)
     pool = await db.create_pool(db_url, min_size=1, max_size=2)
     http = FastSender()
     worker: SubscriptionWorker | None = None
@@ -230,13 +235,7 @@ async def test_with_ordering_a_key_whose_first_event_is_still_in_flight_waits_in
     second = await ferry.publish("s", {"n": 2}, key="k")
     other = await ferry.publish("s", {"n": 3}, key="other")
     for event, note in ((first, IN_FLIGHT_NOTE), (second, None), (other, None)):
-        await conn.execute(
-            """insert into ferry.retries (subscription, event_id, stream, key, payload, headers, event_created_at,
-                                          attempts, first_failed_at, next_attempt_at, last_error)
-               select 's', e.id, e.stream, e.key, e.payload, e.headers, e.created_at, 0, now(), now(), $2
-               from ferry.events e where e.id = $1""",
-            event, note,
-        )  # fmt: skip
+        await _park_due(conn, event, note)
     pool = await db.create_pool(db_url, min_size=1, max_size=2)
     http = FastSender()
     try:
