@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import orjson
+import pytest
 
 import pgferry
 from tests.capture.conftest import Running
@@ -141,3 +142,35 @@ async def test_values_are_read_exactly_whatever_the_databases_datestyle_and_time
     by_wal = [e.payload["record"] for e in await read_all(ferry, conn, "by_wal")]
     assert by_trigger[0]["at"] == "2026-12-02T15:30:00+05:30"
     assert by_wal == by_trigger
+
+
+async def test_a_capture_change_waits_for_a_transaction_holding_the_table_only_so_long(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    """capture_table locks the table; a writer idle in its transaction must not make it (and every
+    writer queued behind it) wait without end: an error saying what holds it, and nothing changed."""
+    await conn.execute("create table held (id int primary key); create table other (id int primary key)")
+    await ferry.capture_table("held")
+    idle = await asyncpg.connect(db_url)
+    try:
+        await idle.execute("begin; insert into held values (1)")  # and then nothing
+        await conn.execute("set lock_timeout = '300ms'")
+        # The first WAL capture makes the slot, which waits for every transaction in progress.
+        with pytest.raises(asyncpg.LockNotAvailableError, match="waits for every transaction in progress"):
+            await conn.execute("select ferry.capture_table('other', method => 'wal')")
+        await idle.execute("commit")
+        await ferry.capture_table("other", method="wal")
+        await idle.execute("begin; insert into held values (2)")
+        with pytest.raises(asyncpg.LockNotAvailableError, match="held by another transaction") as caught:
+            await conn.execute("select ferry.capture_table('held', method => 'wal')")
+        assert "pg_stat_activity" in (caught.value.hint or "")
+        assert await conn.fetchval("select current_setting('lock_timeout')") == "300ms"
+        await conn.execute("reset lock_timeout")
+    finally:
+        await idle.close()
+    assert (
+        await conn.fetchval(
+            "select method from ferry.captures where relid = 'held'::regclass and uncaptured_at is null"
+        )
+        == "trigger"
+    )

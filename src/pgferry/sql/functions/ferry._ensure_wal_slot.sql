@@ -15,7 +15,8 @@
 -- Calls:   -
 -- Reads:   pg_replication_slots, pg_settings
 -- Writes:  ferry.wal_slot, a replication slot, a publication; notifies pgferry_wal (a new slot)
--- Raises:  55000 (wal_level is not logical, or the slot is gone), 25000 (the transaction wrote before), 42501 (no REPLICATION)
+-- Raises:  55000 (wal_level is not logical, or the slot is gone), 25000 (the transaction wrote before), 42501 (no REPLICATION),
+--          55P03 (lock_timeout passed while transactions in progress held back the slot's creation)
 -- Runs as: the caller (SECURITY INVOKER)
 -- Callers: PUBLIC (the default)
 
@@ -52,7 +53,14 @@ begin
     if v_lsn is null then
         begin
             select s.lsn into v_lsn from pg_create_logical_replication_slot(v_slot, 'pgoutput') s;
-        exception when active_sql_transaction or feature_not_supported or object_not_in_prerequisite_state then
+        exception when lock_not_available then  -- (lock_timeout) a slot starts where no transaction in progress spans
+            get stacked diagnostics v_message = message_text;
+            raise exception 'pgferry: cannot create the replication slot for WAL capture: %: it waits for every '
+                            'transaction in progress to end', v_message
+                using errcode = '55P03',
+                      hint = 'A session may be idle in a transaction: see pg_stat_activity (state, xact_start), '
+                             'end it or wait, and call again.';
+        when active_sql_transaction or feature_not_supported or object_not_in_prerequisite_state then  -- (55000: its class)
             get stacked diagnostics v_state = returned_sqlstate, v_message = message_text;
             raise exception 'pgferry: cannot create the replication slot for WAL capture: %', v_message
                 using errcode = v_state,

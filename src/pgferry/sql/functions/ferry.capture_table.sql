@@ -42,10 +42,11 @@
 --
 -- Calls:   ferry._capture_condition, ferry._capture_function, ferry._check_columns, ferry._check_stream,
 --          ferry._current_partition, ferry._ensure_wal_slot, ferry._key_expression, ferry._record_expression,
---          ferry.uncapture_table
+--          ferry._lock_for_capture, ferry.uncapture_table
 -- Reads:   ferry.wal_slot, pg_partition_tree
 -- Writes:  ferry.captures, the publication (method 'wal'), REPLICA IDENTITY of the table and its partitions
--- Raises:  22023, 42601, 42703, 42809, 42P10, 42883 (changed_columns of a type without equality), 55000
+-- Raises:  22023, 42601, 42703, 42809, 42P10, 42883 (changed_columns of a type without equality), 55P03 (the
+--          table held by another transaction for 10 s, ferry._lock_for_capture), 55000
 --          (method 'wal': REPLICA IDENTITY NOTHING, wal_level, the slot; ferry._ensure_wal_slot);
 --          what the condition raises (ferry._capture_condition)
 -- Runs as: the caller (SECURITY INVOKER)
@@ -117,7 +118,7 @@ begin
     -- either before this capture (the old one's, and before any position taken below) or
     -- after it. A writer that had begun was caught by neither when only the new trigger's
     -- lock waited for it (outside probe: changes lost switching wal -> trigger).
-    execute format('lock table %s in share row exclusive mode', tbl);
+    perform ferry._lock_for_capture(tbl);
 
     if key_columns is null then
         select array_agg(a.attname::text order by k.ord) into v_keys

@@ -8,10 +8,10 @@
 -- IDENTITY is left as it is). Locks the table (SHARE ROW EXCLUSIVE) until
 -- commit: a writer's transaction is wholly before the end or wholly after.
 --
--- Calls:   ferry._capture_function
+-- Calls:   ferry._capture_function, ferry._lock_for_capture
 -- Reads:   ferry.wal_slot
 -- Writes:  ferry.captures, the publication
--- Raises:  -
+-- Raises:  55P03 (ferry._lock_for_capture)
 -- Runs as: the caller (SECURITY INVOKER)
 -- Callers: PUBLIC (the default)
 
@@ -22,7 +22,7 @@ declare
 begin
     -- Writers of the table finish first: the position taken below is after all of their
     -- changes, and any writer after it finds the capture gone (see ferry.capture_table).
-    execute format('lock table %s in share row exclusive mode', tbl);
+    perform ferry._lock_for_capture(tbl);
     foreach v_op in array array['insert', 'update', 'delete'] loop
         if exists (select 1 from pg_trigger where tgrelid = tbl and tgname = 'pgferry_capture_' || v_op) then
             execute format('drop trigger pgferry_capture_%s on %s', v_op, tbl);
