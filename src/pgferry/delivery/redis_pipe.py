@@ -5,9 +5,11 @@ data, and gives it back: ~15 event-loop steps per command. On two busy cores
 that made a relay's single-event appends queue behind each other (p50 0.75-1 s
 from commit to store, against ~55 ms for a webhook, at ~1,200 events/s:
 docs/benchmarks.md). Redis answers the commands of one connection in the
-order they came, so here every command is written as soon as it is called and
-one reader hands the replies, in order, to the callers waiting for them:
-3.6K -> 5.4-8K appends/s from one process in the same run (``bench sinks``).
+order they came, so here the commands of one turn of the event loop go out in
+one write and one reader hands the replies, in order, to the callers waiting
+for them: 3.6K -> 5.4-8K appends/s from one process, 10 callers at a time, in
+the same run; in ``bench sinks`` single-event p50 751 -> 144-278 ms, 100-event
+chunks 0.54x -> 0.72-0.75x of the webhook's rate (docs/benchmarks.md).
 
 Packing and parsing are hiredis's (C, maintained by Redis); what is ours is
 the order of the waiting callers. A caller that stops waiting (its timeout)
@@ -118,6 +120,7 @@ class RedisPipe:
                 data = await self._reader.read(READ_SIZE)
                 if not data:
                     self._fail(RedisConnectionLost("Redis closed the connection"))
+                    self._writer.close()
                     return
                 parser.feed(data)
                 while (reply := parser.gets()) is not False:
