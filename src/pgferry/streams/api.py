@@ -483,17 +483,21 @@ class StreamsApi:
     ) -> AsyncIterator[tuple[list[StreamEvent], Position]]:
         """The stream's events in the next range of history (about ``span`` log events), in pages,
         each with the position after the range; nothing while no newer tick exists. A range of
-        one tick, which ``span`` cannot cut, is read through a cursor on a connection of its own
-        (not the pool's, which a slow client would hold), HISTORY_PAGE events at a time."""
+        one tick larger than ``span``, which ``span`` cannot cut, is read through a cursor on a
+        connection of its own (not the pool's, which a slow client would hold), HISTORY_PAGE
+        events at a time."""
         assert self.pool is not None
         async with self.pool.acquire() as conn:
             end = await range_end(conn, position, span)
             if end is None:
                 return
-            one_tick = len(await range_ticks(conn, position.lower, end)) <= 1
-            events = [] if one_tick else await read_range_to(conn, stream, position, end)
+            # One tick beyond the span (one big transaction): a connection of its own is worth it.
+            big_tick = len(await range_ticks(conn, position.lower, end)) <= 1 and (
+                await conn.fetchval(sql.query("stream_range_events"), position.lower, end) or 0
+            ) > max(span, HISTORY_PAGE)
+            events = [] if big_tick else await read_range_to(conn, stream, position, end)
         after = Position(end, position.floor)
-        if not one_tick:
+        if not big_tick:
             yield events, after
             return
         conn = await db.connect(self.url)
