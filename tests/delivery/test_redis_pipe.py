@@ -107,3 +107,20 @@ async def test_login_and_database_are_checked_when_connecting(server: RedisServe
         assert await pipe.call("GET", "where") == b"two"
     finally:
         pipe.close()
+
+
+def test_error_replies_are_told_apart_by_what_they_call_for() -> None:
+    """A wrong password is a login failure (it was config), a server loading its data after a
+    restart cannot serve yet (it was config too, retried thousands of times a second)."""
+    kinds = {
+        "WRONGPASS invalid username-password pair or user is disabled.": "auth",
+        "NOAUTH Authentication required.": "auth",
+        "ERR AUTH <password> called without any password configured for the default user.": "auth",
+        "LOADING Redis is loading the dataset in memory": "unready",
+        "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.": "unready",
+        "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.": "unready",
+        "ERR DB index is out of range": "refused",
+        "WRONGTYPE Operation against a key holding the wrong kind of value": "refused",
+        "OOM command not allowed when used memory > 'maxmemory'.": "refused",
+    }
+    assert {text: RedisError(text).kind for text in kinds} == kinds

@@ -465,6 +465,17 @@ async def test_wrong_or_missing_credentials_are_recorded_as_auth_until_they_are_
         await ferry.publish("s", {"n": 1})
         await eventually(_failed_with(conn, "n", "auth"), what="a NATS auth failure")
         await eventually(_failed_with(conn, "r", "auth"), what="a Redis auth failure")
+        # A wrong password too is auth, not config (WRONGPASS has no "AUTH" in it: outside probe).
+        await conn.execute("""select ferry.set_subscription_credentials('r', '{"password": "wrong"}')""")
+        await conn.execute("delete from ferry.attempts where subscription = 'r'")
+
+        wrong = "select error_class from ferry.attempts where subscription = 'r' and error like '%WRONGPASS%'"
+
+        async def wrong_password_seen() -> bool:
+            return bool(await conn.fetch(wrong))
+
+        await eventually(wrong_password_seen, timeout=20, what="a Redis wrong-password failure")
+        assert {r[0] for r in await conn.fetch(wrong)} == {"auth"}
         assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
         await conn.execute("""select ferry.set_subscription_credentials('n', '{"user": "pf", "password": "s3cret"}')""")
         await conn.execute("""select ferry.set_subscription_credentials('r', '{"password": "r3dis"}')""")

@@ -199,11 +199,12 @@ class Brokers:
             try:
                 return await RedisPipe.connect(ip, port, db, credentials)
             except RedisError as exc:
-                # The server answered: not down. Wrong credentials, or this subscription's setting
-                # (a database number the server does not have), which held every other one back.
-                text = str(exc)
-                auth = "AUTH" in text  # NOAUTH, WRONGPASS, or AUTH given where no password is set
-                raise BrokerUnreachable("auth" if auth else "config", f"Redis at {host}:{port}: {text}") from None
+                # The server answered: not down, unless it cannot serve yet (LOADING after a restart:
+                # thousands of attempts a second were recorded as config, outside probe). Wrong
+                # credentials, or this subscription's setting (a database number the server does not
+                # have), which held every other one back.
+                error_class = {"auth": "auth", "unready": "connect"}.get(exc.kind, "config")
+                raise BrokerUnreachable(error_class, f"Redis at {host}:{port}: {exc}") from None
             except OSError as exc:
                 raise BrokerUnreachable("connect", f"cannot connect to Redis at {host}:{port}: {exc}") from None
 

@@ -36,6 +36,18 @@ WRITE_AT_ONCE = 256
 class RedisError(Exception):
     """Redis answered a command with an error (``ERR ...``, ``NOSCRIPT ...``, ``OOM ...``, ``WRONGPASS ...``)."""
 
+    @property
+    def kind(self) -> str:
+        """``auth`` (the login), ``unready`` (a server that cannot serve yet: loading its data
+        after a restart, a script running too long, a replica without its primary: retried as
+        the server being down, not hammered), or ``refused``."""
+        text = str(self)
+        if text.startswith(("NOAUTH", "WRONGPASS")) or "AUTH" in text.split(" ", 2)[:2]:
+            return "auth"
+        if text.startswith(("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")):
+            return "unready"
+        return "refused"
+
 
 class RedisConnectionLost(ConnectionError):
     """The connection broke, or was closed, before the command's reply came."""

@@ -177,8 +177,10 @@ def _explain(exc: BaseException, dest: RedisDestination, stream: str, timeout_ms
     text = str(exc)
     if isinstance(exc, TimeoutError):
         return _failed("timeout", f"no answer from Redis at {dest.address} within {timeout_ms} ms", started)
-    if "NOAUTH" in text or "WRONGPASS" in text:
+    if isinstance(exc, RedisError) and exc.kind == "auth":
         return _failed("auth", f"Redis at {dest.address}: {text}", started)
+    if isinstance(exc, RedisError) and exc.kind == "unready":  # held as down and probed, like no answer
+        return _failed("connect", f"Redis at {dest.address} cannot serve yet: {text}", started)
     if isinstance(exc, RedisError) and text.startswith("pgferry-stream "):  # APPEND_ONCE names the stream
         stream, _, text = text.removeprefix("pgferry-stream ").partition(" ")
     if isinstance(exc, RedisError):
