@@ -606,9 +606,11 @@ select t.id, t.snapshot::text as snapshot from ferry.ticks t where t.id > $1 and
 select id, txid::text::bigint as txid, stream, key, payload, headers, created_at
 from ferry.batch_events($1, $2, array[$3::text])
 
--- name: stream_range_events
--- About how many log events the range ($1, $2] holds (event ids handed out between its ticks).
-select (select t.event_seq from ferry.ticks t where t.id = $2) - (select t.event_seq from ferry.ticks t where t.id = $1)
+-- name: stream_range_size
+-- How many ticks the range ($1, $2] has, and about how many log events it holds (event ids handed
+-- out between its ticks).
+select count(*) as ticks, max(t.event_seq) - (select b.event_seq from ferry.ticks b where b.id = $1) as events
+from ferry.ticks t where t.id > $1 and t.id <= $2
 
 -- name: stream_events_by_id
 -- One stream's events committed in the range ($1, $2], in id order: the commit order of a range

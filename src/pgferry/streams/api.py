@@ -36,7 +36,7 @@ import json
 import logging
 import re
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
@@ -61,7 +61,6 @@ from pgferry.streams.reader import (
     StreamEvent,
     is_end,
     range_end,
-    range_ticks,
     read_range,
     read_range_to,
     read_tick_in_pages,
@@ -353,16 +352,13 @@ class StreamsApi:
             except OffsetAhead as exc:
                 raise _error(400, str(exc)) from None
 
-    async def _history(
-        self, stream: str, position: Position, span: int | None = None
-    ) -> tuple[list[StreamEvent], Position] | None:
-        """The stream's events in the next range of history (about ``span`` log events, the
-        relay's range_events when None), or None once caught up with the hub."""
+    async def _history(self, stream: str, position: Position) -> tuple[list[StreamEvent], Position] | None:
+        """The stream's events in the next range of history, or None once caught up with the hub."""
         assert self.pool is not None and self.hub.lower is not None
         if position.lower >= self.hub.lower:
             return None
         async with self.pool.acquire() as conn:
-            read = await read_range(conn, stream, position, span or self.settings.range_events)
+            read = await read_range(conn, stream, position, self.settings.range_events)
         return read if read is not None else ([], position)
 
     async def _write(self, request: web.Request, response: web.StreamResponse, data: bytes) -> None:
@@ -458,17 +454,19 @@ class StreamsApi:
                 continue
             sent, moved = 0, position
             try:
-                async for page, moved in self._history_pages(stream, position, span):  # noqa: B007 - used after
-                    end = next((i for i, e in enumerate(page) if is_end(e.headers)), None)
-                    if not page:
-                        continue
-                    frames = b"".join(map(_frame, page if end is None else page[: end + 1]))
-                    last = page[-1 if end is None else end].offset
-                    del page  # (held while the frames were written, they doubled the memory)
-                    sent += len(frames)
-                    await self._write(request, response, frames)
-                    if end is not None:
-                        return
+                # (closed when left early, at the stream's end: a range read in pages holds a connection)
+                async with contextlib.aclosing(self._history_pages(stream, position, span)) as pages:
+                    async for page, moved in pages:  # noqa: B007 - used after
+                        end = next((i for i, e in enumerate(page) if is_end(e.headers)), None)
+                        if not page:
+                            continue
+                        frames = b"".join(map(_frame, page if end is None else page[: end + 1]))
+                        last = page[-1 if end is None else end].offset
+                        del page  # (held while the frames were written, they doubled the memory)
+                        sent += len(frames)
+                        await self._write(request, response, frames)
+                        if end is not None:
+                            return
             except OffsetExpired as exc:  # retention dropped the range before this client read it
                 await self._error_event(request, response, str(exc))
                 return
@@ -480,7 +478,7 @@ class StreamsApi:
 
     async def _history_pages(
         self, stream: str, position: Position, span: int
-    ) -> AsyncIterator[tuple[list[StreamEvent], Position]]:
+    ) -> AsyncGenerator[tuple[list[StreamEvent], Position], None]:
         """The stream's events in the next range of history (about ``span`` log events), in pages,
         each with the position after the range; nothing while no newer tick exists. A range of
         one tick larger than ``span``, which ``span`` cannot cut, is read through a cursor on a
@@ -492,9 +490,9 @@ class StreamsApi:
             if end is None:
                 return
             # One tick beyond the span (one big transaction): a connection of its own is worth it.
-            big_tick = len(await range_ticks(conn, position.lower, end)) <= 1 and (
-                await conn.fetchval(sql.query("stream_range_events"), position.lower, end) or 0
-            ) > max(span, HISTORY_PAGE)
+            size = await conn.fetchrow(sql.query("stream_range_size"), position.lower, end)
+            assert size is not None
+            big_tick = size["ticks"] <= 1 and (size["events"] or 0) > max(span, HISTORY_PAGE)
             events = [] if big_tick else await read_range_to(conn, stream, position, end)
         after = Position(end, position.floor)
         if not big_tick:
