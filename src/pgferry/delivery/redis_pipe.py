@@ -42,7 +42,7 @@ class RedisError(Exception):
         after a restart, a script running too long, a replica without its primary: retried as
         the server being down, not hammered), or ``refused``."""
         text = str(self)
-        if text.startswith(("NOAUTH", "WRONGPASS")) or "AUTH" in text.split(" ", 2)[:2]:
+        if text.startswith(("NOAUTH", "WRONGPASS", "ERR AUTH")):  # ERR AUTH: a password where none is set
             return "auth"
         if text.startswith(("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")):
             return "unready"

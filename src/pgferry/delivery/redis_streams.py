@@ -177,13 +177,13 @@ def _explain(exc: BaseException, dest: RedisDestination, stream: str, timeout_ms
     text = str(exc)
     if isinstance(exc, TimeoutError):
         return _failed("timeout", f"no answer from Redis at {dest.address} within {timeout_ms} ms", started)
-    if isinstance(exc, RedisError) and exc.kind == "auth":
-        return _failed("auth", f"Redis at {dest.address}: {text}", started)
-    if isinstance(exc, RedisError) and exc.kind == "unready":  # held as down and probed, like no answer
-        return _failed("connect", f"Redis at {dest.address} cannot serve yet: {text}", started)
-    if isinstance(exc, RedisError) and text.startswith("pgferry-stream "):  # APPEND_ONCE names the stream
-        stream, _, text = text.removeprefix("pgferry-stream ").partition(" ")
     if isinstance(exc, RedisError):
+        if exc.kind == "auth":
+            return _failed("auth", f"Redis at {dest.address}: {text}", started)
+        if exc.kind == "unready":  # held as down and probed, like no answer
+            return _failed("connect", f"Redis at {dest.address} cannot serve yet: {text}", started)
+        if text.startswith("pgferry-stream "):  # APPEND_ONCE names the stream that refused
+            stream, _, text = text.removeprefix("pgferry-stream ").partition(" ")
         if "OOM" in text:
             return _failed("rejected", f"Redis at {dest.address} is out of memory (maxmemory): {text}", started)
         return _failed("rejected", f"Redis at {dest.address} refused the append to {stream!r}: {text}", started)

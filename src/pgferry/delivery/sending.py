@@ -232,10 +232,10 @@ class Sender:
         return result
 
     async def _send_halves(self, sending: Round, chunk: Sequence[OutEvent]) -> HttpResult | Held | None:
-        """A chunk too large (or refused, SPLIT_ON) as one request goes as two, each split again
-        while it fails so, so only an event too large on its own is refused (a batch of 100 events of 15 KB each went
-        to dead letters whole, over the 1 MB limit, though each one fit). With ``ordered``, the
-        second half's events of a key the first half failed to deliver wait behind it."""
+        """A chunk that fails as a whole (SPLIT_ON) goes as two, each split again while it fails
+        so, so that only the events at fault fail (a batch of 100 events of 15 KB each went to dead
+        letters whole, over the 1 MB limit, though each one fit). With ``ordered``, the second
+        half's events of a key the first half failed to deliver wait behind it."""
         half = len(chunk) // 2
         first = await self._send_in(sending, chunk[:half])
         rest = list(chunk[half:])
