@@ -193,6 +193,7 @@ async def test_publish_over_http_one_event_or_many_in_one_transaction(
             b'{"data": 1}': "must be an object",
             b'[{"payload": 1}, {"payload": 2, "key": 5}]': "event #1: key must be a string",
             b'{"payload": 1, "headers": []}': "headers must be an object",
+            b'{"payload": 1, "headers": {"n": 5}}': "headers must be an object of strings",
         }
         for body, message in bad.items():
             async with session.post(url, data=body) as r:

@@ -266,7 +266,7 @@ class StreamsApi:
             key, head = item.get("key"), item.get("headers")
             if key is not None and not isinstance(key, str):
                 raise _error(400, f"event #{i}: key must be a string")
-            if head is not None and not isinstance(head, dict):
+            if head is not None and (not isinstance(head, dict) or not all(isinstance(v, str) for v in head.values())):
                 raise _error(400, f"event #{i}: headers must be an object of strings")
             payloads.append(_json(item["payload"]).decode())
             keys.append(key)
