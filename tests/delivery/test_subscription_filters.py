@@ -167,7 +167,21 @@ BAD_FILTERS = [
     ("$.amount + 1", "is not a predicate"),
     ('$tenant == "acme"', 'uses an unknown variable: could not find jsonpath variable "tenant"'),
     ("$.a == 1 || " * 100 + "true", "must be at most 1000 characters"),
+    ('exists($.** ? (@ == "x"))', "uses .** without a bound"),
+    ('exists($.**{2 to last} ? (@ == "x"))', "uses .** without a bound"),
+    ('exists($.**{0 to 5000} ? (@ == "x"))', "uses .** without a bound"),
 ]
+
+
+async def test_a_bounded_descent_over_a_payload_nested_12000_deep_filters_it_out_instead_of_failing_the_read(
+    conn: asyncpg.Connection,
+) -> None:
+    deep = "[" * 12000 + "1" + "]" * 12000
+    for text in ('exists($.**{0 to 50} ? (@ == "x"))', '$.a == ".** in a string is no descent"'):
+        await conn.execute("select ferry._check_filter($1)", text)
+        assert not await conn.fetchval(
+            "select ferry._filter_match($1::jsonpath, 's', null, null, jsonb_build_object('a', $2::jsonb))", text, deep
+        )
 
 
 @pytest.mark.parametrize(("text", "reason"), BAD_FILTERS)

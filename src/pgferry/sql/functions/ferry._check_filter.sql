@@ -8,7 +8,11 @@
 -- filter must say what is true of it: '$.record.amount > 100'). The last two
 -- are found by evaluating the filter, not silently, on two small documents
 -- whose variables are null and then strings/objects: a predicate gives one
--- true, false or null there, anything else raises.
+-- true, false or null there, anything else raises. And a filter with a .**
+-- accessor not bounded to at most 1000 levels ('$.**{0 to 50}'): .**
+-- descends by recursion, and over a payload nested ~11,000 deep (which any
+-- writer may publish) it raised "stack depth limit exceeded" even in silent
+-- mode, failing every read of the subscription from that event on.
 --
 -- Parameters: filter   the jsonpath text; NULL passes (no filter)
 -- Returns:    nothing.
@@ -39,6 +43,17 @@ begin
         raise exception 'pgferry: filter % is not a valid jsonpath: %', quote_literal(filter), sqlerrm
             using errcode = '22023', hint = v_hint;
     end;
+    -- Each .** accessor of the normalized text (string literals left out) and its level bound.
+    if exists (select 1
+               from regexp_matches(regexp_replace(v_path::text, '"([^"\\]|\\.)*"', '""', 'g'),
+                                   '\.\*\*(\{[^}]*\})?', 'g') as m(g)
+               where m.g[1] is null
+                  or coalesce(substring(m.g[1] from '(\d+)\}$')::numeric, 1001) > 1000) then
+        raise exception 'pgferry: filter % uses .** without a bound: it descends by recursion, and a deeply '
+                        'nested payload would stop the subscription', quote_literal(filter)
+            using errcode = '22023',
+                  hint = 'Bound its levels to at most 1000, e.g. ''exists($.**{0 to 50} ? (@ == "x"))''. ' || v_hint;
+    end if;
     begin
         perform jsonb_path_match_tz('{}', v_path, '{"stream": "", "key": null, "headers": null}', false),
                 jsonb_path_match_tz('{}', v_path, '{"stream": "s", "key": "k", "headers": {}}', false);
