@@ -49,6 +49,12 @@ def test_an_estimate_below_the_rows_done_counts_as_the_rows_done_and_unknown_sta
     assert _progress(rows_done=0).rate is None
 
 
+def test_a_running_backfill_without_a_chunk_for_two_minutes_shows_as_orphaned_with_no_eta() -> None:
+    assert not _progress(idle_seconds=5.0).orphaned and _progress(idle_seconds=5.0).eta is not None
+    assert _progress(idle_seconds=600.0).orphaned and _progress(idle_seconds=600.0).eta is None
+    assert not _progress(idle_seconds=600.0, state="paused").orphaned
+
+
 def test_runner_settings_refuse_nonsense_with_the_reason() -> None:
     for bad, says in (({"backfill": 0}, "backfill id"), ({"backfill": 1, "busy_wait": 0}, "busy_wait"),
                       ({"backfill": 1, "max_rate": 0}, "max_rate")):  # fmt: skip

@@ -27,7 +27,7 @@ from typing import Any
 
 import asyncpg
 
-from pgferry import sql
+from pgferry import db, sql
 from pgferry.aio import wait_for_event
 from pgferry.errors import InvalidBackfill, one_line
 
@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 #: 25 times smaller, and rows/s into the log stayed within noise (137K vs 143K rows/s, 300,000
 #: rows); 1,000 began to pay per-chunk overhead.
 DEFAULT_CHUNK = 2_000
+#: Seconds without a chunk after which a running backfill is shown as orphaned (a chunk of
+#: DEFAULT_CHUNK rows takes well under a second; a runner paced by --max-rate 1 row/s, 2,000 s).
+ORPHANED_AFTER = 120.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,15 @@ class Progress:
     started_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    #: the role that recorded it (the one that runs a backfill with a condition)
+    created_by: str | None = None
+    #: seconds since its last chunk (None: not known)
+    idle_seconds: float | None = None
+
+    @property
+    def orphaned(self) -> bool:
+        """Running, but no chunk for ORPHANED_AFTER seconds: its runner is gone (``--resume`` it)."""
+        return self.state == "running" and self.idle_seconds is not None and self.idle_seconds > ORPHANED_AFTER
 
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> Progress:
@@ -74,11 +86,13 @@ class Progress:
             started_at=row["started_at"],
             updated_at=row["updated_at"],
             finished_at=row["finished_at"],
+            created_by=row["created_by"],
+            idle_seconds=row["idle_seconds"],
         )
 
     @property
     def total(self) -> int | None:
-        """The estimate of the rows to do (pg_class.reltuples at the start), never below what is done.
+        """The estimate of the rows to do (the planner's, at the start), never below what is done.
 
         With a condition it is the whole table's: an upper bound."""
         if self.rows_estimate is None:
@@ -94,7 +108,7 @@ class Progress:
     @property
     def eta(self) -> timedelta | None:
         """Time left at the average rate, for a running backfill with an estimate."""
-        if self.state != "running" or self.rate is None or self.total is None:
+        if self.state != "running" or self.orphaned or self.rate is None or self.total is None:
             return None
         return timedelta(seconds=max(0, self.total - self.rows_done) / self.rate)
 
@@ -106,7 +120,9 @@ class Progress:
             "condition": self.condition,
             "chunk_size": self.chunk_size,
             "state": self.state,
+            "orphaned": self.orphaned,
             "reason": self.reason,
+            "created_by": self.created_by,
             "rows_done": self.rows_done,
             "rows_estimate": self.total,
             "rows_per_second": round(self.rate, 1) if self.rate is not None else None,
@@ -115,6 +131,11 @@ class Progress:
             "updated_at": self.updated_at,
             "finished_at": self.finished_at,
         }
+
+
+#: SQLSTATEs ferry.backfill_chunk raises and leaves the backfill running for: serialization failure,
+#: deadlock, query canceled (a cancel, statement_timeout), lock_timeout, out of resources
+TRANSIENT = {"40001", "40P01", "57014", "55P03", "53000", "53100", "53200", "53300"}
 
 
 def _refused(exc: asyncpg.PostgresError) -> InvalidBackfill | None:
@@ -181,6 +202,9 @@ class BackfillSettings:
     backfill: int
     #: pause before trying again when another runner holds the backfill (it is doing a chunk)
     busy_wait: float = 0.2
+    #: times in a row a chunk may fail for a transient reason (deadlock, cancel, lock or statement
+    #: timeout) and be tried again, after busy_wait x 2, 4, 8 ... seconds
+    transient_tries: int = 6
     #: rows per second at most, on average since this runner began (None: as fast as it goes): leaves
     #: the table's writers more of a small machine's CPU and disk
     max_rate: float | None = None
@@ -215,9 +239,29 @@ class BackfillRunner:
     async def run(self, stop: asyncio.Event) -> str:
         """Returns the backfill's state when it stopped running, or 'running' if ``stop`` came first."""
         s = self.settings
-        began, rows = time.monotonic(), 0
+        began, rows, failures = time.monotonic(), 0, 0
         while not stop.is_set():
-            row = await self.conn.fetchrow(sql.query("backfill_chunk"), s.backfill)
+            try:
+                row = await self.conn.fetchrow(sql.query("backfill_chunk"), s.backfill)
+            except asyncpg.PostgresError as exc:
+                if (refused := _refused(exc)) is not None:
+                    raise refused from None
+                if getattr(exc, "sqlstate", None) not in TRANSIENT or failures >= s.transient_tries:
+                    raise InvalidBackfill(
+                        f"backfill {s.backfill}: its chunk failed ({one_line(exc)}); the backfill is still "
+                        f"running from its last chunk: go on with `pgferry backfill --resume {s.backfill}`"
+                    ) from None
+                failures += 1  # a deadlock, a cancel, a lock or statement timeout: the chunk again, later
+                log.warning("backfill %d: chunk failed (%s); trying again in %.1f s",
+                            s.backfill, one_line(exc), s.busy_wait * 2**failures)  # fmt: skip
+                await wait_for_event(stop, s.busy_wait * 2**failures)
+                continue
+            except db.CONNECTION_ERRORS as exc:
+                raise InvalidBackfill(
+                    f"backfill {s.backfill}: lost the connection to PostgreSQL ({db.describe(exc)}); the backfill "
+                    f"is still running from its last chunk: go on with `pgferry backfill --resume {s.backfill}`"
+                ) from None
+            failures = 0
             if row is None:  # pragma: no cover - the function always returns one row
                 raise InvalidBackfill(f"backfill {s.backfill}: ferry.backfill_chunk returned nothing")
             state = str(row["state"])

@@ -75,6 +75,10 @@ def _report(p: backfills.Progress, as_json: bool) -> None:
         )
 
 
+#: a backfill's id (a bigint): a larger number was a traceback from asyncpg
+BACKFILL_ID = click.IntRange(1, 2**63 - 1)
+
+
 @click.command()
 @database_url_option
 @click.argument("table_name", metavar="TABLE", required=False)
@@ -82,15 +86,20 @@ def _report(p: backfills.Progress, as_json: bool) -> None:
 @click.option("--consumer", help="Send the rows to this consumer (stream reader) only.")
 @click.option("--where", "condition", metavar="SQL", help='Only rows matching this SQL condition, e.g. "paid".')
 @click.option(
-    "--chunk", type=int, default=None, help=f"Rows per chunk transaction (default {backfills.DEFAULT_CHUNK:,})."
+    "--chunk",
+    type=click.IntRange(1, 1_000_000),
+    default=None,
+    help=f"Rows per chunk transaction (default {backfills.DEFAULT_CHUNK:,}).",
 )
 @click.option("--max-rate", type=click.FloatRange(1), default=None, metavar="ROWS/S",
               help="At most this many rows per second, to leave the table's writers more room.")  # fmt: skip
 @click.option("--detach", is_flag=True, help="Only record it; run it later with --resume ID.")
 @click.option("--list", "list_", is_flag=True, help="Backfills running, paused or finished in the last day.")
-@click.option("--resume", type=int, metavar="ID", help="Run a paused, failed or orphaned backfill from its last chunk.")
-@click.option("--pause", type=int, metavar="ID", help="Pause a backfill after the chunk in progress.")
-@click.option("--cancel", type=int, metavar="ID", help="Cancel a backfill after the chunk in progress.")
+@click.option(
+    "--resume", type=BACKFILL_ID, metavar="ID", help="Run a paused, failed or orphaned backfill from its last chunk."
+)
+@click.option("--pause", type=BACKFILL_ID, metavar="ID", help="Pause a backfill after the chunk in progress.")
+@click.option("--cancel", type=BACKFILL_ID, metavar="ID", help="Cancel a backfill after the chunk in progress.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @json_option
 def backfill(

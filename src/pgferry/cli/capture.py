@@ -38,6 +38,17 @@ def capture(
 ) -> None:
     """Capture TABLE's inserts, updates and deletes into a stream (or stop, with --remove)."""
     if remove:
+        if (
+            stream
+            or method != "trigger"
+            or key_columns
+            or condition
+            or columns
+            or exclude_columns
+            or changed_columns
+            or operations
+        ):
+            raise click.UsageError("--remove takes only TABLE (the other options say how to capture it)")
         with_ferry(database_url, lambda f: f.uncapture_table(table))
         click.echo(f"{table} is no longer captured")
         return

@@ -164,7 +164,13 @@ def backfill_rows(items: list[BackfillProgress]) -> list[dict[str, Any]]:
             "id": p.id,
             "table": p.table,
             "for": p.target or "everyone",
-            "state": p.state + (f": {p.reason}" if p.reason else ""),
+            "where": p.condition or "",
+            "by": p.created_by or "",
+            "state": (
+                f"orphaned? no chunk for {p.idle_seconds or 0:,.0f} s: --resume {p.id}"
+                if p.orphaned
+                else p.state + (f": {p.reason}" if p.reason else "")
+            ),
             "rows": rows_text(p.rows_done, p.total),
             "rate": f"{p.rate:,.0f}/s" if p.rate is not None else "",
             "eta": str(p.eta).split(".")[0] if p.eta is not None else "",
@@ -173,8 +179,8 @@ def backfill_rows(items: list[BackfillProgress]) -> list[dict[str, Any]]:
     ]
 
 
-BACKFILL_COLUMNS = [("id", "id"), ("table", "table"), ("for", "for"), ("state", "state"), ("rows", "rows done"),
-                   ("rate", "rate"), ("eta", "ETA")]  # fmt: skip
+BACKFILL_COLUMNS = [("id", "id"), ("table", "table"), ("for", "for"), ("where", "where"), ("by", "by"),
+                    ("state", "state"), ("rows", "rows done"), ("rate", "rate"), ("eta", "ETA")]  # fmt: skip
 
 
 _SIZE_UNITS = {

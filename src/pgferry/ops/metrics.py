@@ -112,7 +112,8 @@ class RelayMetrics:
         )  # fmt: skip
         self.backfill_estimate = Gauge(
             "pgferry_backfill_rows_estimate", "Estimate of the rows a running or paused backfill will write "
-            "(pg_class.reltuples at its start; -1: the table was never analysed).", backfill_labels, registry=r,
+            "(the planner's estimate of the table's rows at its start; -1: none, a backfill of an older version).",
+            backfill_labels, registry=r,
         )  # fmt: skip
         self.log_bytes = Gauge(
             "pgferry_log_bytes", "Size of the event log: its partitions with their indexes.", registry=r

@@ -396,8 +396,9 @@ def _backfills_table(items: Sequence[BackfillProgress]) -> str:
         total = b.total
         bar = (f'<progress value="{b.rows_done}" max="{total}"></progress>' if total
                else "<progress></progress>" if b.state == "running" else "")  # fmt: skip
-        state = b.state + (f": {b.reason}" if b.reason else "")
-        css = "warn" if b.state == "failed" else "ok" if b.state == "done" else ""
+        state = (f"orphaned? no chunk for {b.idle_seconds or 0:,.0f} s: pgferry backfill --resume {b.id}"
+                 if b.orphaned else b.state + (f": {b.reason}" if b.reason else ""))  # fmt: skip
+        css = "warn" if b.state == "failed" or b.orphaned else "ok" if b.state == "done" else ""
         out.append(
             f"<tr><td>{esc(b.id)}</td><td>{esc(b.table)}</td><td>{esc(b.target or 'everyone')}</td>"
             f'<td class="{css}">{esc(state)}</td><td>{bar}</td>'

@@ -645,7 +645,8 @@ select case $2::text when 'cancel' then ferry.backfill_cancel(backfill => $1)
 -- name: backfill_progress
 -- Backfills with their progress: $1 one id, or NULL for every one that is running or paused, or finished within $2.
 select b.id, format('%I.%I', b.schema_name, b.table_name) as table_name, b.target, b.condition, b.chunk_size,
-       b.rows_done, b.rows_estimate, b.state, b.reason, b.started_at, b.updated_at, b.finished_at
+       b.rows_done, b.rows_estimate, b.state, b.reason, b.started_at, b.updated_at, b.finished_at, b.created_by,
+       extract(epoch from clock_timestamp() - b.updated_at)::float8 as idle_seconds
 from ferry.backfills b
 where case when $1::bigint is not null then b.id = $1
            else b.state in ('running', 'paused') or b.finished_at > clock_timestamp() - $2::interval end

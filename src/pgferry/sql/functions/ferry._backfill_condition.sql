@@ -13,7 +13,7 @@
 -- only if it parses back to the same view (nothing but one expression).
 -- NULL for NULL.
 --
--- Calls:   -
+-- Calls:   ferry._set_portable_output
 -- Reads:   tbl (the plan only, in a view rolled back), and whatever the condition names
 -- Writes:  - (a temporary view, rolled back)
 -- Raises:  22023 (empty), 42601 (more than one expression), and the SQLSTATE of an invalid condition (42703, 42804, ...)
@@ -43,7 +43,10 @@ begin
         -- The newline ends a trailing -- comment before the closing parenthesis.
         execute format(E'create temporary view %I as select 1 as pgferry_one from %s r where (%s\n)',
                        v_view, tbl, condition);
-        perform set_config('search_path', 'pg_catalog', true);  -- (back with the rollback below)
+        -- Names schema-qualified, constants in forms every session reads back (DateStyle ISO...):
+        -- the condition runs again in whichever session resumes the backfill. (Back with the rollback below.)
+        perform ferry._set_portable_output();
+        perform set_config('search_path', 'pg_catalog', true);
         v_def := pg_get_viewdef(format('pg_temp.%I', v_view)::regclass);
         v_expr := substring(v_def from E'\n  WHERE (.*);$');
         if v_expr is not null then

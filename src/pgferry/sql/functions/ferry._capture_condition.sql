@@ -20,7 +20,7 @@
 -- tbl: the table; condition: the expression (NULL: none, returns NULL).
 -- Returns the deparsed expression.
 --
--- Calls:   -
+-- Calls:   ferry._set_portable_output
 -- Reads:   -
 -- Writes:  - (a scratch table ferry._capture_condition_<pid>, always rolled back)
 -- Raises:  22023 (empty), 42601 (';', syntax), and what PostgreSQL raises for
@@ -66,11 +66,22 @@ begin
                and (select count(*) from pg_attribute where attrelid = v_scratch::regclass and attnum > 0)
                    = (select count(*) from pg_attribute where attrelid = tbl and attnum > 0 and not attisdropped) then
                 -- Deparsed with only pg_catalog on the search_path, so every other name comes
-                -- out schema-qualified: the trigger runs under each writer's search_path.
-                -- (The setting goes back with the rollback below.)
+                -- out schema-qualified: the trigger runs under each writer's search_path. And
+                -- with constants written the way every session reads them back: under DateStyle
+                -- 'SQL, DMY' '2026-01-05'::date came out '05/01/2026' (May 1 to the writers) and
+                -- a timestamptz with a zone abbreviation PostgreSQL reads as another zone.
+                -- (The settings go back with the rollback below.)
+                perform ferry._set_portable_output();
                 perform set_config('search_path', 'pg_catalog', true);
                 select pg_get_constraintdef(oid) into v_def from pg_constraint
                 where conrelid = v_scratch::regclass and conname = 'pgferry_condition';
+                -- tableoid is the one system column a CHECK may name; captured rows (transition
+                -- tables, decoded WAL) have none, so every writer's statement would fail.
+                if exists (select 1 from pg_constraint c, unnest(c.conkey) k
+                           where c.conrelid = v_scratch::regclass and c.conname = 'pgferry_condition' and k < 0) then
+                    v_state := '42703';
+                    v_message := 'it names a system column (tableoid), which captured rows do not have';
+                end if;
             else
                 v_state := '42601';
                 v_message := 'it is more than one expression';

@@ -17,7 +17,7 @@
 -- Calls:   ferry._backfill_condition
 -- Reads:   ferry.captures, ferry.consumers, ferry.subscriptions, pg_index, the planner's estimate of tbl's rows
 -- Writes:  ferry.backfills
--- Raises:  22023, 42704, 42P10, 55000, and the SQLSTATE of an invalid condition (42601, 42703, 42804, ...)
+-- Raises:  22023, 42501 (no SELECT, or no UPDATE on any column: FOR SHARE needs it), 42704, 42P10, 55000, and the SQLSTATE of an invalid condition (42601, 42703, 42804, ...)
 -- Runs as: the caller (SECURITY INVOKER): the condition runs with the caller's rights
 -- Callers: PUBLIC (the default); the caller must be able to read tbl
 
@@ -46,6 +46,17 @@ begin
     if not exists (select 1 from pg_index i where i.indrelid = tbl and i.indisprimary) then
         raise exception 'pgferry: table % has no primary key; a backfill reads it in primary-key order', tbl
             using errcode = '42P10', hint = 'Add a primary key to the table.';
+    end if;
+    -- A chunk reads its rows FOR SHARE (migration 0013), which PostgreSQL allows only with UPDATE
+    -- on a column of the table as well: without it every chunk failed with "permission denied".
+    if not has_table_privilege(tbl, 'SELECT') or not has_any_column_privilege(tbl, 'UPDATE') then
+        raise exception 'pgferry: role % may not backfill %: a backfill reads its rows with SELECT ... FOR SHARE, '
+                        'which needs the SELECT privilege and UPDATE on at least one column', current_user, tbl
+            using errcode = '42501',
+                  hint = format('grant select, update (%s) on %s to %s;',
+                                (select quote_ident(a.attname) from pg_attribute a
+                                 where a.attrelid = tbl and a.attnum > 0 and not a.attisdropped order by a.attnum limit 1),
+                                tbl, quote_ident(current_user));
     end if;
     if chunk_size is null or chunk_size < 1 or chunk_size > 1000000 then
         raise exception 'pgferry: chunk_size must be between 1 and 1000000, not %', coalesce(chunk_size::text, 'NULL')

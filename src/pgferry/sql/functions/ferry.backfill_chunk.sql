@@ -19,17 +19,31 @@
 -- the backfill failed with the message as reason, and is not raised;
 -- transient errors (deadlock, serialization, cancel, resources) are raised
 -- and leave it running.
+-- The last key is stored as text and read back by whichever session runs
+-- the next chunk: both under the settings of ferry._set_portable_output
+-- (the SET clauses below; they end with the call): a date key stored under
+-- DateStyle 'SQL, DMY' was read back as another day (rows skipped), a float
+-- key under extra_float_digits 0 never moved on.
+-- A backfill whose primary key changed since its last chunk (other columns,
+-- or renamed) fails: the stored key no longer says where it was, and read
+-- as NULL it ended the backfill as done. One whose capture now writes into a
+-- stream its target does not read fails too (its READ events would reach
+-- nobody). And one with a condition runs only as the role that wrote it: the
+-- condition is SQL, and run by another role (an operator resuming it) it
+-- would run with that role's rights.
 --
 -- Calls:   ferry._backfill_key_literal, ferry._current_partition, ferry._key_expression, ferry._record_expression
 -- Reads:   ferry.backfills, ferry.captures, pg_index, pg_attribute, the backfilled table
 -- Writes:  ferry.backfills, ferry.events_0..2
--- Raises:  42704, and transient errors (08, 40, 53, 57)
+-- Raises:  42704, 42501 (a condition written by another role), and transient errors (08, 40, 53, 57, 55P03)
 -- Runs as: the caller (SECURITY INVOKER): the table and condition are read with the caller's rights
 -- Callers: PUBLIC (the default)
 
 create or replace function ferry.backfill_chunk(backfill bigint)
 returns table (state text, rows_done bigint, rows_estimate bigint, chunk_rows integer)
-language plpgsql as $$
+language plpgsql
+set datestyle = 'ISO, YMD' set intervalstyle = 'postgres' set extra_float_digits = 3  -- ferry._set_portable_output's
+as $$
 declare
     b         ferry.backfills;
     v_capture ferry.captures;
@@ -59,6 +73,13 @@ begin
         return query select b.state, b.rows_done, b.rows_estimate, 0;
         return;
     end if;
+    if b.condition is not null and b.created_by <> current_user then
+        raise exception 'pgferry: backfill % has a condition written by role %, so only that role runs it '
+                        '(run as %, the condition would run with that role''s rights)', b.id, b.created_by, current_user
+            using errcode = '42501',
+                  hint = format('Run it as %s (its credentials in the database URL, or SET ROLE %s), or cancel it '
+                                'and start one of your own.', b.created_by, b.created_by);
+    end if;
 
     begin
         select * into v_capture from ferry.captures c where c.relid = b.relid and c.uncaptured_at is null;
@@ -80,6 +101,21 @@ begin
         if v_cols is null then
             raise exception 'table %.% has no primary key any more', quote_ident(b.schema_name), quote_ident(b.table_name)
                 using errcode = '42P10';
+        end if;
+        if b.last_key is not null
+           and array(select k from jsonb_object_keys(b.last_key) k order by k) <> array(select n from unnest(v_names) n order by n) then
+            raise exception 'the primary key of %.% changed since the backfill began (its last chunk ended at %); '
+                            'start a new backfill', quote_ident(b.schema_name), quote_ident(b.table_name), b.last_key
+                using errcode = '55000';
+        end if;
+        if b.target is not null and not exists (
+            select 1 from ferry.consumers c
+            where (c.name = b.target or 'webhook:' || c.subscription = b.target)
+              and (c.streams is null or v_capture.stream = any (c.streams))) then
+            raise exception '%.% is now captured into stream %, which % does not read (or it is gone); start a new '
+                            'backfill for a reader of that stream', quote_ident(b.schema_name),
+                            quote_ident(b.table_name), quote_literal(v_capture.stream), b.target
+                using errcode = '55000';
         end if;
         v_where := case when b.last_key is null then 'true'
                         else format('(%s) > (%s)', v_cols, ferry._backfill_key_literal(b.last_key, v_names, v_types)) end
@@ -112,7 +148,7 @@ begin
         get diagnostics v_n = row_count;
     exception when others then
         v_sqlstate := sqlstate;
-        if left(v_sqlstate, 2) in ('08', '40', '53', '57') then
+        if left(v_sqlstate, 2) in ('08', '40', '53', '57') or v_sqlstate = '55P03' then  -- 55P03: lock_timeout
             raise;
         end if;
         update ferry.backfills f

@@ -85,13 +85,19 @@ declare
     v_r       text;
     v_n       text;
     v_o       text;
+    v_names   text[];
+    v_persistence "char";
     v_part    regclass;
     v_tree    regclass[];
 begin
-    select n.nspname, c.relname, c.relkind into v_schema, v_table, v_kind
+    select n.nspname, c.relname, c.relkind, c.relpersistence into v_schema, v_table, v_kind, v_persistence
     from pg_class c join pg_namespace n on n.oid = c.relnamespace where c.oid = tbl;
     if v_kind not in ('r', 'p') then
         raise exception 'pgferry: % is not a table; only tables can be captured', tbl using errcode = '42809';
+    end if;
+    if v_persistence = 't' then  -- gone with its session, its capture (and any backfill of it) left behind
+        raise exception 'pgferry: % is a temporary table; only tables other sessions can see can be captured', tbl
+            using errcode = '42809';
     end if;
     v_stream := coalesce(stream, v_schema || '.' || v_table);
     perform ferry._check_stream(v_stream);
@@ -215,12 +221,15 @@ begin
     -- The generated statements name rows by the aliases r, n and o; a bare alias that is also a
     -- column name means the column (to_jsonb(r) of a table with a column r logged that column
     -- alone; (nw.n).* of one with a column n failed every UPDATE), so such a table gets the
-    -- aliases pgferry_r, pgferry_n or pgferry_o instead.
-    select coalesce(max(case when a.attname = 'r' then 'pgferry_r' end), 'r'),
-           coalesce(max(case when a.attname = 'n' then 'pgferry_n' end), 'n'),
-           coalesce(max(case when a.attname = 'o' then 'pgferry_o' end), 'o')
-    into v_r, v_n, v_o
+    -- aliases pgferry_r, pgferry_n or pgferry_o instead (pgferry_pgferry_n when that is a column too).
+    select array_agg(a.attname::text) into v_names
     from pg_attribute a where a.attrelid = tbl and a.attnum > 0 and not a.attisdropped;
+    v_r := 'r';
+    v_n := 'n';
+    v_o := 'o';
+    while v_r = any (v_names) loop v_r := 'pgferry_' || v_r; end loop;
+    while v_n = any (v_names) loop v_n := 'pgferry_' || v_n; end loop;
+    while v_o = any (v_names) loop v_o := 'pgferry_' || v_o; end loop;
     v_key := ferry._key_expression(v_capture, v_r);
 
     foreach v_op in array v_ops loop
