@@ -386,7 +386,7 @@ class Ferry:
                 return await getattr(conn, method)(sql.query(query), *args)
             except asyncpg.PostgresError as exc:
                 if exc.sqlstate[:2] == "22" or exc.sqlstate in ("42704", "55000"):  # the values given, names
-                    text = str(exc)
+                    text = one_line(exc)  # its hint on the same line: the CLI prints one line per error
                     if text.startswith("invalid input for query argument"):  # asyncpg's, e.g. 2^40 for an int4
                         text = f"pgferry: a value does not fit: {text.partition(': ')[2]}"
                     raise PgferryError(redact_secrets(text)) from None

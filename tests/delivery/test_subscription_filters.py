@@ -206,6 +206,7 @@ async def test_the_api_and_the_cli_refuse_a_bad_filter_in_one_line(
                         "--stream", "s", "--filter", "$.amount >")  # fmt: skip
     assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
     assert "pgferry: filter '$.amount >' is not a valid jsonpath" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr  # with its hint, on one line
     saved = await cli(pgferry_cmd, db_url, "subscription", "add", "s", "--url", "http://127.0.0.1:9/x",
                       "--stream", "s", "--filter", "$.amount > 100")  # fmt: skip
     assert saved.returncode == 0, saved.stderr
