@@ -551,3 +551,26 @@ async def test_an_idle_capture_keeps_its_leadership_session_alive(
         stop.set()
         await asyncio.wait_for(task, 15)
         await leader.close()
+
+
+async def test_a_transaction_of_large_rows_is_appended_in_chunks_bounded_in_bytes(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    class Counting(WalCapture):
+        appends: list[int] = []  # noqa: RUF012 - one test's record
+
+        async def _append(self, at: int, to: int, committed_at: object, pending: object) -> int:
+            self.appends.append(len(pending.ops))  # type: ignore[attr-defined]
+            return await super()._append(at, to, committed_at, pending)  # type: ignore[arg-type]
+
+    await conn.execute("create table docs (id int primary key, body text)")
+    await ferry.capture_table("docs", method="wal")
+    await ferry.register_consumer("c", ["public.docs"])
+    await conn.execute(f"insert into docs select g, {BIG} from generate_series(1, 40) g")  # 16 KB a row
+    async with Running(db_url, Counting) as wal:
+        wal.capture.settings.chunk, wal.capture.settings.chunk_bytes = 10_000, 64 << 10  # before it runs
+        await wal.caught_up(conn)
+    # 640 KB in one transaction: one append of 40 rows by count; by bytes, appends of the rows
+    # that reach 64 KB (5 of 16 KB)
+    assert sum(Counting.appends) == 40 and len(Counting.appends) >= 8 and max(Counting.appends) <= 5
+    assert [e.key for e in await read_all(ferry, conn, "c")] == [str(i) for i in range(1, 41)]

@@ -85,3 +85,34 @@ async def test_a_stalled_subscription_shows_its_gap_and_resumes_only_when_told_w
     queued = sum([step.queued async for step in inspect.replay(conn, "hook", since=since)])
     assert queued == len(retained)
     assert [r["event_id"] for r in await conn.fetch("select event_id from ferry.retries order by 1")] == retained
+
+
+async def test_a_partitioned_subscription_counts_every_partitions_loss_and_keeps_it_across_a_change_of_partitions(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    await conn.execute("update ferry.config set rotation_interval = '0 s', idle_tick_interval = '0 s'")
+    await conn.execute("select ferry.set_retention('1 hour')")
+    await ferry.subscribe("ph", ["s"], "http://127.0.0.1:9/hook", partitions=3)
+    await ferry.pause("ph")
+    for n in range(12):
+        await ferry.publish("s", {"n": n}, key=f"k{n}")
+    await tick(conn)
+    await conn.execute("update ferry.ticks set created_at = created_at - interval '2 hours'")
+    for _ in range(3):  # stalled; partition 0 closed; truncated
+        await conn.fetchval("select ferry.maintain()")
+        await ferry.publish("s", {"n": "later"})
+        await tick(conn)
+    status = {r["name"]: r for r in await inspect.subscription_status(conn)}["ph"]
+    assert status["gap_events"] == 12
+    assert "12 event(s) lost" in status["retention"], status["retention"]
+    assert "retention dropped 12 event(s)" in status["state_reason"], status["state_reason"]
+
+    await ferry.resume("ph", "now")  # a gap of its own: the 3 later events
+    before = {r["name"]: r for r in await inspect.subscription_status(conn)}["ph"]["gap_events"]
+    assert before == 15
+    await ferry.subscribe("ph", ["s"], "http://127.0.0.1:9/hook", partitions=2)
+    await conn.execute("update ferry.consumers set tick_id = drain_to where drain_to is not null")  # drained
+    for name in await conn.fetch("select name from ferry.consumers where drain_to is not null"):
+        assert await conn.fetchval("select ferry._drop_drained_consumer($1)", name["name"])
+    status = {r["name"]: r for r in await inspect.subscription_status(conn)}["ph"]
+    assert status["gap_events"] == before, "the gaps of the partitions removed were deleted with them"

@@ -99,6 +99,29 @@ async def test_partitions_are_consumers_named_and_filled_as_documented(
     assert await conn.fetchval("select count(*) from ferry.consumers where name like 'webhook:hot%'") == 0
 
 
+async def test_no_tick_commits_between_a_change_of_partitions_choosing_its_tick_and_committing(
+    conn: asyncpg.Connection, ferry: pgferry.Ferry, db_url: str
+) -> None:
+    """A tick committed after the switch tick T was chosen, but before drain_to was visible, let an old
+    partition read past T, and the new partitions sent those events again (outside probe: duplicates
+    changing partitions under load)."""
+    await ferry.subscribe("hot", ["s"], "http://127.0.0.1:9/hook", partitions=2)
+    await ferry.publish("s", {"n": 1})
+    ticker = await asyncpg.connect(db_url)
+    try:
+        async with conn.transaction():
+            await conn.execute("select ferry.subscribe('hot', array['s'], 'http://127.0.0.1:9/hook', partitions => 3)")
+            await ticker.execute("set statement_timeout = '300ms'")
+            with pytest.raises(asyncpg.QueryCanceledError):  # waits for the switch to commit
+                await ticker.fetchval("select ferry.tick()")
+        await ticker.execute("reset statement_timeout")
+        tick_id = await ticker.fetchval("select ferry.tick()")
+        drain_to = await conn.fetchval("select max(drain_to) from ferry.consumers where subscription = 'hot'")
+        assert tick_id is not None and tick_id > drain_to
+    finally:
+        await ticker.close()
+
+
 @pytest.mark.parametrize("max_bytes", [None, 1 << 20])
 @pytest.mark.parametrize("subscriptions", [("a",), ("a", "b")])
 async def test_each_partition_reads_its_own_events_alone_or_sharing_a_read(

@@ -14,8 +14,8 @@ Exactly once into the log:
 * a relay that dies between the two streams those transactions again, and skips every
   transaction committed before ``ferry.wal_slot.lsn``: no loss, no duplicate.
 
-A source transaction of any size is one round (appended in chunks of ``chunk`` changes,
-committed once), so the log gets all of it or none. Rounds commit as soon as the stream
+A source transaction of any size is one round (appended in chunks of ``chunk`` changes or
+``chunk_bytes`` bytes, committed once), so the log gets all of it or none. Rounds commit as soon as the stream
 has nothing more right now, or every ``chunk`` changes: low latency while it trickles,
 large transactions while it pours. While the captured tables are idle, the server's
 keepalives (asked for with each feedback) say how far it has read, and the relay confirms
@@ -68,6 +68,10 @@ class WalSettings:
     #: changes appended per statement, and the most a round holds before it commits at the next
     #: transaction boundary
     chunk: int = 5_000
+    #: ... and bytes of decoded rows per statement at most (at least one change): a round of
+    #: 4,800 rows of 120 KB, old and new, was one 1.15 GB statement, over PostgreSQL's 1 GB
+    #: message limit and the relay's command timeout, retried forever (outside probe)
+    chunk_bytes: int = 16 << 20
     #: how often a missing or invalidated slot is looked at again (a new slot is notified)
     recheck_interval: float = 5.0
     #: backoff cap when the stream cannot be started (the slot read by a relay that is going away)
@@ -89,6 +93,8 @@ class _Pending:
     missing: list[bytes | None] = field(default_factory=list)
     times: list[datetime] = field(default_factory=list)
     lsns: list[int] = field(default_factory=list)
+    #: bytes of rows, old rows and missing lists held
+    size: int = 0
 
 
 class WalCapture:
@@ -215,7 +221,7 @@ class WalCapture:
         commit) runs as a task on the connection while the next batch is decoded; the next
         one waits for it, so they run one at a time and in order.
         """
-        chunk = self.settings.chunk
+        chunk, chunk_bytes = self.settings.chunk, self.settings.chunk_bytes
         skip_before = self.lsn  # transactions committed before it are in the log already
         pending = _Pending()
         dirty = False  # the open round has something to commit (changes, or a position to move)
@@ -276,7 +282,8 @@ class WalCapture:
                     elif isinstance(m, Truncate) and not skip:
                         for rel in m.relations:
                             _append(pending, rel, "T", b"{}", None, None, commit_time, start)
-                    if len(pending.ops) >= chunk:  # a large round: append what there is, commit at its end
+                    if len(pending.ops) >= chunk or pending.size >= chunk_bytes:  # a large round: append what
+                        # there is, commit at its end
                         if tail is not None:
                             await tail
                         tail = asyncio.create_task(self._write(pending, None, None, stream))
@@ -392,6 +399,7 @@ def _append(
     pending.missing.append(missing)
     pending.times.append(at or datetime.now(UTC))
     pending.lsns.append(lsn)
+    pending.size += len(row) + (len(old) if old is not None else 0) + (len(missing) if missing is not None else 0)
 
 
 def _row(rel: Relation, values: list[object], old: list[object] | None) -> tuple[bytes, bytes | None]:

@@ -121,7 +121,8 @@ async def subscription_status(conn: asyncpg.Connection) -> list[dict[str, Any]]:
         row["health"] = health(row, now)
         row["unknown_streams"] = []
         held, gap_events = retention.get(row["name"], ({}, 0))
-        row["retention"] = retention_summary(held) if held else "-"
+        # The worst partition's standing, with every partition's lost events (gap_events sums them).
+        row["retention"] = retention_summary({**held, "gap_events": gap_events}) if held else "-"
         row["gap_events"] = gap_events
     never = [r["name"] for r in rows if r["last_attempt_at"] is None and not r["parked"] and not r["dead"]]
     if never:

@@ -161,7 +161,7 @@ select ferry._fence($1, $2)
 -- name: drop_drained_consumer
 -- A partition that drained after a change of partitions (ferry._subscription_consumers), removed
 -- by the relay that owns it once its worker has stopped and recorded everything.
-delete from ferry.consumers where name = $1 and drain_to is not null and tick_id >= drain_to
+select ferry._drop_drained_consumer($1)
 
 -- name: consumer_tick
 select tick_id from ferry.consumers where name = $1

@@ -72,7 +72,14 @@ begin
             update ferry.subscriptions s set state = 'stalled', updated_at = now(),
                    state_reason = format('retention dropped %s event(s) it had not delivered (%s); resume it with '
                                          '`pgferry subscription resume %s --from retained` (or --from now)',
-                                         v_gap.events, p_reason, v_sub)
+                                         -- this gap, and the open gaps of the subscription's other
+                                         -- partitions (each partition wrote its own count here)
+                                         v_gap.events + coalesce((
+                                             select sum(g.events) from ferry.gaps g
+                                             join ferry.consumers cc on cc.name = g.consumer
+                                             where cc.subscription = v_sub and cc.name <> p_consumer
+                                               and g.cause = 'retention' and g.to_tick = cc.tick_id), 0),
+                                         p_reason, v_sub)
             where s.name = v_sub;
         end if;
     end if;

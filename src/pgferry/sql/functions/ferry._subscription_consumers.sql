@@ -59,6 +59,10 @@ begin
                   hint = 'Its old partitions are delivering what they had before the switch; `pgferry status` shows '
                          'them as draining. Change partitions again once they are gone.';
     end if;
+    -- No tick commits from here until this transaction does: a tick committed after T was taken
+    -- but before drain_to was visible let an old partition read past T, and the new ones
+    -- delivered those events again (outside probe: duplicates changing partitions under load).
+    perform pg_advisory_xact_lock(28774, 4);  -- ferry._tick's
     select max(t.id) into v_tick from ferry.ticks t;
     update ferry.consumers c set drain_to = v_tick, updated_at = now() where c.subscription = p_subscription;
     insert into ferry.consumers (name, streams, tick_id, subscription, part, parts)
