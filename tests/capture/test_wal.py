@@ -574,3 +574,26 @@ async def test_a_transaction_of_large_rows_is_appended_in_chunks_bounded_in_byte
     # that reach 64 KB (5 of 16 KB)
     assert sum(Counting.appends) == 40 and len(Counting.appends) >= 8 and max(Counting.appends) <= 5
     assert [e.key for e in await read_all(ferry, conn, "c")] == [str(i) for i in range(1, 41)]
+
+
+async def test_the_first_slot_waits_ten_seconds_at_most_for_transactions_in_progress_and_a_healthy_one_is_not_reset(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    await conn.execute("create table t (id int primary key); create table other (id int)")
+    writer = await asyncpg.connect(db_url)
+    try:
+        async with writer.transaction():
+            await writer.execute("insert into other values (1)")  # a transaction in progress, holding an xid
+            await conn.execute("set lock_timeout = '300ms'")  # (the default bound is 10 s)
+            with pytest.raises(asyncpg.PostgresError, match="cannot create the replication slot") as caught:
+                await conn.execute("select ferry.capture_table('t', method => 'wal')")
+            assert caught.value.sqlstate == "55P03" and "pg_prepared_xacts" in str(caught.value.hint)
+            await conn.execute("reset lock_timeout")
+    finally:
+        await writer.close()
+    await ferry.capture_table("t", method="wal")
+    async with Running(db_url) as wal:
+        await wal.caught_up(conn)
+        with pytest.raises(asyncpg.PostgresError, match="is being read by process") as refused:
+            await conn.fetchval("select ferry.reset_wal_slot()")
+        assert refused.value.sqlstate == "55006" and "stop the relays" in str(refused.value.hint)

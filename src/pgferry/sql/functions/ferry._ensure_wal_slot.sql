@@ -15,7 +15,7 @@
 -- Calls:   -
 -- Reads:   pg_replication_slots, pg_settings
 -- Writes:  ferry.wal_slot, a replication slot, a publication; notifies pgferry_wal (a new slot)
--- Raises:  55000 (wal_level is not logical, or the slot is gone), 25000 (the transaction wrote before), 42501 (no REPLICATION),
+-- Raises:  55000 (wal_level is not logical, or the slot is gone), 55006 (reset: a relay reads the slot), 25000 (the transaction wrote before), 42501 (no REPLICATION),
 --          55P03 (lock_timeout passed while transactions in progress held back the slot's creation)
 -- Runs as: the caller (SECURITY INVOKER)
 -- Callers: PUBLIC (the default)
@@ -28,9 +28,18 @@ declare
     v_lsn pg_lsn;
     v_state text;
     v_message text;
+    v_timeout text;
+    v_pid integer;
 begin
     select * into w from ferry.wal_slot;
     if found and reset then
+        select s.active_pid into v_pid from pg_replication_slots s where s.slot_name = w.slot_name and s.active;
+        if v_pid is not null then
+            raise exception 'pgferry: the replication slot % is being read by process % (a relay''s WAL capture): '
+                            'it is not lost, and a reset would skip what it has not read', w.slot_name, v_pid
+                using errcode = '55006',
+                      hint = 'Reset only a slot status reports as lost or gone; to drop a healthy one, stop the relays first.';
+        end if;
         if exists (select 1 from pg_replication_slots s where s.slot_name = w.slot_name) then
             perform pg_drop_replication_slot(w.slot_name);
         end if;
@@ -51,6 +60,13 @@ begin
     end if;
     select s.confirmed_flush_lsn into v_lsn from pg_replication_slots s where s.slot_name = v_slot;
     if v_lsn is null then
+        -- It waits for every transaction in progress (a prepared one too) to end: at most 10 s
+        -- unless the caller set lock_timeout, as ferry._lock_for_capture waits for the table
+        -- (it waited with no end and no word behind a forgotten prepared transaction: outside probe).
+        v_timeout := current_setting('lock_timeout');
+        if v_timeout = '0' then
+            perform set_config('lock_timeout', '10s', true);
+        end if;
         begin
             select s.lsn into v_lsn from pg_create_logical_replication_slot(v_slot, 'pgoutput') s;
         exception when lock_not_available then  -- (lock_timeout) a slot starts where no transaction in progress spans
@@ -58,8 +74,9 @@ begin
             raise exception 'pgferry: cannot create the replication slot for WAL capture: %: it waits for every '
                             'transaction in progress to end', v_message
                 using errcode = '55P03',
-                      hint = 'A session may be idle in a transaction: see pg_stat_activity (state, xact_start), '
-                             'end it or wait, and call again.';
+                      hint = 'A session may be idle in a transaction (pg_stat_activity: state, xact_start) or a '
+                             'prepared transaction left over (pg_prepared_xacts: COMMIT or ROLLBACK PREPARED it): end '
+                             'it or wait, and call again (set lock_timeout to wait longer than 10 s).';
         when active_sql_transaction or feature_not_supported or object_not_in_prerequisite_state then  -- (55000: its class)
             get stacked diagnostics v_state = returned_sqlstate, v_message = message_text;
             raise exception 'pgferry: cannot create the replication slot for WAL capture: %', v_message
@@ -74,6 +91,7 @@ begin
                       hint = 'The role creating it and the relay''s role need the REPLICATION attribute: '
                              'alter role <name> replication;';
         end;
+        perform set_config('lock_timeout', v_timeout, true);
     end if;
     if not exists (select 1 from pg_publication p where p.pubname = 'pgferry_wal') then
         -- A partitioned table's changes as the table's own (the relid capture_table knows),
