@@ -16,7 +16,7 @@ import asyncpg
 
 import pgferry
 from pgferry.delivery.model import Subscription
-from pgferry.receiver import Receiver
+from pgferry.receiver import Action, Received, Receiver, Respond
 from pgferry.relay.process import Relay
 
 #: The ``receiver_factory`` fixture: ``await make(behaviour)`` -> (receiver, its URL).
@@ -132,3 +132,18 @@ class RelayProcess:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+
+
+def redirect_to_self(request: Received) -> Action:
+    """A receiver behaviour: redirect every request to itself (a redirect loop)."""
+    return Respond(302, b"", (("location", f"http://{request.headers['host']}{request.path}"),))
+
+
+async def net_responses(conn: asyncpg.Connection, n: int, timeout: float = 20) -> list[asyncpg.Record]:
+    """The rows of net._http_response (pg_net API), once there are ``n``, by request id."""
+
+    async def enough() -> bool:
+        return bool(await conn.fetchval("select count(*) from net._http_response") >= n)
+
+    await eventually(enough, timeout=timeout, what=f"{n} responses")
+    return list(await conn.fetch("select * from net._http_response order by id"))

@@ -13,7 +13,7 @@ import pytest
 from pgferry.receiver import Action, CutBody, Drop, Garbage, Hang, Received, Respond, Slow
 from tests.delivery.conftest import RunningRelay
 from tests.faults.conftest import Load, MakeReceiver, settle
-from tests.helpers import eventually
+from tests.helpers import eventually, redirect_to_self
 
 SUBSCRIBE = """select ferry.subscribe('hook', array['s'], $1, timeout_ms => $2, max_attempts => $3,
                                      retry_base_ms => 50, retry_max_ms => 400, max_in_flight => 16)"""
@@ -29,10 +29,6 @@ def for_a_while(bad: Callable[[Received], Action], seconds: float) -> Callable[[
         return bad(request) if time.monotonic() - started[0] < seconds else Respond()
 
     return behave
-
-
-def redirect_to_self(request: Received) -> Action:
-    return Respond(302, b"", (("location", f"http://{request.headers['host']}{request.path}"),))
 
 
 CASES: dict[str, Callable[[Received], Action]] = {

@@ -15,21 +15,13 @@ from pgferry.errors import PgferryError
 from pgferry.receiver import Action, Drop, Hang, Received, Receiver, Respond
 from pgferry.schema import install
 from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually
+from tests.helpers import net_responses as responses
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 
 
 def base(url: str) -> str:
     return url.rsplit("/", 1)[0]
-
-
-async def responses(conn: asyncpg.Connection, n: int, timeout: float = 20) -> list[asyncpg.Record]:
-    async def enough() -> bool:
-        return bool(await conn.fetchval("select count(*) from net._http_response") >= n)
-
-    await eventually(enough, timeout=timeout, what=f"{n} responses")
-    return list(await conn.fetch("select * from net._http_response order by id"))
 
 
 async def test_seed_trigger_from_a_pg_net_tutorial_runs_unchanged(

@@ -67,6 +67,21 @@ async def test_a_header_name_with_spaces_is_recorded_as_pg_net_records_it(
     assert '"Spaces In Header Name": "x"' in row["headers"]
 
 
+async def test_a_header_value_with_a_control_character_goes_out_as_libcurl_sends_it(
+    net_relay: RunningRelay, net_conn: asyncpg.Connection, receiver_factory: MakeReceiver
+) -> None:
+    """pg_net refuses only CR and LF; libcurl writes \\x01 or DEL as they are (checked with curl -H).
+    Webhooks refuse them (a strict server would answer 400); the pg_net path does as pg_net does."""
+    receiver, url = await receiver_factory()
+    request = await net_conn.fetchval(
+        "select net.http_post($1, headers => $2::jsonb)", url, '{"X-Odd": "a\\u0001b\\u007fc", "X-Tab": "a\\tb"}'
+    )
+    row = (await responses(net_conn, 1))[request]
+    assert (row["status_code"], row["error_msg"]) == (200, None)
+    got = receiver.received[0].headers
+    assert (got["x-odd"], got["x-tab"]) == ("a\x01b\x7fc", "a\tb")
+
+
 async def test_a_timeout_reads_like_pg_net_s_with_the_time_of_each_phase(
     net_relay: RunningRelay, net_conn: asyncpg.Connection, receiver_factory: MakeReceiver
 ) -> None:

@@ -45,9 +45,10 @@ from pgferry.delivery.http import (
     Timings,
     decode_text,
     endpoint_of,
+    header_value_fault,
     parse_retry_after,
 )
-from pgferry.delivery.http1 import ProtocolError, Response, ResponseReader, Truncated
+from pgferry.delivery.http1 import NOTHING, PARTIAL, RECV_ERROR, ProtocolError, Response, ResponseReader, Truncated
 
 _USER_AGENT = "\r\nUser-Agent: pgferry"
 #: Seconds an idle kept-alive connection is reused when the server did not say how long it keeps
@@ -65,11 +66,14 @@ _FOLLOWED = frozenset((301, 302, 303, 307, 308))
 
 
 class _Lost(Exception):
-    """The connection ended before a complete response."""
+    """The connection ended before a complete response: closed (or, ``reset``, broken) after
+    ``got_bytes`` and ``got_status`` (``http1.Truncated``)."""
 
-    def __init__(self, got_bytes: bool, reason: str) -> None:
+    def __init__(self, got_bytes: bool, reason: str, *, got_status: bool = False, reset: bool = False) -> None:
         super().__init__(reason)
         self.got_bytes = got_bytes
+        self.got_status = got_status
+        self.reset = reset
 
 
 class _Withdrawn(Exception):
@@ -125,7 +129,7 @@ class _Connection(asyncio.Protocol):
             response = reader.feed_eof()  # a body delimited by the close ends here
         except Truncated as lost:
             reason = f"connection error: {exc}" if exc else "server closed the connection"
-            self._fail(_Lost(lost.got_bytes, reason))
+            self._fail(_Lost(lost.got_bytes, reason, got_status=lost.got_status, reset=exc is not None))
             return
         self._finish(reader, response)
 
@@ -280,7 +284,6 @@ class _Clock:
 _NAMES: dict[str, str] = {}
 #: ... and those of them that are neither framing headers nor User-Agent.
 _PLAIN_NAMES: set[str] = set()
-_BAD_VALUE = re.compile(r"[\r\n\0]")
 #: Request headers that only the client writes: they frame the request.
 _OWN = frozenset(("host", "content-length", "transfer-encoding"))
 
@@ -350,10 +353,11 @@ class FastSender:
     ) -> HttpResult:
         """A webhook POST. ``on_wire`` is asked right before the first byte is written; if it
         answers False nothing is sent and the result's error class is ``withdrawn``. ``fresh``:
-        on a new connection, not a kept-alive one (a probe of an endpoint that was down)."""
+        on a new connection, not a kept-alive one (a probe of an endpoint that was down). A
+        header value holding a control character but HTAB is not sent (``bad_request``)."""
         started = time.perf_counter()
         result, _, _ = await self._one("POST", url, body, headers, timeout, connect_timeout, False, on_wire, None,
-                                       started, fresh)  # fmt: skip
+                                       started, fresh, strict=True)  # fmt: skip
         return result
 
     def drop_idle(self, endpoint: tuple[str, str, int]) -> None:
@@ -377,7 +381,8 @@ class FastSender:
     ) -> HttpResult:
         """Any request. ``capture``: keep every response header and up to MAX_CAPTURED_BYTES of
         the body (``HttpResult.captured``). ``redirects``: how many to follow (0: a 3xx is
-        the answer). The timeout covers the whole request, redirects included."""
+        the answer). The timeout covers the whole request, redirects included. Header values
+        are sent as libcurl sends them (the pg_net API): only CR, LF and NUL are refused."""
         started = time.perf_counter()
         earlier: tuple[HttpResult, ...] = ()
         deadline: float | None = None
@@ -391,13 +396,15 @@ class FastSender:
             if hop == redirects:
                 if redirects:
                     result = HttpResult(None, "redirect", f"more than {redirects} redirects, last to "
-                                        f"{response.location}", None, 0.0, timings=result.timings)  # fmt: skip
+                                        f"{response.location}", None, 0.0, timings=result.timings,
+                                        curl_error="Number of redirects hit maximum amount")  # fmt: skip
                 break
             method, url, body, headers = _redirected(method, url, body, headers, response)
         if hop or earlier != result.earlier:
             latency = (time.perf_counter() - started) * 1000
             result = HttpResult(result.status, result.error_class, result.error, result.response, latency,
-                                result.retry_after, result.captured, earlier, result.timings)  # fmt: skip
+                                result.retry_after, result.captured, earlier, result.timings,
+                                result.curl_error)  # fmt: skip
         return result
 
     async def _one(
@@ -413,12 +420,15 @@ class FastSender:
         deadline: float | None,
         started: float,
         fresh: bool = False,
+        *,
+        strict: bool = False,
     ) -> tuple[HttpResult, Response | None, float | None]:
         """One request-response exchange: its result, the answer if there was one (for
-        redirects) and the deadline it ran under. ``started``: when the request began."""
+        redirects) and the deadline it ran under. ``started``: when the request began.
+        ``strict``: header values by RFC 9110 (``_checked_head``)."""
         try:
             endpoint, line = _target(method, url)
-            data = _serialize(line, method, body, headers)
+            data = _serialize(line, method, body, headers, strict)
         except (ValueError, UnicodeError) as exc:
             error = f"cannot send to {url!r}: {exc}"
             return HttpResult(None, "bad_request", error, None, (time.perf_counter() - started) * 1000), None, deadline
@@ -434,10 +444,10 @@ class FastSender:
             try:
                 response = await self._exchange(pool, data, connect_timeout, deadline, clock, on_wire, reader, fresh)
             except (_Withdrawn, TimeoutError, _ConnectTimeout, RefusedAddress, _Lost, ProtocolError, OSError) as exc:
-                error_class, error = _failure(exc, endpoint, timeout, connect_timeout)
+                error_class, error, curl = _failure(exc, endpoint, timeout, connect_timeout)
                 latency = (time.perf_counter() - started) * 1000
                 return HttpResult(None, error_class, error, None, latency, None, None, clock.tries(),
-                                  clock.timings()), None, deadline  # fmt: skip
+                                  clock.timings(), curl), None, deadline  # fmt: skip
         latency = (time.perf_counter() - started) * 1000
         status = response.status
         captured = None
@@ -511,47 +521,53 @@ class _BadHeader(Exception):
 
 def _failure(  # noqa: PLR0911 - one return per way a request can end
     exc: BaseException, endpoint: tuple[str, str, int], timeout: float, connect_timeout: float
-) -> tuple[str, str]:
-    """(error class, error text) of a request that ended without an answer."""
+) -> tuple[str, str, str | None]:
+    """(error class, error text, libcurl's text) of a request that ended without an answer.
+    libcurl's text (curl_easy_strerror) is what the pg_net API records as error_msg; None
+    where pg_net words it itself (timeouts) or has no such failure."""
     host = f"{endpoint[1]}:{endpoint[2]}"
     if isinstance(exc, _Withdrawn):
-        return "withdrawn", "taken back before it was sent"
+        return "withdrawn", "taken back before it was sent", None
     if isinstance(exc, _ConnectTimeout):
-        return "timeout", f"cannot connect to {host} within {connect_timeout:g} s"
+        return "timeout", f"cannot connect to {host} within {connect_timeout:g} s", None
     if isinstance(exc, TimeoutError):
-        return "timeout", f"no complete answer within {timeout:g} s"
+        return "timeout", f"no complete answer within {timeout:g} s", None
     if isinstance(exc, socket.gaierror):
-        return "dns", f"cannot resolve host {endpoint[1]!r}: {exc}"
+        return "dns", f"cannot resolve host {endpoint[1]!r}: {exc}", "Couldn't resolve host name"
     if isinstance(exc, RefusedAddress):
-        return "refused_address", str(exc)
+        return "refused_address", str(exc), None
     if isinstance(exc, ssl.SSLError):
-        return "tls", f"TLS error with {host}: {_tls_reason(exc)}"
+        verify = isinstance(exc, ssl.SSLCertVerificationError)
+        curl = "SSL peer certificate or SSH remote key was not OK" if verify else "SSL connect error"
+        return "tls", f"TLS error with {host}: {_tls_reason(exc)}", curl
     if isinstance(exc, _Lost):
+        curl = RECV_ERROR if exc.reset else PARTIAL if exc.got_status else NOTHING
         if exc.got_bytes:
-            return "reset", f"response cut off: {exc}"
-        return "empty_reply", "server closed the connection without a complete response"
+            return "reset", f"response cut off: {exc}", curl
+        return "empty_reply", "server closed the connection without a complete response", curl
     if isinstance(exc, ProtocolError):
-        return "invalid_response", str(exc)
+        return "invalid_response", str(exc), exc.curl
     assert isinstance(exc, OSError)
-    return "connect", f"cannot connect to {host}: {exc.strerror or exc}"
+    return "connect", f"cannot connect to {host}: {exc.strerror or exc}", "Couldn't connect to server"
 
 
-def _serialize(line: str, method: str, body: bytes | None, headers: Mapping[str, str]) -> bytes:
+def _serialize(line: str, method: str, body: bytes | None, headers: Mapping[str, str], strict: bool = True) -> bytes:
     """The request's bytes after its request line and Host header (``line``). The last line of
     defence against header injection: whatever the SQL checks let through, no CR/LF/NUL and no
-    invalid header name reaches the wire."""
+    invalid header name reaches the wire, and with ``strict`` no other control character but
+    HTAB either (RFC 9110: strict servers answer 400 to them)."""
     length = f"\r\nContent-Length: {len(body) if body else 0}" if body is not None or method not in _BODYLESS else ""
     if headers and _PLAIN_NAMES.issuperset(headers) and "".join(headers.values()).isprintable():
         # the usual request: names checked before, none of them ours or User-Agent, printable
-        # values (no CR, LF or NUL): C-level checks and joins
+        # values (no control character at all): C-level checks and joins
         text = line + "\r\n" + "\r\n".join(map(": ".join, headers.items())) + _USER_AGENT + length + "\r\n\r\n"
     else:
-        text = _checked_head(line, headers) + length + "\r\n\r\n"
+        text = _checked_head(line, headers, strict) + length + "\r\n\r\n"
     head = text.encode("utf-8")
     return head + body if body else head
 
 
-def _checked_head(line: str, headers: Mapping[str, str]) -> str:
+def _checked_head(line: str, headers: Mapping[str, str], strict: bool) -> str:
     """``_serialize``'s head, header by header: checks each name (remembering the plain ones)
     and value, leaves out the framing headers that are ours to write."""
     parts = [line]
@@ -566,8 +582,9 @@ def _checked_head(line: str, headers: Mapping[str, str]) -> str:
                 _NAMES[name] = lowered
                 if lowered not in _OWN and lowered != "user-agent":
                     _PLAIN_NAMES.add(name)
-        if _BAD_VALUE.search(value):
-            raise _BadHeader(f"header {name!r} contains a line break or NUL; not sent")
+        fault = header_value_fault(value, strict=strict)
+        if fault is not None:
+            raise _BadHeader(f"header {name!r} contains {fault}, which HTTP does not allow in a header value; not sent")
         if lowered in _OWN:
             continue  # framing is ours to state
         user_agent = user_agent or lowered == "user-agent"

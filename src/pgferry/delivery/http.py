@@ -8,6 +8,7 @@ failed request. The client that produces them is ``delivery.fasthttp``.
 from __future__ import annotations
 
 import email.utils
+import re
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -51,10 +52,33 @@ class HttpResult:
     #: the phases of a request that did not end in 2xx (pg_net's timeout message); None for 2xx,
     #: where nothing reads them and building them cost ~1.2 us a request
     timings: Timings | None = None
+    #: what libcurl calls this failure (curl_easy_strerror), for the pg_net API's error_msg; None
+    #: for an answer, a timeout (pg_net words it itself) or a failure of pgferry's own checks
+    curl_error: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.error_class is None
+
+
+#: What RFC 9110 does not allow in a header field value: the control characters but HTAB, and DEL.
+#: Strict servers answer 400 to any of them (llhttp, so Node and aiohttp: all of them; h11: VT and FF).
+BAD_HEADER_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+#: What would end or cut a header line: the one rule of the pg_net API, whose libcurl sends the
+#: other control characters as they are.
+HEADER_BREAK = re.compile(r"[\r\n\0]")
+
+
+def header_value_fault(value: str, *, strict: bool = True) -> str | None:
+    """Why ``value`` cannot go out as a header value ("the control character 0x01"), or None.
+    ``strict``: by RFC 9110 (BAD_HEADER_VALUE), else only what would break the line (HEADER_BREAK)."""
+    found = (BAD_HEADER_VALUE if strict else HEADER_BREAK).search(value)
+    if found is None:
+        return None
+    byte = ord(found.group())
+    if byte in (0x0A, 0x0D):
+        return f"a line break (0x{byte:02X})"
+    return "NUL (0x00)" if byte == 0 else f"the control character 0x{byte:02X}"
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:

@@ -55,16 +55,32 @@ _KNOWN = frozenset((*_FRAMING, b"connection", b"keep-alive", b"retry-after", b"l
 _IDLE_TIMEOUT = re.compile(rb"(?:^|[\s,;])timeout\s*=\s*(\d{1,6})")
 
 
+#: libcurl's words (curl_easy_strerror) for what ends a response early; the pg_net API records
+#: them as pg_net does (checked with curl 7.88 against the same answers).
+WEIRD = "Weird server reply"  # a malformed header line or length
+NOT_HTTP = "Unsupported protocol"  # no HTTP/1.x status line: libcurl reads it as HTTP/0.9, refused
+RECV_ERROR = "Failure when receiving data from the peer"  # a malformed chunk, headers too long, a reset
+NOTHING = "Server returned nothing (no headers, no data)"  # closed before a status line
+PARTIAL = "Transferred a partial file"  # closed after the status line, before the promised end
+
+
 class ProtocolError(Exception):
-    """What came back is not an HTTP/1.x response we can frame: close the connection."""
+    """What came back is not an HTTP/1.x response we can frame: close the connection.
+    ``curl``: what libcurl calls this failure."""
+
+    def __init__(self, message: str, curl: str = WEIRD) -> None:
+        super().__init__(message)
+        self.curl = curl
 
 
 class Truncated(Exception):
-    """The connection closed before the response was complete."""
+    """The connection closed before the response was complete. ``got_bytes``: any byte of it
+    came; ``got_status``: its status line did (libcurl tells the two apart: NOTHING, PARTIAL)."""
 
-    def __init__(self, got_bytes: bool) -> None:
+    def __init__(self, got_bytes: bool, got_status: bool = False) -> None:
         super().__init__("the connection closed before a complete response")
         self.got_bytes = got_bytes
+        self.got_status = got_status
 
 
 @dataclass(slots=True)
@@ -167,7 +183,10 @@ class ResponseReader:
             return self.response
         if self._state == _DONE:
             return self.response
-        raise Truncated(self._got)
+        # In the head, the status line is whole once a line end follows it (an interim answer
+        # read before does not count: libcurl says NOTHING after a lone 100 Continue too).
+        status = self._state != _HEAD or b"\n" in self._buf.lstrip(b"\r\n")
+        raise Truncated(self._got, status)
 
     # -- states --------------------------------------------------------------
 
@@ -203,7 +222,7 @@ class ResponseReader:
         end, blank = self._block_end()
         if end < 0 or end > MAX_HEAD_BYTES:
             if end > MAX_HEAD_BYTES or len(buf) > _MAX_INCOMPLETE:
-                raise ProtocolError(f"invalid HTTP response: headers longer than {MAX_HEAD_BYTES} bytes")
+                raise ProtocolError(f"invalid HTTP response: headers longer than {MAX_HEAD_BYTES} bytes", RECV_ERROR)
             return False
         head = bytes(buf[:end])
         del buf[: end + blank]
@@ -354,15 +373,15 @@ class ResponseReader:
         end = buf.find(b"\n")
         if end < 0:
             if len(buf) > MAX_CHUNK_LINE:
-                raise ProtocolError("invalid HTTP response: chunk size line too long")
+                raise ProtocolError("invalid HTTP response: chunk size line too long", RECV_ERROR)
             return False
         if end > MAX_CHUNK_LINE:
-            raise ProtocolError("invalid HTTP response: chunk size line too long")
+            raise ProtocolError("invalid HTTP response: chunk size line too long", RECV_ERROR)
         line = bytes(buf[:end]).rstrip(b"\r")
         del buf[: end + 1]
         size = line.split(b";", 1)[0].strip(b" \t")
         if not size or len(size) > 15 or any(c not in b"0123456789abcdefABCDEF" for c in size):
-            raise ProtocolError(f"invalid HTTP response: bad chunk size {line[:40]!r}")
+            raise ProtocolError(f"invalid HTTP response: bad chunk size {line[:40]!r}", RECV_ERROR)
         self._chunk_left = int(size, 16)
         self._state = _CHUNK_DATA if self._chunk_left else _TRAILERS
         return True
@@ -389,7 +408,7 @@ class ResponseReader:
         elif buf == b"\r" or not buf:
             return False
         else:
-            raise ProtocolError("invalid HTTP response: chunk data not followed by a line end")
+            raise ProtocolError("invalid HTTP response: chunk data not followed by a line end", RECV_ERROR)
         self._state = _CHUNK_SIZE
         return True
 
@@ -402,7 +421,7 @@ class ResponseReader:
         end, blank = self._block_end()
         if end < 0 or end > MAX_HEAD_BYTES:
             if end > MAX_HEAD_BYTES or len(buf) > _MAX_INCOMPLETE:
-                raise ProtocolError(f"invalid HTTP response: trailers longer than {MAX_HEAD_BYTES} bytes")
+                raise ProtocolError(f"invalid HTTP response: trailers longer than {MAX_HEAD_BYTES} bytes", RECV_ERROR)
             return False
         del buf[: end + blank]  # trailer fields are read past, not kept
         self._state = _DONE
@@ -459,4 +478,4 @@ def _status_line(line: bytes) -> tuple[int, int, str]:
         code, _, reason = line[8:].lstrip(b" ").partition(b" ")
         if len(code) == 3 and code.isdigit() and code[0] != 0x30 and line[8:9] == b" ":
             return version[7] - 0x30, int(code), _text(reason.strip())
-    raise ProtocolError(f"invalid HTTP response: status line {line[:60]!r}")
+    raise ProtocolError(f"invalid HTTP response: status line {line[:60]!r}", NOT_HTTP)

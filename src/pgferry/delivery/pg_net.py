@@ -32,15 +32,6 @@ from pgferry.delivery.sink import Prepared, Sink
 #: libcurl's default since 8.3 (pg_net sets CURLOPT_FOLLOWLOCATION and no CURLOPT_MAXREDIRS).
 MAX_REDIRECTS = 30
 
-#: What pg_net records in error_msg (libcurl's curl_easy_strerror) for each of our error classes.
-CURL_TEXT = {
-    "connect": "Couldn't connect to server",
-    "dns": "Couldn't resolve host name",
-    "empty_reply": "Server returned nothing (no headers, no data)",
-    "reset": "Failure when receiving data from the peer",
-    "invalid_response": "Weird server reply",
-    "redirect": "Number of redirects hit maximum amount",
-}
 #: Failures of pgferry's own checks (pg_net has no body limit and no address policy).
 OWN_TEXT = {"too_large": "Request body too large", "bad_request": "Request could not be sent"}
 #: pg_net's timeout message (src/errors.c), with libcurl's phases.
@@ -97,13 +88,12 @@ def response_row(event: OutEvent, result: HttpResult) -> tuple[Any, ...]:
                 captured.content or None, False, None)  # fmt: skip
     if result.error_class == "timeout":
         return (event.id, None, None, None, None, True, timeout_text(event, result))
-    if result.error_class == "tls":
-        verify = "certificate verify failed" in (result.error or "")
-        message = "SSL peer certificate or SSH remote key was not OK" if verify else "SSL connect error"
+    if result.curl_error is not None:  # what libcurl says of the same failure (delivery.fasthttp)
+        message = result.curl_error
     elif result.error_class in OWN_TEXT:  # failures pg_net does not have: ours, with the detail
         message = f"{OWN_TEXT[result.error_class]}: {result.error}"
     else:
-        message = CURL_TEXT.get(result.error_class or "") or result.error or "request failed"
+        message = result.error or "request failed"
     return (event.id, None, None, None, None, False, message)
 
 

@@ -10,7 +10,12 @@ shape), and each element carries its event id, stream and key.
 A key is any text (a primary key may hold control characters), but a header
 value may not: a key that is not plain printable ASCII goes into
 ``pgferry-key`` percent-encoded (UTF-8), flagged by
-``pgferry-key-encoding: percent``; the body keeps it exact.
+``pgferry-key-encoding: percent``; the body keeps it exact. Header values
+given by people (an event's headers, which ferry.publish does not check on
+its hot path; a subscription's, changed behind ferry.subscribe's back) are
+not rewritten: one holding a control character other than HTAB fails its
+event as ``bad_request`` (dead letter at once, the reason recorded), rather
+than going out raw for a strict server to answer 400.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from pgferry.delivery.http import header_value_fault
 from pgferry.delivery.model import OutEvent, Subscription
 from pgferry.delivery.signing import Signer
 
@@ -90,8 +96,9 @@ def event_headers(event: OutEvent) -> dict[str, str]:
             raise BadRequest(f"event header name {name!r} is not a valid HTTP header name")
         if not isinstance(value, str):
             raise BadRequest(f"event header {name!r} must be a string, got {type(value).__name__}")
-        if any(c in value for c in "\r\n\0"):
-            raise BadRequest(f"event header {name!r} contains a line break or NUL")
+        fault = header_value_fault(value)
+        if fault is not None:
+            raise BadRequest(f"event header {name!r} contains {fault}, which HTTP does not allow in a header value")
     return headers
 
 

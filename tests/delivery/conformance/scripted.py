@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -36,7 +38,12 @@ class Close:
     """Close the connection (the rest of the script is not played)."""
 
 
-Step = bytes | Pause | Close
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """Abort the connection with a TCP reset (RST), as the kernel of a crashed server does."""
+
+
+Step = bytes | Pause | Close | Reset
 Script = Callable[[Request], Sequence[Step]]
 
 
@@ -143,6 +150,11 @@ async def _play(steps: Sequence[Step], writer: asyncio.StreamWriter) -> bool:
     """Play ``steps``; False once the connection is (to be) closed."""
     for step in steps:
         if isinstance(step, Close):
+            return False
+        if isinstance(step, Reset):
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
             return False
         if isinstance(step, Pause):
             await asyncio.sleep(step.seconds)

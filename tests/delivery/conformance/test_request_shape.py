@@ -6,7 +6,7 @@ import asyncpg
 import orjson
 
 import pgferry
-from tests.delivery.conformance.servers import Uvicorn
+from tests.delivery.conformance.servers import Aiohttp, RealServer, Uvicorn
 from tests.delivery.conftest import RunningRelay
 from tests.helpers import eventually
 
@@ -39,3 +39,61 @@ async def test_a_key_with_control_characters_reaches_a_strict_server_percent_enc
         "café": ("caf%C3%A9", "percent"),
         " padded ": ("%20padded%20", "percent"),
     }
+
+
+#: Header values RFC 9110 does not allow, each refused by some strict server: llhttp (aiohttp's
+#: parser, Node's) answers 400 to all of them, h11 (uvicorn) to VT and FF.
+BAD_VALUES = {"SOH": "a\x01b", "VT": "a\x0bb", "FF": "a\x0cb", "US": "a\x1fb", "DEL": "a\x7fb"}
+#: ... and values they all take: HTAB, UTF-8 text and a C1 character (its UTF-8 bytes are obs-text).
+GOOD_VALUES = {"tab": "a\tb", "text": "café", "C1": "a\x85b"}
+
+
+async def test_a_header_value_with_a_control_character_is_never_sent_to_llhttp(
+    db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry, aiohttp_web: Aiohttp
+) -> None:
+    await _header_values_reach(aiohttp_web, db_url, conn, ferry)
+
+
+async def test_a_header_value_with_a_control_character_is_never_sent_to_h11(
+    db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry, uvicorn_h11: Uvicorn
+) -> None:
+    await _header_values_reach(uvicorn_h11, db_url, conn, ferry)
+
+
+async def _header_values_reach(strict: RealServer, db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry) -> None:
+    """Event headers (ferry.publish does not check their values) and subscription headers changed
+    behind ferry.subscribe's back went out raw: a strict server answered 400 and the events were
+    retried into dead letters. Now such an event fails at once as bad_request, saying which header
+    and which byte; HTAB and non-ASCII text still go."""
+    await ferry.subscribe("events", ["s"], strict.url("/ok"), max_attempts=3)
+    await ferry.subscribe("stored", ["t"], strict.url("/ok"), max_attempts=3, headers={"X-Team": "ok"})
+    await conn.execute("""update ferry.subscriptions set headers = '{"X-Team": "a\\u007fb"}' where name = 'stored'""")
+    ids = {}
+    for what, value in {**BAD_VALUES, **GOOD_VALUES}.items():
+        ids[what] = await ferry.publish("s", {"what": what}, headers={"x-value": value})
+    stored = await ferry.publish("t", {"what": "stored"})
+    relay = RunningRelay(db_url)
+    try:
+
+        async def settled() -> bool:
+            return bool(await conn.fetchval("select count(*) from ferry.attempts") >= len(ids) + 1)
+
+        await eventually(settled, what=f"{len(ids) + 1} attempts")
+    finally:
+        await relay.stop()
+    attempts = {r["event_id"]: r for r in await conn.fetch("select * from ferry.attempts")}
+    for what, value in BAD_VALUES.items():
+        a = attempts[ids[what]]
+        assert (a["status"], a["error_class"]) == (None, "bad_request"), (what, dict(a))
+        byte = f"0x{ord(value[1]):02X}"
+        assert a["error"] == (f"event header 'x-value' contains the control character {byte}, which HTTP does not "
+                              "allow in a header value")  # fmt: skip
+    assert [(attempts[ids[w]]["status"], attempts[ids[w]]["error_class"]) for w in GOOD_VALUES] == [(200, None)] * 3
+    a = attempts[stored]
+    assert (a["status"], a["error_class"]) == (None, "bad_request")
+    assert (
+        a["error"]
+        == "header 'x-team' contains the control character 0x7F, which HTTP does not allow in a header value; not sent"
+    )
+    dead = await conn.fetch("select event_id, attempts from ferry.dead_letters order by event_id")
+    assert [tuple(d) for d in dead] == sorted([(ids[w], 1) for w in BAD_VALUES] + [(stored, 1)])

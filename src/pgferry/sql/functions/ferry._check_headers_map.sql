@@ -1,7 +1,10 @@
 -- ferry._check_headers_map(headers jsonb) returns void
 --
 -- Refuses subscription or request headers that are not a JSON object of
--- string values with valid HTTP header names and no line break or NUL.
+-- string values with valid HTTP header names and no line break (CR or LF:
+-- it would end the header; PostgreSQL text holds no NUL). What any request
+-- must meet, the pg_net API's too; ferry.subscribe also calls
+-- ferry._check_header_values, which refuses the other control characters.
 --
 -- Calls:   -
 -- Reads:   -
@@ -31,8 +34,10 @@ begin
             raise exception 'pgferry: header % must be a string, got a JSON %', quote_literal(v_name), jsonb_typeof(v_value)
                 using errcode = '22023';
         end if;
-        if v_value #>> '{}' ~ '[\r\n\x00]' then
-            raise exception 'pgferry: header % contains a line break or NUL', quote_literal(v_name) using errcode = '22023';
+        if v_value #>> '{}' ~ '[\r\n]' then
+            raise exception 'pgferry: header % contains a line break (0x%), which would end the header',
+                quote_literal(v_name), upper(lpad(to_hex(ascii(substring(v_value #>> '{}' from '[\r\n]'))), 2, '0'))
+                using errcode = '22023';
         end if;
     end loop;
 end $$;

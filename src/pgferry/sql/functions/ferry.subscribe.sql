@@ -32,7 +32,7 @@
 --                                 consumer and worker (ferry._subscription_consumers
 --                                 says how a change on a live subscription drains)
 -- Returns:    nothing.
--- Calls:      ferry._check_url, ferry._check_headers_map, ferry._check_secret,
+-- Calls:      ferry._check_url, ferry._check_headers_map, ferry._check_header_values, ferry._check_secret,
 --             ferry._check_filter, ferry._subscription_consumers, ferry._unknown_streams.
 -- Tables:     writes ferry.subscriptions, ferry.consumers; reads those of
 --             ferry._unknown_streams.
@@ -77,6 +77,7 @@ begin
     end if;
     perform ferry._check_url(url);
     perform ferry._check_headers_map(headers);
+    perform ferry._check_header_values(headers);
     perform ferry._check_filter(subscribe.filter);
     if secret is not null then
         perform ferry._check_secret(secret);
