@@ -12,7 +12,9 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import aiohttp
 import asyncpg
+from prometheus_client.parser import text_string_to_metric_families
 
 import pgferry
 from pgferry.delivery.model import Subscription
@@ -147,3 +149,10 @@ async def net_responses(conn: asyncpg.Connection, n: int, timeout: float = 20) -
 
     await eventually(enough, timeout=timeout, what=f"{n} responses")
     return list(await conn.fetch("select * from net._http_response order by id"))
+
+
+async def metric_sum(url: str, name: str) -> float:
+    """A Prometheus series summed over its labels, as the metrics server at ``url`` serves it now."""
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        text = await response.text()
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == name)

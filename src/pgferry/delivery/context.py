@@ -70,6 +70,10 @@ class DeliveryContext:
     detach_after: float = 1.0
     #: metrics hook: (subscription, outcomes, from a log batch?) after each round
     observe: Callable[[str, Sequence[Outcome], bool], None] | None = None
+    #: metrics hook: (subscription, requests) taken back before they reached the wire because
+    #: their round let go of slow requests while they waited for a connection (their events
+    #: are sent later; a duplicate here would mean one was counted as in flight and sent twice)
+    observe_withdrawn: Callable[[str, int], None] | None = None
     health: EndpointHealth = field(default_factory=EndpointHealth)
     #: every worker's acknowledgements and reads, many subscriptions per statement
     steps: Stepper = field(init=False)

@@ -116,8 +116,11 @@ class Sender:
                 result = HttpResult(None, "internal", f"pgferry internal error: {exc!r}", None, 0.0)
             finally:
                 self.in_flight -= len(chunk)
-        if result.error_class == "withdrawn" and admission is Admission.PROBE:
-            self.probes.difference_update(e.id for e in chunk)  # never sent: nothing to judge
+        if result.error_class == "withdrawn":
+            if admission is Admission.PROBE:
+                self.probes.difference_update(e.id for e in chunk)  # never sent: nothing to judge
+            if not held and self.ctx.observe_withdrawn is not None:  # its round let go meanwhile
+                self.ctx.observe_withdrawn(sub.name, 1)
         if endpoint is not None:
             if held:
                 return Held(self.ctx.health.down_note(endpoint))

@@ -45,6 +45,13 @@ class RelayMetrics:
             ["subscription", "error_class"],
             registry=r,
         )
+        self.withdrawn = Counter(
+            "pgferry_requests_withdrawn",
+            "Requests taken back before they reached the wire: still waiting for a connection when their "
+            "round let go of slow requests. Their events are sent later, once.",
+            ["subscription"],
+            registry=r,
+        )
         self.request_seconds = Histogram(
             "pgferry_request_duration_seconds",
             "Duration of each webhook request, success or failure.",
@@ -186,6 +193,9 @@ class RelayMetrics:
             request_seconds.observe(latency_ms / 1000)
         if from_batch and outcomes:
             self.batch_events.labels(subscription).observe(len(outcomes))
+
+    def observe_withdrawn(self, subscription: str, requests: int) -> None:
+        self.withdrawn.labels(subscription).inc(requests)
 
     def observe_tick(self, seconds: float, ticked: bool) -> None:
         self.db_roundtrip.labels("tick").observe(seconds)

@@ -82,6 +82,7 @@ class OperatorWeb(_Servers):
                 observe_wal=self.metrics.observe_wal,
                 observe_outcomes=self.metrics.observe_outcomes,
                 observe_round=self.metrics.observe_roundtrip("relay_round"),
+                observe_withdrawn=self.metrics.observe_withdrawn,
             )
         self._status_lock = asyncio.Lock()
 

@@ -256,6 +256,7 @@ class Relay:
                 max_body_bytes=max_body_bytes,
                 max_batch_bytes=self.settings.max_batch_bytes,
                 observe=hooks.observe_outcomes,
+                observe_withdrawn=hooks.observe_withdrawn,
             )
             self.ownership = Ownership(self.url, ctx, self.settings.ownership, self.settings.liveness)
             if self.settings.group is not None:

@@ -103,6 +103,8 @@ class RelayHooks:
     observe_outcomes: Callable[[str, Sequence[Outcome], bool], None] | None = None
     #: seconds an ownership round took
     observe_round: Callable[[float], None] | None = None
+    #: (subscription, requests) taken back before the wire (``DeliveryContext.observe_withdrawn``)
+    observe_withdrawn: Callable[[str, int], None] | None = None
 
 
 class OperatorSurface(Protocol):
