@@ -443,7 +443,8 @@ def _run_with_targets(database_url: str | None, run: Callable[[BenchContext], Aw
 @click.command("fanout")
 @database_url_option
 @click.option("--subscriptions", default=1000, show_default=True, type=click.IntRange(1),
-              help="Webhook subscriptions, each to its own endpoint (a loopback port of the receiver).")  # fmt: skip
+              help="Webhook subscriptions, each to its own endpoint (a loopback port of the receiver) "
+                   "unless --one-endpoint.")  # fmt: skip
 @click.option("--events", default=100, show_default=True, type=click.IntRange(1), help="Events each one receives.")
 @click.option("--rate", default=5.0, show_default=True, type=click.FloatRange(0.1),
               help="Events published per second (own: per second on every stream).")  # fmt: skip
@@ -452,16 +453,19 @@ def _run_with_targets(database_url: str | None, run: Callable[[BenchContext], Aw
 @click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for deliveries after publishing.")
 @click.option("--processes", default=1, show_default=True, type=click.IntRange(1),
               help="Relay processes (pgferry run --processes).")  # fmt: skip
+@click.option("--one-endpoint", is_flag=True,
+              help="Every subscription's URL on one host:port (its own path): they share that endpoint's pooled "
+                   "connections (64 by default).")  # fmt: skip
 def fanout(
-    database_url: str | None, subscriptions: int, events: int, rate: float, layout: str, timeout: float, processes: int
-) -> None:
-    """Many subscriptions on one relay, each to its own endpoint: exactly once, p99 commit-to-receipt,
+    database_url: str | None, subscriptions: int, events: int, rate: float, layout: str, timeout: float,
+    processes: int, one_endpoint: bool,
+) -> None:  # fmt: skip
+    """Many subscriptions on one relay, each to its own endpoint (or all to one): exactly once, p99 commit-to-receipt,
     database transactions/s, relay CPU and peak memory (targets: 0 lost, 0 dupes, p99 <= 1 s)."""
     from pgferry.bench.fanout import FanoutSettings, run_fanout_bench
 
-    settings = FanoutSettings(
-        subscriptions=subscriptions, events=events, rate=rate, layout=layout, timeout=timeout, processes=processes
-    )
+    settings = FanoutSettings(subscriptions=subscriptions, events=events, rate=rate, layout=layout, timeout=timeout,
+                              processes=processes, one_endpoint=one_endpoint)  # fmt: skip
     _run_with_targets(database_url, lambda ctx: run_fanout_bench(ctx, settings))
 
 

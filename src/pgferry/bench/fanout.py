@@ -1,13 +1,17 @@
 """`pgferry bench fanout`: many subscriptions on one relay, each to its own endpoint (issue 16).
 
 ``subscriptions`` webhook subscriptions (one per endpoint: the receiver
-process listens on as many loopback ports), one relay. ``events`` events are
+process listens on as many loopback ports; with ``--one-endpoint`` all on one
+port, each its own path, so that they share that endpoint's pool of
+connections: issue 11's duplicates), one relay. ``events`` events are
 published at ``rate`` per second, either all on one stream every
 subscription follows (``--layout shared``: every event goes to every
 endpoint) or ``events`` on each subscription's own stream (``own``: one
 webhook per customer). Reported: deliveries, duplicates and losses per
-(subscription, event), commit-to-receipt latency, the database's
-transactions per second while it ran, and the relay's CPU and peak memory.
+(subscription, event), requests the relay took back before the wire
+(``pgferry_requests_withdrawn_total``: waiting for a connection when their
+round let go), commit-to-receipt latency, the database's transactions per
+second while it ran, and the relay's CPU and peak memory.
 
 The brief's targets: every event exactly once, p99 commit-to-receipt <= 1 s.
 """
@@ -21,10 +25,13 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import click
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 
 from pgferry import db
+from pgferry.bench.brokers import free_port
 from pgferry.bench.context import BENCH_DATABASE, BenchContext
 from pgferry.bench.procstat import children, memory_mb, tree_cpu_seconds
 from pgferry.bench.relay import running_relay
@@ -44,6 +51,8 @@ class FanoutSettings:
     timeout: float = 120.0
     #: relay processes (`pgferry run --processes`)
     processes: int = 1
+    #: every subscription's URL on one host:port (each its own path): they share its connections
+    one_endpoint: bool = False
 
     def __post_init__(self) -> None:
         if self.subscriptions < 1 or self.events < 1 or self.rate <= 0 or self.processes < 1:
@@ -69,20 +78,25 @@ class _ReceiverProcess:
 
 async def run_fanout_bench(ctx: BenchContext, s: FanoutSettings) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pgferry.bench.fanout_receiver", "--ports", str(s.subscriptions),
+        sys.executable, "-m", "pgferry.bench.fanout_receiver", "--ports", str(1 if s.one_endpoint else s.subscriptions),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 30,
     )  # fmt: skip
     receiver = _ReceiverProcess(proc)
     try:
         assert proc.stdout is not None
         ports = orjson.loads(await proc.stdout.readline())
+        if s.one_endpoint:
+            ports = ports * s.subscriptions
         async with ctx.connect() as conn:
             await conn.execute(_q("subscribe"), ports, s.layout == "shared")
-        ctx.progress(f"[fanout] {s.subscriptions:,} subscriptions, {s.events} events at {s.rate:g}/s ({s.layout})")
-        async with running_relay(
-            ctx.url, max_seconds=s.timeout + s.events / s.rate + 120, args=["--processes", str(s.processes)]
-        ) as relay:
+        where = "one endpoint" if s.one_endpoint else "each its own endpoint"
+        ctx.progress(f"[fanout] {s.subscriptions:,} subscriptions ({where}), {s.events} events at {s.rate:g}/s "
+                     f"({s.layout})")  # fmt: skip
+        metrics_port = free_port()
+        args = ["--processes", str(s.processes), "--metrics-port", str(metrics_port)]
+        async with running_relay(ctx.url, max_seconds=s.timeout + s.events / s.rate + 120, args=args) as relay:
             result = await _load(ctx, s, receiver, relay.pid)
+            result["withdrawn"] = await _metric_sum(metrics_port, "pgferry_requests_withdrawn_total")
     finally:
         if proc.returncode is None:
             proc.kill()
@@ -137,24 +151,35 @@ async def _load(ctx: BenchContext, s: FanoutSettings, receiver: _ReceiverProcess
     }
 
 
+async def _metric_sum(port: int, name: str) -> float:
+    """A series of the relay's metrics, summed over its labels (and processes)."""
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as response:
+        text = await response.text()
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == name)
+
+
 def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
 def _report(ctx: BenchContext, s: FanoutSettings, r: dict[str, Any]) -> None:
-    click.echo(f"\nFan-out: {s.subscriptions:,} subscriptions, each its own endpoint; {s.events} events "
+    where = "all on one endpoint (host:port)" if s.one_endpoint else "each its own endpoint"
+    click.echo(f"\nFan-out: {s.subscriptions:,} subscriptions, {where}; {s.events} events "
                f"at {s.rate:g}/s, layout {s.layout}; one relay, {s.processes} process(es)")  # fmt: skip
     click.echo(
         table(
-            ["deliveries", "lost", "dupes", "p50 ms", "p99 ms", "max ms", "DB tx/s", "relay CPU", "relay peak MB"],
-            [[num(r["delivered"]), num(r["lost"]), num(r["duplicates"]), num(r["p50_ms"], 1), num(r["p99_ms"], 1),
+            ["deliveries", "lost", "dupes", "withdrawn", "p50 ms", "p99 ms", "max ms", "DB tx/s", "relay CPU",
+             "relay peak MB"],
+            [[num(r["delivered"]), num(r["lost"]), num(r["duplicates"]), num(r["withdrawn"]), num(r["p50_ms"], 1),
+              num(r["p99_ms"], 1),
               num(r["max_ms"], 1), num(r["db_tps"]), f"{r['relay_cpu_s'] / r['seconds']:.0%}",
               num(r["relay_peak_mb"])]],
         )
     )  # fmt: skip
     click.echo("   latency: receipt minus the publishing statement's clock_timestamp(); DB tx/s: pg_stat_database "
                "transactions over the run, publishing included; relay CPU: share of one core, all its processes; "
-               "relay peak MB: the sum of its processes' peaks")  # fmt: skip
+               "relay peak MB: the sum of its processes' peaks; withdrawn: requests taken back before the wire "
+               "(waiting for a connection when their round let go; sent later, once)")  # fmt: skip
     ctx.results["fanout"] = r
     ok = r["lost"] == 0 and r["duplicates"] == 0
     ctx.target("fanout", "every event exactly once", "0 lost, 0 dupes", f"{r['lost']} / {r['duplicates']}", ok)
