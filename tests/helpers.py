@@ -16,8 +16,10 @@ import asyncpg
 
 import pgferry
 from pgferry.delivery.model import Subscription
+from pgferry.log.ticker import TickerSettings
 from pgferry.receiver import Receiver
-from pgferry.relay.process import Relay
+from pgferry.relay.ownership import OwnershipSettings
+from pgferry.relay.process import Relay, RelaySettings
 
 #: The ``receiver_factory`` fixture: ``await make(behaviour)`` -> (receiver, its URL).
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
@@ -94,6 +96,27 @@ def pgferry_env(url: str) -> dict[str, str]:
     """The environment a `pgferry` subprocess of the tests gets: the database URL and PATH, and one relay
     process per `pgferry run` (see tests/conftest.py), nothing else."""
     return {"PGFERRY_DATABASE_URL": url, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PGFERRY_PROCESSES": "1"}
+
+
+#: Relay settings for tests: quick ticks, claims and leader retries.
+FAST = RelaySettings(
+    ticker=TickerSettings(busy_interval=0.005, idle_interval=0.05, maintain_every=0.5),
+    ownership=OwnershipSettings(claim_interval=0.2, stop_grace=2.0),
+    leader_retry_interval=0.2,
+)
+
+
+class RunningRelay:
+    """A relay running in this process, on this event loop, until ``stop``."""
+
+    def __init__(self, url: str, settings: RelaySettings = FAST) -> None:
+        self.relay = Relay(url, settings)
+        self.stop_event = asyncio.Event()
+        self.task = asyncio.create_task(self.relay.run(self.stop_event))
+
+    async def stop(self) -> None:
+        self.stop_event.set()
+        await asyncio.wait_for(self.task, 30)
 
 
 async def owns(relay: Relay, n: int) -> bool:

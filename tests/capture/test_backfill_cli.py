@@ -14,8 +14,7 @@ import pytest
 
 import pgferry
 from pgferry.receiver import Receiver
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import cli, eventually, pgferry_env, tick
+from tests.helpers import RunningRelay, cli, eventually, pgferry_env, tick
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 

@@ -10,8 +10,7 @@ import asyncpg
 from prometheus_client.parser import text_string_to_metric_families
 
 from pgferry.capture.backfill import BackfillSettings, Progress
-from tests.delivery.conftest import FAST, RunningRelay
-from tests.helpers import cli, eventually
+from tests.helpers import FAST, RunningRelay, cli, eventually
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

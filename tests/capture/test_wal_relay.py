@@ -13,8 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import pgferry
 from pgferry import db
-from tests.delivery.conftest import FAST, RunningRelay
-from tests.helpers import RelayProcess, cli, eventually
+from tests.helpers import FAST, RelayProcess, RunningRelay, cli, eventually
 
 
 async def wal_capture_holder(conn: asyncpg.Connection) -> int | None:

@@ -15,8 +15,7 @@ import asyncpg
 
 import pgferry
 from pgferry.receiver import Receiver, Respond, Slow
-from tests.delivery.conftest import FAST, RunningRelay
-from tests.helpers import eventually
+from tests.helpers import FAST, RunningRelay, eventually
 
 SUBSCRIPTIONS = 1000
 EVENTS = 10

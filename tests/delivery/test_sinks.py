@@ -25,9 +25,8 @@ from pgferry.bench.brokers import NatsServer, RedisServer, redis_server_binary
 from pgferry.delivery.addresses import AddressPolicy, parse_networks
 from pgferry.delivery.brokers import Brokers, BrokerUnreachable
 from pgferry.ops import inspect
-from tests.delivery.conftest import RunningRelay
 from tests.delivery.test_webhooks import FAST_RETRY
-from tests.helpers import RelayProcess, cli, eventually
+from tests.helpers import RelayProcess, RunningRelay, cli, eventually
 
 needs_redis = pytest.mark.skipif(redis_server_binary() is None, reason="redis-server is not installed")
 

@@ -8,9 +8,9 @@ import asyncio
 import asyncpg
 
 from pgferry.receiver import CutBody, Garbage, Hang
-from tests.delivery.conftest import RunningRelay
 from tests.faults.conftest import MakeReceiver
 from tests.faults.test_receiver_faults import redirect_to_self
+from tests.helpers import RunningRelay
 from tests.pg_net.conftest import net_conn, net_db, net_relay  # noqa: F401 - fixtures
 from tests.pg_net.test_net_api import responses
 

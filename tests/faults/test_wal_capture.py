@@ -18,8 +18,7 @@ import asyncpg
 from pgferry import db
 from pgferry.embedded import EmbeddedPostgres
 from pgferry.schema import install
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually
+from tests.helpers import RunningRelay, eventually
 
 
 @contextlib.asynccontextmanager

@@ -17,8 +17,7 @@ import pgferry
 from pgferry.delivery.signing import new_secret
 from pgferry.ops.logs import HumanFormatter, JsonFormatter
 from pgferry.receiver import Respond
-from tests.delivery.conftest import FAST, RunningRelay
-from tests.helpers import eventually, pgferry_env
+from tests.helpers import FAST, RunningRelay, eventually, pgferry_env
 from tests.operator.conftest import MakeReceiver
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -13,8 +13,7 @@ import pytest
 from pgferry import db
 from pgferry.receiver import Hang, Receiver, Respond
 from pgferry.schema import install
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually
+from tests.helpers import RunningRelay, eventually
 from tests.sql.releases import RELEASES, install_release
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]

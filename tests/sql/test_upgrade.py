@@ -15,8 +15,7 @@ from pgferry import db, sql
 from pgferry.embedded import EmbeddedPostgres
 from pgferry.receiver import Receiver, Respond
 from pgferry.schema import install
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually
+from tests.helpers import RunningRelay, eventually
 from tests.sql.releases import GENERATED, RELEASES, Release, catalog, install_release
 
 _DEFINED = re.compile(r"^create\s+or\s+replace\s+function\s+(\w+)\.(\w+)\s*\(", re.IGNORECASE | re.MULTILINE)
