@@ -23,6 +23,7 @@ from pgferry import db
 from pgferry.capture.backfill import Progress as BackfillProgress
 from pgferry.delivery.signing import redact_secrets
 from pgferry.errors import PgferryError
+from pgferry.ops.backfill import rows_text
 from pgferry.ops.logs import configure
 
 T = TypeVar("T")
@@ -150,11 +151,6 @@ def attempts_table(rows: list[dict[str, Any]], title: str = "attempts") -> None:
     columns = [("subscription", "subscription"), ("attempt", "#"), ("created_at", "at"), ("status", "status"),
                ("outcome", "outcome"), ("latency_ms", "ms"), ("error", "error"), ("response", "response")]  # fmt: skip
     table(title, rows, columns, styles={"outcome": lambda v: "green" if v == "ok" else "red"})
-
-
-def rows_text(done: int, total: int | None) -> str:
-    """A backfill's rows done against its estimate ("?" for a table never analysed)."""
-    return f"{done:,} / ~{total:,}" if total is not None else f"{done:,} / ?"
 
 
 def backfill_rows(items: list[BackfillProgress]) -> list[dict[str, Any]]:
