@@ -12,6 +12,7 @@ circle no edge of the import statements showed).
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -197,13 +198,20 @@ def test_the_shared_leaves_import_no_sibling() -> None:
     assert surface == {"pgferry.errors"}
 
 
-def test_a_relay_without_metrics_or_dashboard_loads_nothing_of_the_operator_side() -> None:
+def test_a_relay_loads_nothing_of_the_operator_side_without_a_port_and_no_dashboard_for_metrics_alone() -> None:
     script = (
-        "import sys\n"
+        "import json, sys\n"
         "from pgferry.relay.process import Relay, RelaySettings\n"
+        "def loaded():\n"
+        "    return sorted(m for m in sys.modules if m.split('.')[0] in ('aiohttp', 'prometheus_client')"
+        " or m.startswith(('pgferry.ops', 'pgferry.cli', 'pgferry.bench')))\n"
         "Relay('postgresql://127.0.0.1:9/x', RelaySettings())\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('aiohttp', 'prometheus_client')"
-        " or m.startswith(('pgferry.ops', 'pgferry.cli', 'pgferry.bench'))))\n"
+        "bare = loaded()\n"
+        "Relay('postgresql://127.0.0.1:9/x', RelaySettings(metrics_port=0))\n"
+        "print(json.dumps([bare, loaded()]))\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60)
-    assert done.stdout.strip() == "[]", done.stdout
+    bare, metrics = (set(names) for names in json.loads(done.stdout))
+    assert bare == set(), bare
+    assert {"pgferry.ops.web", "pgferry.ops.metrics"} <= metrics, metrics
+    assert not metrics & {"pgferry.ops.dashboard", "pgferry.ops.pages"}, metrics
