@@ -138,6 +138,10 @@ class RelayMetrics:
             "pgferry_consumer_gap_events", "Events the consumer never got: the sum of its recorded gaps.",
             ["consumer"], registry=r,
         )  # fmt: skip
+        self.consumer_wal_gaps = Gauge(
+            "pgferry_consumer_wal_gaps", "WAL capture's slot losses recorded as gaps of the consumer: changes of "
+            "WAL-captured tables that never reached the log (how many is unknown).", ["consumer"], registry=r,
+        )  # fmt: skip
         self.wal_events = Counter(
             "pgferry_wal_captured_events", "Events this relay decoded from the WAL into the log.", registry=r
         )
@@ -217,7 +221,7 @@ class RelayMetrics:
     def set_retention(self, rows: Sequence[dict[str, Any]]) -> None:
         """Replace the retention gauges with ferry.retention_status() rows (gone consumers vanish)."""
         for gauge in (self.consumer_age, self.consumer_held, self.consumer_ratio, self.consumer_stalled,
-                      self.consumer_gap_events):  # fmt: skip
+                      self.consumer_gap_events, self.consumer_wal_gaps):  # fmt: skip
             gauge.clear()
         for row in rows:
             name = row["consumer"]
@@ -227,6 +231,7 @@ class RelayMetrics:
             self.consumer_ratio.labels(name).set(max(row["time_pct"] or 0, row["size_pct"] or 0) / 100)
             self.consumer_stalled.labels(name).set(1 if row["stalled_at"] is not None else 0)
             self.consumer_gap_events.labels(name).set(row["gap_events"] or 0)
+            self.consumer_wal_gaps.labels(name).set(row.get("wal_gaps") or 0)
 
     def observe_wal(self, events: int) -> None:
         self.wal_events.inc(events)
