@@ -11,7 +11,10 @@ import asyncio
 import contextlib
 import importlib.util
 import signal
+import time
+import types
 from collections.abc import AsyncIterator, Awaitable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -22,12 +25,16 @@ import redis.asyncio
 
 import pgferry
 from pgferry.bench.brokers import NatsServer, RedisServer, redis_server_binary
+from pgferry.delivery import redis_streams
 from pgferry.delivery.addresses import AddressPolicy, parse_networks
 from pgferry.delivery.brokers import Brokers, BrokerUnreachable
+from pgferry.delivery.context import DeliveryContext
+from pgferry.delivery.model import OutEvent
+from pgferry.delivery.redis_streams import RedisStreamsSink
 from pgferry.ops import inspect
 from tests.delivery.conftest import RunningRelay
 from tests.delivery.test_webhooks import FAST_RETRY
-from tests.helpers import RelayProcess, cli, eventually
+from tests.helpers import RelayProcess, cli, eventually, subscription
 
 needs_redis = pytest.mark.skipif(redis_server_binary() is None, reason="redis-server is not installed")
 
@@ -143,6 +150,58 @@ async def test_redis_gets_each_event_once_on_its_key_stream(
     for k in range(3):  # per-key order, as Redis stored them
         assert [orjson.loads(f["payload"])["n"] for _, f in entries[f"orders:k {k}"]] == list(range(k, 30, 3))
     await eventually(recorded(conn, "to-redis", 31), what="31 attempts recorded")
+    await client.aclose()
+
+
+@needs_redis
+async def test_a_redis_entry_over_the_limit_in_bytes_is_dead_lettered_with_the_reason(
+    db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry, redis_server: RedisServer
+) -> None:
+    """The entry's size was counted in characters: 600 two-byte characters passed a 1,000-byte
+    limit and were appended."""
+    await conn.execute("update ferry.config set max_body_bytes = 1000")  # read at relay start
+    await ferry.subscribe("sized", ["s"], f"{redis_server.url}/0?stream=sized")
+    big = await ferry.publish("s", {"p": "é" * 600})  # ~680 characters, ~1,280 bytes
+    fine = await ferry.publish("s", {"p": "e" * 600})
+    client = redis_client(redis_server.port)
+    relay = RunningRelay(db_url)
+    try:
+        await eventually(lambda: _equals(client.xlen("sized"), 1), what="the small event")
+        await eventually(lambda: _equals(conn.fetchval("select count(*) from ferry.dead_letters"), 1), what="a letter")
+    finally:
+        await relay.stop()
+    letter = await conn.fetchrow("select event_id, last_error from ferry.dead_letters")
+    assert letter["event_id"] == big, letter
+    assert f"entry of event {big} is 12" in letter["last_error"], letter  # bytes, not ~680 characters
+    assert "over the relay's limit of 1000 (ferry.config.max_body_bytes)" in letter["last_error"], letter
+    attempts = await conn.fetch("select error_class from ferry.attempts where event_id = $1", big)
+    assert [r[0] for r in attempts] == ["too_large"]  # dead at once, not retried
+    assert (await client.xrange("sized"))[0][1]["webhook-id"] == f"evt_{fine}"
+    await client.aclose()
+
+
+@needs_redis
+async def test_redis_dedup_windows_are_the_servers_so_relays_with_skewed_clocks_append_once(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The windows were the relay's own clock: a chunk appended by a relay an hour ahead and
+    re-sent by one on time (the first died before its bookkeeping) was stored twice."""
+    url = f"{redis_server.url}/0?stream=skew"
+    sub = subscription(name="skew", url=url)
+    ctx = DeliveryContext(pool=None, http=None, global_limit=None)  # type: ignore[arg-type]
+    sink = RedisStreamsSink(sub, ctx)
+    events = [OutEvent(n, "s", "k", orjson.dumps({"n": n}).decode(), None, datetime.now(UTC)) for n in (1, 2)]
+    wall = time.time
+    try:
+        for skew in (3600.0, 0.0, -3600.0, 0.0):  # relays on three hosts, or one whose clock jumped
+            clock = types.SimpleNamespace(time=lambda skew=skew: wall() + skew, perf_counter=time.perf_counter)
+            monkeypatch.setattr(redis_streams, "time", clock)
+            result = await sink.send(events, sink.prepare(events), None, fresh=False)
+            assert result.error_class is None, result
+    finally:
+        await ctx.brokers.close()
+    client = redis_client(redis_server.port)
+    assert [f["webhook-id"] for _, f in await client.xrange("skew")] == ["evt_1", "evt_2"]
     await client.aclose()
 
 
