@@ -80,9 +80,9 @@ async def test_the_progress_bar_on_a_terminal_shows_rows_done_the_rate_and_the_t
     assert all(len(line) <= 120 for line in lines), lines
     midway = [f for f in frames if 0 < int(f[1].replace(",", "")) < 3000 and f[2] != "?" and f[3] != "-:--:--"]
     assert midway, lines
-    percent, done, rate, left = midway[0]
+    percent, done, rate, left = midway[len(midway) // 2]  # its rate averages the chunks so far
     assert int(percent) == round(int(done.replace(",", "")) * 100 / 3000)
-    assert 100 <= int(rate.replace(",", "")) <= 3000, "paced at 1,500 rows/s"
+    assert 100 <= int(rate.replace(",", "")) <= 2500, "paced at 1,500 rows/s on average"
     assert left.startswith("0:00:") and left != "0:00:00", "a few seconds left"
     assert frames[-1][:2] == ("100", "3,000") and frames[-1][3] == "0:00:00"
     assert re.search(r"backfill \d+ of public\.t: done, 3,000 rows \([\d,]+ rows/s\)", lines[-1]), lines
