@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fcntl
 import os
+import pty
+import re
+import select
+import struct
 import subprocess
+import termios
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -113,6 +119,45 @@ async def cli(
         stdin=subprocess.DEVNULL if stdin is None else None,
         env={**pgferry_env(url), "COLUMNS": "250", **(env or {})},
     )
+
+
+async def cli_in_terminal(
+    cmd: list[str], url: str, *args: str, columns: int = 120, timeout: float = 60
+) -> tuple[int, list[str]]:
+    """Run `pgferry ARGS` on a pseudo-terminal ``columns`` wide, as a person at a terminal would:
+    its exit status and every screen line it drew (each redraw of a progress bar is one), with
+    terminal control sequences taken out."""
+
+    def run() -> tuple[int, bytes]:
+        leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+        env = {**pgferry_env(url), "TERM": "xterm-256color", "COLUMNS": str(columns)}
+        try:
+            proc = subprocess.Popen([*cmd, *args], stdin=follower, stdout=follower, stderr=follower, env=env)
+        finally:
+            os.close(follower)
+        out = bytearray()
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                ready, _, _ = select.select([leader], [], [], 0.5)
+                if ready:
+                    try:
+                        chunk = os.read(leader, 65536)
+                    except OSError:  # EIO: every end of the terminal is closed (the process ended)
+                        break
+                    if not chunk:
+                        break
+                    out += chunk
+            else:
+                proc.kill()
+        finally:
+            os.close(leader)
+        return proc.wait(10), bytes(out)
+
+    status, out = await asyncio.to_thread(run)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", out.decode(errors="replace"))
+    return status, [line.rstrip() for line in re.split(r"[\r\n]+", text) if line.strip()]
 
 
 def pgferry_env(url: str) -> dict[str, str]:

@@ -11,7 +11,8 @@ import asyncio
 import signal
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.text import Text
 
 import pgferry
 from pgferry.capture import backfill as backfills
@@ -20,6 +21,15 @@ from pgferry.capture import backfill as backfills
 def rows_text(done: int, total: int | None) -> str:
     """A backfill's rows done against its estimate ("?" for a table never analysed)."""
     return f"{done:,} / ~{total:,}" if total is not None else f"{done:,} / ?"
+
+
+class RateColumn(ProgressColumn):
+    """Rows per second of this run: rich's average over the chunks of the last 30 s (the rate in
+    `pgferry status` is since the backfill's start, pauses included)."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text(f"{speed:,.0f} rows/s" if speed is not None else "? rows/s", style="progress.data.speed")
 
 
 async def drive(
@@ -43,7 +53,7 @@ async def drive(
         first = await backfills.progress(conn, backfill)
         with Progress(
             TextColumn(f"backfill {backfill} of {first.table}"), BarColumn(), TaskProgressColumn(),
-            TextColumn("{task.fields[rows]} rows"), TimeRemainingColumn(),
+            TextColumn("{task.fields[rows]} rows"), RateColumn(), TimeRemainingColumn(),
             console=console, disable=not show, transient=False,
         ) as bar:  # fmt: skip
             task = bar.add_task(

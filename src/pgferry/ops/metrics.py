@@ -115,6 +115,14 @@ class RelayMetrics:
             "(the planner's estimate of the table's rows at its start; -1: none, a backfill of an older version).",
             backfill_labels, registry=r,
         )  # fmt: skip
+        self.backfill_rate = Gauge(
+            "pgferry_backfill_rows_per_second", "Rows per second of a running or paused backfill since its start "
+            "(pauses count; absent before its first rows).", backfill_labels, registry=r,
+        )  # fmt: skip
+        self.backfill_eta = Gauge(
+            "pgferry_backfill_eta_seconds", "Seconds a running backfill has left at its rate since the start, "
+            "against its estimate (absent while paused, orphaned or with no estimate).", backfill_labels, registry=r,
+        )  # fmt: skip
         self.log_bytes = Gauge(
             "pgferry_log_bytes", "Size of the event log: its partitions with their indexes.", registry=r
         )
@@ -245,12 +253,16 @@ class RelayMetrics:
 
     def set_backfills(self, backfills: Sequence[BackfillProgress]) -> None:
         """Replace the backfill gauges with the backfills running or paused now (finished ones vanish)."""
-        self.backfill_rows.clear()
-        self.backfill_estimate.clear()
+        for gauge in (self.backfill_rows, self.backfill_estimate, self.backfill_rate, self.backfill_eta):
+            gauge.clear()
         for b in backfills:
             labels = (str(b.id), b.table, b.target or "", b.state)
             self.backfill_rows.labels(*labels).set(b.rows_done)
             self.backfill_estimate.labels(*labels).set(b.total if b.total is not None else -1)
+            if (rate := b.rate) is not None:
+                self.backfill_rate.labels(*labels).set(rate)
+            if (eta := b.eta) is not None:
+                self.backfill_eta.labels(*labels).set(eta.total_seconds())
 
     def set_relay(self, is_ticker: bool, in_flight: dict[str, int], streams: dict[str, float] | None = None) -> None:
         for what, value in (streams or {}).items():
