@@ -18,6 +18,7 @@ from pgferry import db
 from pgferry.embedded import EmbeddedPostgres
 from pgferry.receiver import Behaviour, Receiver, always_ok
 from pgferry.schema import install
+from tests.helpers import RunningRelay
 
 TEMPLATE = "pgferry_template"
 _counter = itertools.count()
@@ -153,6 +154,14 @@ def pgferry_cmd() -> list[str]:
     """How to run the installed `pgferry` command in a subprocess."""
     exe = Path(sys.executable).with_name("pgferry")
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "pgferry"]
+
+
+@pytest.fixture
+async def relay(db_url: str) -> AsyncIterator[RunningRelay]:
+    """A relay running in the test's event loop on ``db_url`` (FAST settings)."""
+    running = RunningRelay(db_url)
+    yield running
+    await running.stop()
 
 
 @pytest.fixture

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fcntl
 import os
+import pty
+import re
+import select
+import struct
 import subprocess
+import termios
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -18,8 +24,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import pgferry
 from pgferry.delivery.model import Subscription
+from pgferry.log.ticker import TickerSettings
 from pgferry.receiver import Action, Received, Receiver, Respond
-from pgferry.relay.process import Relay
+from pgferry.relay.ownership import OwnershipSettings
+from pgferry.relay.process import Relay, RelaySettings
 
 #: The ``receiver_factory`` fixture: ``await make(behaviour)`` -> (receiver, its URL).
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
@@ -36,6 +44,27 @@ def subscription(**settings: Any) -> Subscription:
         max_age=timedelta(days=1), retry_base_ms=10, retry_max_ms=100, state="active", updated_at=NOW,
     )  # fmt: skip
     return dataclasses.replace(base, **settings)
+
+
+#: A Prometheus scrape: (sample name, sorted labels) -> value.
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+async def scrape(url: str) -> Samples:
+    """The samples a relay's metrics server answers with at ``url``."""
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain")
+        text = await response.text()
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 async def tick(conn: asyncpg.Connection) -> int | None:
@@ -92,10 +121,70 @@ async def cli(
     )
 
 
+async def cli_in_terminal(
+    cmd: list[str], url: str, *args: str, columns: int = 120, timeout: float = 60
+) -> tuple[int, list[str]]:
+    """Run `pgferry ARGS` on a pseudo-terminal ``columns`` wide, as a person at a terminal would:
+    its exit status and every screen line it drew (each redraw of a progress bar is one), with
+    terminal control sequences taken out."""
+
+    def run() -> tuple[int, bytes]:
+        leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+        env = {**pgferry_env(url), "TERM": "xterm-256color", "COLUMNS": str(columns)}
+        try:
+            proc = subprocess.Popen([*cmd, *args], stdin=follower, stdout=follower, stderr=follower, env=env)
+        finally:
+            os.close(follower)
+        out = bytearray()
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                ready, _, _ = select.select([leader], [], [], 0.5)
+                if ready:
+                    try:
+                        chunk = os.read(leader, 65536)
+                    except OSError:  # EIO: every end of the terminal is closed (the process ended)
+                        break
+                    if not chunk:
+                        break
+                    out += chunk
+            else:
+                proc.kill()
+        finally:
+            os.close(leader)
+        return proc.wait(10), bytes(out)
+
+    status, out = await asyncio.to_thread(run)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", out.decode(errors="replace"))
+    return status, [line.rstrip() for line in re.split(r"[\r\n]+", text) if line.strip()]
+
+
 def pgferry_env(url: str) -> dict[str, str]:
     """The environment a `pgferry` subprocess of the tests gets: the database URL and PATH, and one relay
     process per `pgferry run` (see tests/conftest.py), nothing else."""
     return {"PGFERRY_DATABASE_URL": url, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PGFERRY_PROCESSES": "1"}
+
+
+#: Relay settings for tests: quick ticks, claims and leader retries.
+FAST = RelaySettings(
+    ticker=TickerSettings(busy_interval=0.005, idle_interval=0.05, maintain_every=0.5),
+    ownership=OwnershipSettings(claim_interval=0.2, stop_grace=2.0),
+    leader_retry_interval=0.2,
+)
+
+
+class RunningRelay:
+    """A relay running in this process, on this event loop, until ``stop``."""
+
+    def __init__(self, url: str, settings: RelaySettings = FAST) -> None:
+        self.relay = Relay(url, settings)
+        self.stop_event = asyncio.Event()
+        self.task = asyncio.create_task(self.relay.run(self.stop_event))
+
+    async def stop(self) -> None:
+        self.stop_event.set()
+        await asyncio.wait_for(self.task, 30)
 
 
 async def owns(relay: Relay, n: int) -> bool:

@@ -4,11 +4,15 @@ engine (log, delivery, relay) never reaches up to the operator side, the CLI or 
 Imports inside functions count: they are how cycles used to hide (STYLE.md, "Watch out" 2).
 So do imports under ``if TYPE_CHECKING:``: they never run, but a module that needs another's
 type to be written is as tied to it as one that calls it (ops/web.py took the whole Relay so).
+So do the packages an import loads first: `from pgferry.cli.backfill import drive` runs
+cli/__init__.py, which imports every command module (demo.py -> cli -> cli.core -> demo was a
+circle no edge of the import statements showed).
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -38,6 +42,8 @@ class Import:
     line: int
     #: "module" (runs on import), "function" (runs when called) or "type" (under TYPE_CHECKING, never runs)
     where: str
+    #: for a package (its __init__) the import loads before the module it names: that module
+    via: str = ""
 
 
 def _module_name(path: Path) -> str:
@@ -72,13 +78,23 @@ def _targets(source: str, node: ast.Import | ast.ImportFrom) -> list[str]:
     return list(dict.fromkeys(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names))
 
 
+def _packages(source: str, target: str) -> list[str]:
+    """The packages above ``target`` that importing it runs first: all but those ``source`` is in
+    (its own packages were loaded before it)."""
+    parts = target.split(".")
+    above = [".".join(parts[:n]) for n in range(1, len(parts))]
+    return [p for p in above if p in MODULES and not _within(source, (p,))]
+
+
 def _imports(source: str) -> list[Import]:
     found: list[Import] = []
 
     def visit(nodes: Iterable[ast.AST], where: str) -> None:
         for node in nodes:
             if isinstance(node, ast.Import | ast.ImportFrom):
-                found.extend(Import(source, t, node.lineno, where) for t in _targets(source, node))
+                for t in _targets(source, node):
+                    found.append(Import(source, t, node.lineno, where))
+                    found.extend(Import(source, p, node.lineno, where, via=t) for p in _packages(source, t))
             elif isinstance(node, ast.If) and _is_type_checking(node.test):
                 visit(node.body, "type")
                 visit(node.orelse, where)
@@ -134,6 +150,8 @@ def test_the_import_graph_is_read_from_every_module() -> None:
     edges = {(i.source, i.target) for i in IMPORTS}
     assert ("pgferry.ops.web", "pgferry.relay.surface") in edges
     assert ("pgferry.relay.process", "pgferry.ops.web") in edges  # found inside a function
+    assert ("pgferry.demo", "pgferry.ops") in edges  # ops/__init__.py runs before ops/backfill.py
+    assert ("pgferry.cli.core", "pgferry.cli") not in edges  # a module's own package is loaded already
     assert all(i.target in MODULES for i in IMPORTS), [i for i in IMPORTS if i.target not in MODULES]
 
 
@@ -149,9 +167,11 @@ def test_no_module_of_pgferry_imports_itself_back_not_from_a_function_nor_for_a_
 
 def test_the_engine_never_imports_the_operator_side_the_cli_or_the_benches() -> None:
     upward = {i for i in IMPORTS if _within(i.source, ENGINE) and _within(i.target, ABOVE_ENGINE)}
-    on_demand = {i for i in upward if i.where == "function" and (i.source, i.target) in ON_DEMAND}
+    on_demand = {i for i in upward if i.where == "function" and (i.source, i.via or i.target) in ON_DEMAND}
     assert not upward - on_demand, sorted(upward - on_demand, key=lambda i: (i.source, i.line))
-    assert {(i.source, i.target) for i in on_demand} == ON_DEMAND, "an allowed import is gone: drop it from ON_DEMAND"
+    assert {(i.source, i.target) for i in on_demand if not i.via} == ON_DEMAND, (
+        "an allowed import is gone: drop it from ON_DEMAND"
+    )
     # ...and what the relay loads on demand does not lead back into the relay's process module.
     reach = {"pgferry.ops.web"}  # ...nor into the supervisor's
     runs = [(i.source, i.target) for i in IMPORTS if i.where != "type"]
@@ -178,13 +198,20 @@ def test_the_shared_leaves_import_no_sibling() -> None:
     assert surface == {"pgferry.errors"}
 
 
-def test_a_relay_without_metrics_or_dashboard_loads_nothing_of_the_operator_side() -> None:
+def test_a_relay_loads_nothing_of_the_operator_side_without_a_port_and_no_dashboard_for_metrics_alone() -> None:
     script = (
-        "import sys\n"
+        "import json, sys\n"
         "from pgferry.relay.process import Relay, RelaySettings\n"
+        "def loaded():\n"
+        "    return sorted(m for m in sys.modules if m.split('.')[0] in ('aiohttp', 'prometheus_client')"
+        " or m.startswith(('pgferry.ops', 'pgferry.cli', 'pgferry.bench')))\n"
         "Relay('postgresql://127.0.0.1:9/x', RelaySettings())\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('aiohttp', 'prometheus_client')"
-        " or m.startswith(('pgferry.ops', 'pgferry.cli', 'pgferry.bench'))))\n"
+        "bare = loaded()\n"
+        "Relay('postgresql://127.0.0.1:9/x', RelaySettings(metrics_port=0))\n"
+        "print(json.dumps([bare, loaded()]))\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60)
-    assert done.stdout.strip() == "[]", done.stdout
+    bare, metrics = (set(names) for names in json.loads(done.stdout))
+    assert bare == set(), bare
+    assert {"pgferry.ops.web", "pgferry.ops.metrics"} <= metrics, metrics
+    assert not metrics & {"pgferry.ops.dashboard", "pgferry.ops.pages"}, metrics

@@ -29,8 +29,8 @@ import pgferry
 from pgferry import db
 from pgferry.aio import wait_for_event
 from pgferry.capture import backfill as backfills
-from pgferry.cli.backfill import drive
 from pgferry.delivery.signing import new_secret
+from pgferry.ops.backfill import drive
 from pgferry.receiver import Action, Received, Receiver, Respond
 
 #: The demo page's own server: its origin is what the streams API lets call it (CORS).

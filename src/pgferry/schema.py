@@ -1,8 +1,11 @@
 """Installing and checking the ferry schema.
 
-``install`` applies the versioned migrations (and those of any add-on asked
-for, such as the pg_net-compatible API) in one transaction under an advisory
-lock, so running it twice, or from two processes at once, is safe.
+``install`` applies the versioned migrations not applied yet, then re-applies
+every function file (``sql/functions/``, each after those it calls), then the
+same for every add-on asked for or already installed (such as the
+pg_net-compatible API), all in one transaction under an advisory lock: running
+it twice, or from two processes at once, is safe, and afterwards the functions
+are exactly what the files say, whatever was changed by hand.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ INSTALL_LOCK = 1
 
 
 async def install(conn: asyncpg.Connection, addons: Sequence[str] = ()) -> list[str]:
-    """Apply every migration not yet applied; return the names applied."""
+    """Apply every migration not yet applied and every function file; return the migrations applied."""
     unknown = sorted(set(addons) - set(sql.ADDONS))
     if unknown:
         raise PgferryError(f"unknown add-on(s) {', '.join(unknown)}; available: {', '.join(sql.ADDONS)}")

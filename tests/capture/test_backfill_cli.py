@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -14,8 +15,7 @@ import pytest
 
 import pgferry
 from pgferry.receiver import Receiver
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import cli, eventually, pgferry_env, tick
+from tests.helpers import RunningRelay, cli, cli_in_terminal, eventually, pgferry_env, tick
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 
@@ -58,6 +58,34 @@ async def test_a_backfill_killed_with_sigkill_resumes_at_its_last_chunk_with_no_
     assert set(reads) == {str(i) for i in range(1, 60001)}
     assert max(reads.values()) == 1, "a READ was written twice"
     assert await conn.fetchval("select count(*) from ferry.events where op = 'R'") == 60000
+
+
+async def test_the_progress_bar_on_a_terminal_shows_rows_done_the_rate_and_the_time_left(
+    conn: asyncpg.Connection, db_url: str, pgferry_cmd: list[str]
+) -> None:
+    """The real command on a pseudo-terminal 120 columns wide, paced to about 2 s so that the bar is
+    redrawn mid-way: each redraw is one line of the screen."""
+    await conn.execute("create table t (id int primary key)")
+    await conn.execute("insert into t select generate_series(1, 3000)")
+    await conn.execute("analyze t")
+    await conn.execute("select ferry.capture_table('t')")
+    status, lines = await cli_in_terminal(
+        pgferry_cmd, db_url, "backfill", "public.t", "--chunk", "100", "--max-rate", "1500", columns=120
+    )
+    assert status == 0, lines
+    bar = re.compile(
+        r"backfill \d+ of public\.t\s+\S+\s+(\d+)% ([\d,]+) / ~3,000 rows ([\d,]+|\?) rows/s (\d:\d\d:\d\d|-:--:--)$"
+    )
+    frames = [m.groups() for line in lines if (m := bar.search(line))]
+    assert all(len(line) <= 120 for line in lines), lines
+    midway = [f for f in frames if 0 < int(f[1].replace(",", "")) < 3000 and f[2] != "?" and f[3] != "-:--:--"]
+    assert midway, lines
+    percent, done, rate, left = midway[len(midway) // 2]  # its rate averages the chunks so far
+    assert int(percent) == round(int(done.replace(",", "")) * 100 / 3000)
+    assert 100 <= int(rate.replace(",", "")) <= 2500, "paced at 1,500 rows/s on average"
+    assert left.startswith("0:00:") and left != "0:00:00", "a few seconds left"
+    assert frames[-1][:2] == ("100", "3,000") and frames[-1][3] == "0:00:00"
+    assert re.search(r"backfill \d+ of public\.t: done, 3,000 rows \([\d,]+ rows/s\)", lines[-1]), lines
 
 
 async def test_a_backfill_for_one_subscription_reaches_only_its_receiver_and_trace_says_why(

@@ -9,9 +9,11 @@ import aiohttp
 import asyncpg
 from prometheus_client.parser import text_string_to_metric_families
 
+from pgferry.capture import backfill as backfills_api
 from pgferry.capture.backfill import BackfillSettings, Progress
-from tests.delivery.conftest import FAST, RunningRelay
-from tests.helpers import cli, eventually
+from pgferry.cli.common import progress_cell
+from pgferry.ops.metrics import RelayMetrics
+from tests.helpers import FAST, RunningRelay, cli, eventually
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -55,6 +57,29 @@ def test_a_running_backfill_without_a_chunk_for_two_minutes_shows_as_orphaned_wi
     assert not _progress(idle_seconds=600.0, state="paused").orphaned
 
 
+def test_the_progress_cell_rounds_down_so_that_only_a_finished_backfill_shows_a_full_bar() -> None:
+    assert progress_cell(300, 1000) == "30% ███░░░░░░░"
+    assert progress_cell(999, 1000) == "99% █████████░"
+    assert progress_cell(400, 1000, finished=True) == "100% ██████████"  # an estimate above the rows found
+    assert progress_cell(5, None) == "" and progress_cell(0, 0) == ""
+
+
+def test_rate_and_eta_gauges_are_left_out_when_not_known() -> None:
+    metrics = RelayMetrics()
+    metrics.set_backfills([_progress(), _progress(id=2, state="paused"), _progress(id=3, rows_done=0)])
+
+    def sample(name: str, backfill: int, state: str = "running") -> float | None:
+        labels = {"backfill": str(backfill), "table": "public.t", "target": "", "state": state}
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert (sample("pgferry_backfill_rows_per_second", 1), sample("pgferry_backfill_eta_seconds", 1)) == (100, 7)
+    assert sample("pgferry_backfill_rows_per_second", 2, "paused") == 100
+    assert sample("pgferry_backfill_eta_seconds", 2, "paused") is None  # paused: no time left to speak of
+    assert sample("pgferry_backfill_rows_per_second", 3) is None and sample("pgferry_backfill_eta_seconds", 3) is None
+    metrics.set_backfills([])
+    assert sample("pgferry_backfill_rows_per_second", 1) is None, "a finished backfill's series vanish"
+
+
 def test_runner_settings_refuse_nonsense_with_the_reason() -> None:
     for bad, says in (({"backfill": 0}, "backfill id"), ({"backfill": 1, "busy_wait": 0}, "busy_wait"),
                       ({"backfill": 1, "max_rate": 0}, "max_rate")):  # fmt: skip
@@ -82,7 +107,7 @@ async def test_status_metrics_and_dashboard_show_a_running_backfill_with_rows_do
     assert status.returncode == 0, status.stderr
     backfills = status.stdout[status.stdout.index("backfills") :]  # after the captured tables
     line = next(ln for ln in backfills.splitlines() if "public.t" in ln)
-    assert "reader" in line and "running" in line and "300 / ~1,000" in line
+    assert "reader" in line and "running" in line and "30% ███░░░░░░░  300 / ~1,000" in line
 
     relay = RunningRelay(db_url, replace(FAST, metrics_port=0, dashboard_port=0, deliver=False))
     try:
@@ -94,6 +119,8 @@ async def test_status_metrics_and_dashboard_show_a_running_backfill_with_rows_do
         url = relay.relay.addresses["metrics"]
         done = await _gauges(url, "pgferry_backfill_rows_done")
         estimate = await _gauges(url, "pgferry_backfill_rows_estimate")
+        rate = await _gauges(url, "pgferry_backfill_rows_per_second")
+        eta = await _gauges(url, "pgferry_backfill_eta_seconds")
         async with aiohttp.ClientSession() as session, session.get(relay.relay.addresses["dashboard"]) as page:
             html = await page.text()
     finally:
@@ -102,4 +129,10 @@ async def test_status_metrics_and_dashboard_show_a_running_backfill_with_rows_do
         sorted({"backfill": str(backfill), "table": "public.t", "target": "reader", "state": "running"}.items())
     )
     assert done == {labels: 300} and estimate == {labels: 1000}
+    # No chunk since: rate and ETA are fixed by the stored progress (rows done over its start to its last chunk).
+    progress = await backfills_api.progress(conn, backfill)
+    assert progress.rate is not None and progress.eta is not None
+    assert rate.keys() == {labels} and abs(rate[labels] - progress.rate) <= 1e-6 * progress.rate
+    assert eta.keys() == {labels} and abs(eta[labels] - progress.eta.total_seconds()) < 1e-6
+    assert abs(eta[labels] - 700 / rate[labels]) < 1e-6
     assert "<h2>Backfills</h2>" in html and '<progress value="300" max="1000">' in html and "300 / ~1,000" in html

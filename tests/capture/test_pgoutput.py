@@ -1,4 +1,5 @@
-"""The pgoutput decoder (capture/pgoutput.py): against this server's real output, against an
+"""The pgoutput decoder (capture/pgoutput.py): against this server's real output (every kind of
+column value and old tuple: text, null, unchanged TOAST, whole and key-only old rows), against an
 encoder written here from the protocol's documentation, and against random bytes."""
 
 from __future__ import annotations
@@ -119,7 +120,10 @@ def test_binary_column_values_are_refused_by_name() -> None:
 async def test_this_servers_output_decodes_to_what_sql_says(conn: asyncpg.Connection) -> None:
     await conn.execute("create table t (id int primary key, v text, j jsonb, n numeric)")
     await conn.execute("alter table t replica identity full")
-    await conn.execute("create publication p for table t")
+    # k keeps REPLICA IDENTITY DEFAULT: old rows are key-only ('K'), and big, stored out of line
+    # (md5 text does not compress below the TOAST threshold), is unchanged ('u') when not set.
+    await conn.execute("create table k (id int primary key, v text, big text)")
+    await conn.execute("create publication p for table t, k")
     slot = f"test_pgoutput_{await conn.fetchval('select oid from pg_database where datname = current_database()')}"
     await conn.execute("select pg_create_logical_replication_slot($1, 'pgoutput')", slot)
     try:
@@ -131,6 +135,10 @@ async def test_this_servers_output_decodes_to_what_sql_says(conn: asyncpg.Connec
             await conn.execute("update t set v = 'x' where id = 1")
             await conn.execute("delete from t where id = 2")
         await conn.execute("truncate t")
+        await conn.execute("insert into k select 1, 'a', string_agg(md5(g::text), '') from generate_series(1, 500) g")
+        await conn.execute("update k set v = 'b'")
+        await conn.execute("update k set id = 2")
+        await conn.execute("delete from k")
         rows = await conn.fetch(
             "select lsn::text, data from pg_logical_slot_peek_binary_changes($1, null, null, "
             "'proto_version', '1', 'publication_names', 'p')",
@@ -153,3 +161,12 @@ async def test_this_servers_output_decodes_to_what_sql_says(conn: asyncpg.Connec
     assert isinstance(commit, Commit) and commit.commit_lsn == begin.final_lsn
     assert commit.commit_time_us == begin.commit_time_us > PG_EPOCH_US
     assert any(isinstance(m, Truncate) and m.relations == [rel.oid] for m in messages[7:])
+    k = next(m for m in messages if isinstance(m, Relation) and m.name == "k")
+    assert [(c.name, c.is_key) for c in k.columns] == [("id", True), ("v", False), ("big", False)]
+    inserted, *changes = [m for m in messages if isinstance(m, Change) and m.relation == k.oid]
+    assert inserted.op == "I" and inserted.new is not None and len(str(inserted.new[2])) == 16_000
+    assert changes == [
+        Change("U", k.oid, new=["1", "b", UNCHANGED]),  # no old row: the key did not change
+        Change("U", k.oid, new=["2", "b", UNCHANGED], old=["1", None, None], old_is_key=True),
+        Change("D", k.oid, old=["2", None, None], old_is_key=True),
+    ]

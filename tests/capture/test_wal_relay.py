@@ -1,10 +1,12 @@
 """WAL capture in `pgferry run`: the relay holding the WAL capture lock decodes the slot, and a
-standby takes over when it is SIGKILLed mid-decode; every committed row is in the log once."""
+standby takes over when it is SIGKILLed mid-decode; every committed row is in the log once.
+Status, metrics and the dashboard show the slot's lag (bytes and seconds) and a lost slot."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import aiohttp
@@ -13,8 +15,22 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import pgferry
 from pgferry import db
-from tests.delivery.conftest import FAST, RunningRelay
-from tests.helpers import RelayProcess, cli, eventually
+from pgferry.relay.leader import WAL_CAPTURE_LOCK
+from pgferry.schema import LOCK_CLASS
+from tests.helpers import FAST, RelayProcess, RunningRelay, cli, eventually
+
+#: SIGKILL of the WAL-capturing relay to its standby (started, standing by) appending: measured
+#: 0.3-2 s, 1.3-3.6 s with other suites loading the 2 cores (docs/capture.md)
+TAKEOVER_BOUND = 10
+
+
+def standing_by(relay: RelayProcess) -> Callable[[], Awaitable[bool]]:
+    """Whether ``relay`` has started and waits for the WAL capture lock (takeovers are timed from there)."""
+
+    async def check() -> bool:
+        return relay.logged("wal capture: another relay leads; standing by")
+
+    return check
 
 
 async def wal_capture_holder(conn: asyncpg.Connection) -> int | None:
@@ -55,6 +71,7 @@ async def test_a_standby_relay_takes_over_wal_capture_after_sigkill_and_the_log_
         return check
 
     relays = [RelayProcess(pgferry_cmd, db_url)]
+    takeovers: list[float] = []  # SIGKILL to the standby's first appends, per round
     writer = asyncio.create_task(write())
     try:
         for _ in range(3):
@@ -65,15 +82,18 @@ async def test_a_standby_relay_takes_over_wal_capture_after_sigkill_and_the_log_
 
             await eventually(leading, what="a relay holding the WAL capture lock")
             relays.append(RelayProcess(pgferry_cmd, db_url))  # the standby
+            await eventually(standing_by(relays[-1]), what="the standby started and standing by")
             await eventually(decoding(len(await in_log())), what="the leader decoding")
             holder.proc.kill()  # mid-decode: the writer never stops
             killed_at = time.monotonic()
             try:
-                await eventually(decoding(len(await in_log())), timeout=15, what="the standby decoding")
+                await eventually(decoding(len(await in_log())), timeout=TAKEOVER_BOUND, what="the standby decoding")
             except AssertionError as exc:
                 logs = "\n".join(f"relay {r.proc.pid}: {line}" for r in relays for line in r.lines[-25:])
                 raise AssertionError(f"{exc}; the relays' last lines:\n{logs}") from None
-            assert time.monotonic() - killed_at < 15
+            takeovers.append(time.monotonic() - killed_at)
+        print("takeover after SIGKILL: " + ", ".join(f"{t:.1f} s" for t in takeovers))
+        assert max(takeovers) < TAKEOVER_BOUND, takeovers
         stop_writing.set()
         await writer
 
@@ -98,6 +118,7 @@ async def test_status_metrics_and_dashboard_show_the_slot_its_lag_and_a_lost_slo
     assert (await cli(pgferry_cmd, db_url, "capture", "t", "--method", "wal")).stdout.strip() == (
         "t is captured from the WAL (the relay decodes it) into stream public.t"
     )
+    await ferry.register_consumer("reader", ["public.t"])
     await conn.execute("create table filler (pad text)")
     await conn.execute("insert into filler select repeat('x', 500) from generate_series(1, 2000)")  # ~1 MB unread
     status = await cli(pgferry_cmd, db_url, "status")
@@ -105,8 +126,12 @@ async def test_status_metrics_and_dashboard_show_the_slot_its_lag_and_a_lost_slo
     line = next(ln for ln in status.stdout.splitlines() if ln.startswith("WAL capture"))
     lag = int(line.split("behind by ")[1].split(" bytes")[0].replace(",", ""))
     assert "(1 table(s))" in line and lag > 1_000_000, line
+    assert float(line.split("bytes of WAL, ")[1].split(" s")[0]) > 0, line  # behind: seconds too
     assert "public.t" in status.stdout and " wal " in status.stdout  # the captured tables list the method
 
+    # Another session holds the WAL capture lock: the relay serves metrics but does not capture.
+    holder = await db.connect(db_url)
+    await holder.execute("select pg_advisory_lock($1, $2)", LOCK_CLASS, WAL_CAPTURE_LOCK)
     relay = RunningRelay(db_url, replace(FAST, metrics_port=0, dashboard_port=0, deliver=False))
     try:
 
@@ -114,11 +139,19 @@ async def test_status_metrics_and_dashboard_show_the_slot_its_lag_and_a_lost_slo
             return {"metrics", "dashboard"} <= relay.relay.addresses.keys()
 
         await eventually(serving, what="the metrics and dashboard servers")
+
+        async def behind() -> bool:
+            return await _metric(relay, "pgferry_wal_lag_seconds") > 0
+
+        await eventually(behind, what="the lag in seconds while nobody captures")
+        assert await _metric(relay, "pgferry_wal_lag_bytes") > 1_000_000
+        await holder.close()  # the relay takes the lock and captures
         await conn.execute("insert into t select generate_series(1, 10)")
 
         async def caught_up() -> bool:
             events = await _metric(relay, "pgferry_wal_captured_events_total")
-            return events == 10 and await _metric(relay, "pgferry_wal_lag_bytes") < 100_000
+            lagging = await _metric(relay, "pgferry_wal_lag_bytes"), await _metric(relay, "pgferry_wal_lag_seconds")
+            return events == 10 and lagging[0] < 65_536 and lagging[1] == 0
 
         await eventually(caught_up, timeout=15, what="the relay caught up, as the metrics say")
         assert await _metric(relay, "pgferry_wal_slot_lost") == 0
@@ -127,11 +160,32 @@ async def test_status_metrics_and_dashboard_show_the_slot_its_lag_and_a_lost_slo
         assert "<h2>Capture from the WAL</h2>" in html and 'data-slot="pgferry_' in html
     finally:
         await relay.stop()
+        if not holder.is_closed():
+            await holder.close()
 
-    # A slot that went away: status says so in one line, with the way out.
+    # A slot that went away: the metric says so, the relay records it as a gap of the reader of
+    # public.t, and status says so in one line, with the way out.
     await conn.execute("select pg_drop_replication_slot(slot_name) from ferry.wal_slot")
+    relay = RunningRelay(db_url, replace(FAST, metrics_port=0, dashboard_port=0, deliver=False))
+    try:
+
+        async def lost() -> bool:
+            return (
+                "metrics" in relay.relay.addresses
+                and await _metric(relay, "pgferry_wal_slot_lost") == 1
+                and await _metric(relay, "pgferry_consumer_wal_gaps") == 1
+            )
+
+        await eventually(lost, what="the lost slot in the metrics, and the reader's gap")
+        async with aiohttp.ClientSession() as session, session.get(relay.relay.addresses["dashboard"]) as page:
+            html = await page.text()
+        assert 'data-consumer="reader"' in html and "changes from the WAL (1 gap(s))" in html
+    finally:
+        await relay.stop()
     status = await cli(pgferry_cmd, db_url, "status")
-    assert "WAL capture stopped" in status.stdout
+    stopped = next(ln for ln in status.stdout.splitlines() if ln.startswith("WAL capture"))
+    assert stopped.startswith("WAL capture stopped: the replication slot") and "reset_wal_slot" in stopped, stopped
+    assert any(ln.startswith("reader") and "changes from the WAL" in ln for ln in status.stdout.splitlines())
 
 
 async def _metric(relay: RunningRelay, name: str) -> float:

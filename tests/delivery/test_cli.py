@@ -12,8 +12,7 @@ import orjson
 
 import pgferry
 from pgferry.receiver import Receiver, Respond
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import cli, eventually
+from tests.helpers import RunningRelay, cli, eventually
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 

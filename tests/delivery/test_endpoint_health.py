@@ -13,8 +13,7 @@ from pgferry.delivery.health import Admission, EndpointHealth
 from pgferry.delivery.http import HttpResult
 from pgferry.ops.inspect import subscription_status
 from pgferry.receiver import Action, Received, Receiver, Respond
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually
+from tests.helpers import RunningRelay, eventually
 
 EP = ("http", "hooks.example", 80)
 

@@ -16,8 +16,7 @@ import asyncpg
 import pgferry
 from pgferry.receiver import Receiver, Respond
 from pgferry.relay.process import RelaySettings
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually, owns, received
+from tests.helpers import RunningRelay, eventually, owns, received
 
 QUIET = 300
 #: backends report their transaction counts at most once a second when busy, and up to

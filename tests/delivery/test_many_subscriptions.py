@@ -21,8 +21,7 @@ import asyncpg
 
 import pgferry
 from pgferry.receiver import Action, Received, Receiver, Respond, Slow
-from tests.delivery.conftest import FAST, RunningRelay
-from tests.helpers import eventually, metric_sum
+from tests.helpers import FAST, RunningRelay, eventually, metric_sum
 
 SUBSCRIPTIONS = 1000
 EVENTS = 10

@@ -18,8 +18,7 @@ import orjson
 import pgferry
 from pgferry import sql
 from pgferry.receiver import Receiver, Respond
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually, owns, received
+from tests.helpers import RunningRelay, eventually, owns, received
 
 
 async def _steps(

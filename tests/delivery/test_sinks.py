@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib.util
+import logging
 import signal
-from collections.abc import AsyncIterator, Awaitable, Iterator
+import time
+import types
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -22,12 +27,15 @@ import redis.asyncio
 
 import pgferry
 from pgferry.bench.brokers import NatsServer, RedisServer, redis_server_binary
+from pgferry.delivery import redis_streams
 from pgferry.delivery.addresses import AddressPolicy, parse_networks
 from pgferry.delivery.brokers import Brokers, BrokerUnreachable
+from pgferry.delivery.context import DeliveryContext
+from pgferry.delivery.model import OutEvent
+from pgferry.delivery.redis_streams import RedisStreamsSink
 from pgferry.ops import inspect
-from tests.delivery.conftest import RunningRelay
 from tests.delivery.test_webhooks import FAST_RETRY
-from tests.helpers import RelayProcess, cli, eventually
+from tests.helpers import FAST, RelayProcess, RunningRelay, cli, eventually, scrape, subscription, value
 
 needs_redis = pytest.mark.skipif(redis_server_binary() is None, reason="redis-server is not installed")
 
@@ -76,9 +84,16 @@ async def nats_with(config: str) -> AsyncIterator[tuple[NatsServer, Any]]:
 
 
 async def stream_messages(js: Any, stream: str) -> list[Any]:
-    """Every message the JetStream stream holds, in stream order."""
-    info = await js.stream_info(stream)
-    return [await js.get_msg(stream, seq) for seq in range(info.state.first_seq, info.state.last_seq + 1)]
+    """Every message the JetStream stream holds, in stream order (an ordered consumer: get_msg,
+    one request per message, took 5 s for the kill test's 9,600)."""
+    count = (await js.stream_info(stream)).state.messages
+    if not count:
+        return []
+    sub = await js.subscribe(">", stream=stream, ordered_consumer=True)
+    try:
+        return [await sub.next_msg(timeout=10) for _ in range(count)]
+    finally:
+        await sub.unsubscribe()
 
 
 async def test_jetstream_gets_each_event_once_on_its_key_subject(
@@ -147,6 +162,58 @@ async def test_redis_gets_each_event_once_on_its_key_stream(
 
 
 @needs_redis
+async def test_a_redis_entry_over_the_limit_in_bytes_is_dead_lettered_with_the_reason(
+    db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry, redis_server: RedisServer
+) -> None:
+    """The entry's size was counted in characters: 600 two-byte characters passed a 1,000-byte
+    limit and were appended."""
+    await conn.execute("update ferry.config set max_body_bytes = 1000")  # read at relay start
+    await ferry.subscribe("sized", ["s"], f"{redis_server.url}/0?stream=sized")
+    big = await ferry.publish("s", {"p": "é" * 600})  # ~680 characters, ~1,280 bytes
+    fine = await ferry.publish("s", {"p": "e" * 600})
+    client = redis_client(redis_server.port)
+    relay = RunningRelay(db_url)
+    try:
+        await eventually(lambda: _equals(client.xlen("sized"), 1), what="the small event")
+        await eventually(lambda: _equals(conn.fetchval("select count(*) from ferry.dead_letters"), 1), what="a letter")
+    finally:
+        await relay.stop()
+    letter = await conn.fetchrow("select event_id, last_error from ferry.dead_letters")
+    assert letter["event_id"] == big, letter
+    assert f"entry of event {big} is 12" in letter["last_error"], letter  # bytes, not ~680 characters
+    assert "over the relay's limit of 1000 (ferry.config.max_body_bytes)" in letter["last_error"], letter
+    attempts = await conn.fetch("select error_class from ferry.attempts where event_id = $1", big)
+    assert [r[0] for r in attempts] == ["too_large"]  # dead at once, not retried
+    assert (await client.xrange("sized"))[0][1]["webhook-id"] == f"evt_{fine}"
+    await client.aclose()
+
+
+@needs_redis
+async def test_redis_dedup_windows_are_the_servers_so_relays_with_skewed_clocks_append_once(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The windows were the relay's own clock: a chunk appended by a relay an hour ahead and
+    re-sent by one on time (the first died before its bookkeeping) was stored twice."""
+    url = f"{redis_server.url}/0?stream=skew"
+    sub = subscription(name="skew", url=url)
+    ctx = DeliveryContext(pool=None, http=None, global_limit=None)  # type: ignore[arg-type]
+    sink = RedisStreamsSink(sub, ctx)
+    events = [OutEvent(n, "s", "k", orjson.dumps({"n": n}).decode(), None, datetime.now(UTC)) for n in (1, 2)]
+    wall = time.time
+    try:
+        for skew in (3600.0, 0.0, -3600.0, 0.0):  # relays on three hosts, or one whose clock jumped
+            clock = types.SimpleNamespace(time=lambda skew=skew: wall() + skew, perf_counter=time.perf_counter)
+            monkeypatch.setattr(redis_streams, "time", clock)
+            result = await sink.send(events, sink.prepare(events), None, fresh=False)
+            assert result.error_class is None, result
+    finally:
+        await ctx.brokers.close()
+    client = redis_client(redis_server.port)
+    assert [f["webhook-id"] for _, f in await client.xrange("skew")] == ["evt_1", "evt_2"]
+    await client.aclose()
+
+
+@needs_redis
 async def test_more_appends_at_once_than_connections_wait_for_one_and_fail_none(
     relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, redis_server: RedisServer
 ) -> None:
@@ -182,72 +249,105 @@ async def test_a_database_the_server_lacks_fails_its_subscription_only(
     assert [r["error_class"] for r in classes] == ["config"] and "DB index is out of range" in classes[0]["error"]
 
 
-@needs_redis
-async def test_a_relay_killed_three_times_leaves_exactly_one_message_per_event(
+@dataclasses.dataclass
+class BrokerSide:
+    """One broker's side of a test: the subscription URL and what the broker holds."""
+
+    url: str
+    #: messages stored so far (cheap)
+    count: Callable[[], Awaitable[int]]
+    #: every message stored: (webhook-id, payload), in the broker's order per key
+    read: Callable[[], Awaitable[list[tuple[str, Any]]]]
+    close: Callable[[], Awaitable[None]]
+
+
+async def kill_test_broker(request: pytest.FixtureRequest, broker: str, keys: int) -> BrokerSide:
+    """JetStream stream EO on eo.> or Redis streams eo:key<k>, starting only that broker's server."""
+    if broker == "nats":
+        server: NatsServer = request.getfixturevalue("nats_server")  # (an async fixture cannot be asked for here)
+        nc = await nats.connect(server.url)
+        js = nc.jetstream()
+        await js.add_stream(name="EO", subjects=["eo.>"])
+
+        async def nats_count() -> int:
+            return int((await js.stream_info("EO")).state.messages)
+
+        async def nats_read() -> list[tuple[str, Any]]:
+            return [(m.headers["webhook-id"], orjson.loads(m.data)) for m in await stream_messages(js, "EO")]
+
+        return BrokerSide(f"{server.url}/eo.{{key}}", nats_count, nats_read, nc.close)
+    redis_server: RedisServer = request.getfixturevalue("redis_server")
+    client = redis_client(redis_server.port)
+
+    async def redis_count() -> int:
+        return sum([await client.xlen(f"eo:key{k}") for k in range(keys)])
+
+    async def redis_read() -> list[tuple[str, Any]]:
+        entries = [f for k in range(keys) for _, f in await client.xrange(f"eo:key{k}")]
+        return [(f["webhook-id"], orjson.loads(f["payload"])) for f in entries]
+
+    return BrokerSide(f"{redis_server.url}/0?stream=eo:{{key}}", redis_count, redis_read, client.aclose)
+
+
+@pytest.mark.parametrize("broker", ["nats", pytest.param("redis", marks=needs_redis)])
+async def test_a_relay_killed_three_times_leaves_exactly_one_message_per_event_in_key_order(
     pgferry_cmd: list[str],
     db_url: str,
     conn: asyncpg.Connection,
     ferry: pgferry.Ferry,
-    nats_server: NatsServer,
-    js: Any,
-    redis_server: RedisServer,
+    request: pytest.FixtureRequest,
+    broker: str,
 ) -> None:
-    await js.add_stream(name="EO", subjects=["eo.>"])
-    await ferry.subscribe("eo-nats", ["s"], f"{nats_server.url}/eo.{{key}}", batch_size=50, ordered=True)
-    await ferry.subscribe("eo-redis", ["s"], f"{redis_server.url}/0?stream=eo:{{key}}", batch_size=50, ordered=True)
-    keys, rounds = 8, 60
+    """Each broker alone (its half ran only where redis-server was installed). Every row has its
+    own place (round, i) in its key's order: with one number per round, rows of a key reordered
+    inside a round went unseen."""
+    keys, rows = 8, 20
+    target = await kill_test_broker(request, broker, keys)
+    await ferry.subscribe("eo", ["s"], target.url, batch_size=50, ordered=True)
     relay = RelayProcess(pgferry_cmd, db_url)
+    killed = asyncio.Event()
 
-    async def write() -> None:  # one writer: each key's n grows in commit order
-        for r in range(rounds):
+    async def write() -> int:  # one writer: each key's (round, i) grows in commit order; until the kills are done
+        r = 0
+        while not killed.is_set():
             await conn.execute(
-                "select ferry.publish('s', jsonb_build_object('k', k, 'n', $1::int), 'key' || k) "
-                "from generate_series(0, $2 - 1) k, generate_series(1, 20) i", r, keys)  # fmt: skip
+                "select ferry.publish('s', jsonb_build_object('k', k, 'r', $1::int, 'i', i), 'key' || k) "
+                "from generate_series(0, $2 - 1) k, generate_series(1, $3) i", r, keys, rows)  # fmt: skip
+            r += 1
             await asyncio.sleep(0.1)
-
-    async def redis_entries() -> list[dict[str, str]]:
-        return [f for k in range(keys) for _, f in await client.xrange(f"eo:key{k}")]
+        return r
 
     writer = asyncio.create_task(write())
-    client = redis_client(redis_server.port)
-
-    async def counts() -> tuple[int, int]:
-        return (await js.stream_info("EO")).state.messages, len(await redis_entries())
-
     try:
-        for _ in range(3):  # kill -9 mid-run, once this relay is delivering to both brokers
-            before = await counts()
+        for _ in range(3):  # kill -9 mid-run, once this relay is delivering
+            before = await target.count()
 
-            async def delivering(before: tuple[int, int] = before) -> bool:
-                now = await counts()
-                return now[0] > before[0] and now[1] > before[1]
+            async def delivering(before: int = before) -> bool:
+                return await target.count() > before
 
             await eventually(delivering, timeout=30, what="the relay to deliver")
             await asyncio.sleep(0.3)
             relay.stop()
             relay = RelayProcess(pgferry_cmd, db_url)
-        await writer
-        total = keys * rounds * 20
+        killed.set()
+        rounds = await writer
+        total = keys * rounds * rows
 
         async def all_there() -> bool:
-            nats_count = (await js.stream_info("EO")).state.messages
-            return nats_count >= total and len(await redis_entries()) >= total
+            return await target.count() >= total
 
-        await eventually(all_there, timeout=60, what=f"{total} messages in each broker")
+        await eventually(all_there, timeout=60, what=f"{total} messages")
         await asyncio.sleep(1.0)  # anything still on its way would be a duplicate
-        for name, items in (
-            ("JetStream", [(m.headers["webhook-id"], orjson.loads(m.data)) for m in await stream_messages(js, "EO")]),
-            ("Redis", [(f["webhook-id"], orjson.loads(f["payload"])) for f in await redis_entries()]),
-        ):
-            ids = [i for i, _ in items]
-            assert len(ids) == total and len(set(ids)) == total, f"{name}: {len(ids) - len(set(ids))} duplicate(s)"
-            for k in range(keys):
-                of_key = [p["n"] for _, p in items if p["k"] == k]
-                assert of_key == sorted(of_key), f"{name}: key {k} out of order"
-        await client.aclose()
+        items = await target.read()
+        ids = [i for i, _ in items]
+        assert len(ids) == total and len(set(ids)) == total, f"{len(ids) - len(set(ids))} duplicate(s)"
+        expected = [(r, i) for r in range(rounds) for i in range(1, rows + 1)]
+        for k in range(keys):
+            assert [(p["r"], p["i"]) for _, p in items if p["k"] == k] == expected, f"key {k} out of order"
     finally:
         writer.cancel()
         relay.stop()
+        await target.close()
 
 
 async def _attempt_errors(conn: asyncpg.Connection, subscription: str) -> list[tuple[str, str]]:
@@ -288,6 +388,49 @@ async def test_a_subject_no_stream_captures_is_retried_with_its_name_until_a_str
     await eventually(delivered, what="the event once a stream captures its subject")
     assert (await js.get_msg("LATE", 1)).headers["webhook-id"] == f"evt_{event}"
     assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
+
+
+async def test_a_subject_outside_a_streams_subjects_is_parked_and_retried_until_the_stream_takes_it(
+    db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry, nats_server: NatsServer, js: Any
+) -> None:
+    """A stream exists, on other subjects: the error names the subject, the event is parked and
+    retried (not dead at once), counted by error class in the metrics, and delivered once the
+    operator adds the subject to the stream."""
+    await js.add_stream(name="OTHER", subjects=["other.>"])
+    await conn.execute(f"select ferry.subscribe('astray', array['s'], '{nats_server.url}/nowhere.{{key}}', "
+                       f"timeout_ms => 2000, {FAST_RETRY})")  # fmt: skip
+    relay = RunningRelay(db_url, dataclasses.replace(FAST, metrics_port=0))
+    try:
+        event = await ferry.publish("s", {"n": 1}, key="a")
+
+        async def retried() -> bool:
+            return sum(c == "no_stream" for c, _ in await _attempt_errors(conn, "astray")) >= 2
+
+        await eventually(retried, what="two no_stream attempts")
+        errors = await _attempt_errors(conn, "astray")
+        assert {c for c, _ in errors} == {"no_stream"}
+        assert all("subject 'nowhere.a'" in e and "stream's subjects" in e for _, e in errors), errors
+        assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
+        assert next(r for r in await ferry.status() if r["name"] == "astray")["parked"] == 1
+        failures = value(await scrape(relay.relay.addresses["metrics"]), "pgferry_delivery_failures_total",
+                         subscription="astray", error_class="no_stream")  # fmt: skip
+        assert failures >= 2
+        await js.update_stream(name="OTHER", subjects=["other.>", "nowhere.>"])
+
+        async def delivered() -> bool:
+            return bool((await js.stream_info("OTHER")).state.messages == 1)
+
+        await eventually(delivered, what="the event once the stream takes its subject")
+        assert (await js.get_msg("OTHER", 1)).headers["webhook-id"] == f"evt_{event}"
+        assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
+
+        async def counted() -> bool:
+            samples = await scrape(relay.relay.addresses["metrics"])
+            return value(samples, "pgferry_deliveries_total", subscription="astray") == 1
+
+        await eventually(counted, what="the delivery in the metrics")
+    finally:
+        await relay.stop()
 
 
 async def test_a_message_over_the_servers_max_payload_is_dead_lettered_with_the_reason(
@@ -447,52 +590,76 @@ async def _equals(value: Awaitable[object], expected: object) -> bool:
 
 
 @needs_redis
-async def test_wrong_or_missing_credentials_are_recorded_as_auth_until_they_are_set(
-    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry
+async def test_wrong_or_missing_credentials_are_recorded_as_auth_until_they_are_set_and_never_logged(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, caplog: pytest.LogCaptureFixture
 ) -> None:
-    nats_server = NatsServer('authorization { user: "pf", password: "s3cret" }')
+    caplog.set_level(logging.DEBUG)  # the relay's log, every logger, debug included
+    nats_server = NatsServer('authorization { user: "pf", password: "s3cret-N4TS" }')
     redis_server = RedisServer()
     nats_server.start()
     redis_server.start()
     try:
-        client = await nats.connect(nats_server.url, user="pf", password="s3cret")
+        client = await nats.connect(nats_server.url, user="pf", password="s3cret-N4TS")
         js = client.jetstream()
         await js.add_stream(name="AUTH", subjects=["auth"])
         rclient = redis_client(redis_server.port)
-        await rclient.config_set("requirepass", "r3dis")
+        await rclient.config_set("requirepass", "r3dis-S3CRET")
         for name, target in (("n", f"{nats_server.url}/auth"), ("r", f"{redis_server.url}/0?stream=auth")):
             await conn.execute(f"select ferry.subscribe('{name}', array['s'], '{target}', {FAST_RETRY})")
         await ferry.publish("s", {"n": 1})
         await eventually(_failed_with(conn, "n", "auth"), what="a NATS auth failure")
         await eventually(_failed_with(conn, "r", "auth"), what="a Redis auth failure")
-        # A wrong password too is auth, not config (WRONGPASS has no "AUTH" in it: outside probe).
-        await conn.execute("""select ferry.set_subscription_credentials('r', '{"password": "wrong"}')""")
-        await conn.execute("delete from ferry.attempts where subscription = 'r'")
+        # Wrong ones: a token the server does not take, and a wrong password, which is auth, not
+        # config (WRONGPASS has no "AUTH" in it: outside probe).
+        await conn.execute("""select ferry.set_subscription_credentials('n', '{"token": "t0ken-S3CRET"}')""")
+        await conn.execute("""select ferry.set_subscription_credentials('r', '{"password": "wr0ng-S3CRET"}')""")
+        await conn.execute("delete from ferry.attempts")
 
-        wrong = "select error_class from ferry.attempts where subscription = 'r' and error like '%WRONGPASS%'"
+        async def wrong_ones_seen() -> bool:
+            return bool(
+                await conn.fetchval(
+                    "select count(distinct subscription) from ferry.attempts where error_class = 'auth'"
+                )
+                == 2
+                and await conn.fetch(
+                    "select 1 from ferry.attempts where subscription = 'r' and error like '%WRONGPASS%'"
+                )
+            )
 
-        async def wrong_password_seen() -> bool:
-            return bool(await conn.fetch(wrong))
-
-        await eventually(wrong_password_seen, timeout=20, what="a Redis wrong-password failure")
-        assert {r[0] for r in await conn.fetch(wrong)} == {"auth"}
+        await eventually(wrong_ones_seen, timeout=20, what="failures with the wrong token and password")
+        assert {r[0] for r in await conn.fetch("select error_class from ferry.attempts")} == {"auth"}
         assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
-        await conn.execute("""select ferry.set_subscription_credentials('n', '{"user": "pf", "password": "s3cret"}')""")
-        await conn.execute("""select ferry.set_subscription_credentials('r', '{"password": "r3dis"}')""")
+        await conn.execute(
+            """select ferry.set_subscription_credentials('n', '{"user": "pf", "password": "s3cret-N4TS"}')"""
+        )
+        await conn.execute("""select ferry.set_subscription_credentials('r', '{"password": "r3dis-S3CRET"}')""")
         await rclient.aclose()
-        rclient = redis_client(redis_server.port, password="r3dis")
+        rclient = redis_client(redis_server.port, password="r3dis-S3CRET")
 
         async def delivered() -> bool:
             return bool((await js.stream_info("AUTH")).state.messages == 1 and await rclient.xlen("auth") == 1)
 
         await eventually(delivered, timeout=20, what="delivery once the credentials are set")
         errors = " ".join(e for _, e in await _attempt_errors(conn, "n") + await _attempt_errors(conn, "r"))
-        assert "s3cret" not in errors and "r3dis" not in errors
+        assert any(r.name.startswith("pgferry") for r in caplog.records)  # the relay's log was seen
+        for secret in ("s3cret-N4TS", "r3dis-S3CRET", "t0ken-S3CRET", "wr0ng-S3CRET"):
+            assert secret not in errors and secret not in caplog.text, secret
         await client.close()
         await rclient.aclose()
     finally:
         nats_server.close()
         redis_server.close()
+
+
+async def _replay(pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection, *output: str) -> None:
+    """``pgferry replay rp --since 10m``: 3 events queued, and the replay recorded."""
+    done = await cli(pgferry_cmd, db_url, "replay", "rp", "--since", "10m", *output)
+    assert done.returncode == 0, done.stderr
+    if output:
+        assert orjson.loads(done.stdout)["queued"] == 3
+    else:  # the operator is told the broker may drop them (they are recorded as delivered)
+        assert "3 event(s) queued" in done.stdout and "within its duplicate window" in done.stdout, done.stdout
+    await eventually(_no_retries(conn), what="the replay to be recorded")
 
 
 @needs_redis
@@ -512,22 +679,42 @@ async def test_a_replay_inside_the_dedup_window_adds_nothing_and_after_it_append
     async def length(n: int) -> bool:
         return bool(await client.xlen("rp") == n)
 
-    async def replayed(*output: str) -> None:
-        done = await cli(pgferry_cmd, db_url, "replay", "rp", "--since", "10m", *output)
-        assert done.returncode == 0, done.stderr
-        if output:
-            assert orjson.loads(done.stdout)["queued"] == 3
-        else:  # the operator is told the broker may drop them (they are recorded as delivered)
-            assert "3 event(s) queued" in done.stdout and "within its duplicate window" in done.stdout, done.stdout
-        await eventually(_no_retries(conn), what="the replay to be recorded")
-
     await eventually(lambda: length(3), what="3 entries")
-    await replayed()  # within the window: the same webhook-ids, dropped as duplicates
+    await _replay(pgferry_cmd, db_url, conn)  # within the window: the same webhook-ids, dropped as duplicates
     assert await client.xlen("rp") == 3
     await asyncio.sleep(4.1)  # two windows: the marks are gone
-    await replayed("--json")
+    await _replay(pgferry_cmd, db_url, conn, "--json")
     await eventually(lambda: length(6), what="the replayed entries")
     await client.aclose()
+
+
+async def test_a_jetstream_replay_inside_the_duplicate_window_adds_nothing_and_after_it_publishes_again(
+    relay: RunningRelay,
+    conn: asyncpg.Connection,
+    ferry: pgferry.Ferry,
+    nats_server: NatsServer,
+    js: Any,
+    pgferry_cmd: list[str],
+    db_url: str,
+) -> None:
+    window = 4.0
+    await js.add_stream(name="RP", subjects=["rp"], duplicate_window=window)
+    await ferry.subscribe("rp", ["s"], f"{nats_server.url}/rp")
+    ids = [await ferry.publish("s", {"n": n}) for n in range(3)]
+
+    async def count(n: int) -> bool:
+        return bool((await js.stream_info("RP")).state.messages == n)
+
+    await eventually(lambda: count(3), what="3 messages")
+    stored = time.monotonic()
+    await _replay(pgferry_cmd, db_url, conn)  # within the window: the same Nats-Msg-Id, dropped as duplicates
+    assert time.monotonic() - stored < window, "the replay came after the window: nothing to test (a loaded machine?)"
+    assert await count(3)
+    await asyncio.sleep(stored + window + 0.5 - time.monotonic())  # the stream forgot the ids
+    await _replay(pgferry_cmd, db_url, conn, "--json")
+    await eventually(lambda: count(6), what="the replayed messages")
+    webhook_ids = [m.headers["webhook-id"] for m in await stream_messages(js, "RP")]
+    assert webhook_ids == [f"evt_{i}" for i in ids] * 2
 
 
 def _no_retries(conn: asyncpg.Connection):  # type: ignore[no-untyped-def]
@@ -560,8 +747,13 @@ async def test_brokers_are_held_to_the_relays_address_policy(
 
 
 @needs_redis
-async def test_a_stream_key_of_another_type_fails_only_its_own_events_and_is_named(
-    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, redis_server: RedisServer
+async def test_a_stream_key_of_another_type_fails_only_its_own_events_and_is_named_and_dlq_replay_delivers_them(
+    relay: RunningRelay,
+    conn: asyncpg.Connection,
+    ferry: pgferry.Ferry,
+    redis_server: RedisServer,
+    pgferry_cmd: list[str],
+    db_url: str,
 ) -> None:
     """One stream key holding a string failed the whole chunk, events on other keys too, and the
     error named the chunk's first stream (outside probe)."""
@@ -580,6 +772,17 @@ async def test_a_stream_key_of_another_type_fails_only_its_own_events_and_is_nam
     dead = await conn.fetch("select event_id, last_error from ferry.dead_letters order by event_id")
     assert [r["event_id"] for r in dead] == [ids[2], ids[7]]
     assert all("'x:k2'" in r["last_error"] and "WRONGTYPE" in r["last_error"] for r in dead), dead
+    # Fixed, and retried from the dead letters by the operator: delivered, in order, once.
+    await client.delete("x:k2")
+    done = await cli(pgferry_cmd, db_url, "dlq", "replay", "mixed")
+    assert done.returncode == 0 and "2 dead letter(s) queued" in done.stdout, (done.stdout, done.stderr)
+
+    async def redelivered() -> bool:
+        return bool(await client.xlen("x:k2") == 2 and not await conn.fetchval("select count(*) from ferry.retries"))
+
+    await eventually(redelivered, timeout=20, what="the dead letters delivered")
+    assert [f["webhook-id"] for _, f in await client.xrange("x:k2")] == [f"evt_{ids[2]}", f"evt_{ids[7]}"]
+    assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
     await client.aclose()
 
 

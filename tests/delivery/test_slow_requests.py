@@ -24,9 +24,8 @@ from pgferry.delivery.model import Subscription
 from pgferry.delivery.worker import SubscriptionWorker
 from pgferry.ops import inspect
 from pgferry.receiver import Action, Hang, Received, Respond, Slow
-from tests.delivery.conftest import RunningRelay
 from tests.delivery.test_webhooks import FAST_RETRY, MakeReceiver, all_delivered, received_ids
-from tests.helpers import eventually
+from tests.helpers import RunningRelay, eventually
 
 SLOW_S = 6.0
 

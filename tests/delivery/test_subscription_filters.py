@@ -10,8 +10,7 @@ import pytest
 import pgferry
 from pgferry.errors import PgferryError
 from pgferry.receiver import Receiver
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import MakeReceiver, cli, eventually
+from tests.helpers import MakeReceiver, RunningRelay, cli, eventually
 
 
 def bodies(receiver: Receiver) -> list[object]:

@@ -15,8 +15,7 @@ import trustme
 
 import pgferry
 from pgferry.delivery.fasthttp import FastSender, tls_context
-from tests.delivery.conftest import FAST, RunningRelay
-from tests.helpers import cli, eventually
+from tests.helpers import FAST, RunningRelay, cli, eventually
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 

@@ -16,8 +16,7 @@ import orjson
 import pgferry
 from pgferry.receiver import Receiver
 from pgferry.schema import install
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import cli, eventually, tick
+from tests.helpers import RunningRelay, cli, eventually, tick
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 URL = "http://127.0.0.1:9/"

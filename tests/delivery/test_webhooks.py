@@ -15,8 +15,7 @@ import standardwebhooks
 import pgferry
 from pgferry.delivery.signing import new_secret
 from pgferry.receiver import Action, Drop, Hang, Received, Receiver, Respond
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually
+from tests.helpers import RunningRelay, eventually
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 FAST_RETRY = "retry_base_ms => 20, retry_max_ms => 200"

@@ -15,9 +15,8 @@ from pgferry import db
 from pgferry.embedded import EmbeddedPostgres
 from pgferry.receiver import Receiver, Slow
 from pgferry.schema import install
-from tests.delivery.conftest import RunningRelay
 from tests.faults.conftest import Load, MakeReceiver, received_ids, settle
-from tests.helpers import eventually
+from tests.helpers import RunningRelay, eventually
 
 
 async def test_postgres_restarts_and_outage_under_load(receiver_factory: MakeReceiver) -> None:

@@ -182,6 +182,60 @@ async def test_an_update_changing_the_primary_key_is_compared_with_its_own_old_r
     ]
 
 
+async def test_an_update_changing_the_primary_key_enters_and_leaves_a_condition_on_the_key(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """The condition is evaluated on the old and on the new row of each pair: a key moved out of the
+    condition is captured (keyed by the new key, the old one in old_record: the end of the old key), a
+    key moved into it too, and a key outside it before and after is not, in one statement or several."""
+    await conn.execute("create table orders (id int primary key, status text)")
+    await conn.execute("select ferry.capture_table('orders', condition => 'id < 100')")
+    await conn.execute("insert into orders values (5, 'a'), (6, 'b'), (7, 'c'), (200, 'd'), (300, 'e')")
+    await _consumer(ferry, conn)
+    await conn.execute("update orders set id = 150 where id = 5")  # leaves
+    await conn.execute("update orders set id = 50 where id = 200")  # enters
+    await conn.execute("update orders set id = 400 where id = 300")  # outside before and after
+    await conn.execute(  # one statement: one leaves, one stays inside, one stays outside
+        "update orders set id = case id when 6 then 1006 when 7 then 8 else 1150 end where id in (6, 7, 150)"
+    )
+    await conn.execute("delete from orders where id in (1006, 8)")  # outside: not captured; inside: captured
+    assert _shapes(await read_all(ferry, conn, "c")) == [
+        ("150", "UPDATE", {"id": 150, "status": "a"}, {"id": 5, "status": "a"}),
+        ("50", "UPDATE", {"id": 50, "status": "d"}, {"id": 200, "status": "d"}),
+        ("1006", "UPDATE", {"id": 1006, "status": "b"}, {"id": 6, "status": "b"}),
+        ("8", "UPDATE", {"id": 8, "status": "c"}, {"id": 7, "status": "c"}),
+        ("8", "DELETE", None, {"id": 8, "status": "c"}),
+    ]
+
+
+async def test_an_update_changing_the_primary_key_under_a_column_choice_keeps_the_old_key_only_if_kept(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """With the key columns kept (columns naming them), old_record holds the old key; left out
+    (exclude_columns naming them), the event is keyed by the new key and the old key is in no field
+    of it, as docs/architecture.md says: keep the key columns in the record when keys can change."""
+    await conn.execute("create table kept (id int primary key, status text, card_token text)")
+    await conn.execute("select ferry.capture_table('kept', columns => array['id', 'status'])")
+    await conn.execute("create table dropped (id int primary key, status text, card_token text)")
+    await conn.execute("select ferry.capture_table('dropped', exclude_columns => array['id', 'card_token'])")
+    for name in ("kept", "dropped"):
+        await conn.execute(f"insert into {name} values (1, 'open', 'tok_1'), (2, 'open', 'tok_2')")
+    await _consumer(ferry, conn)
+    for name in ("kept", "dropped"):
+        await conn.execute(f"update {name} set id = id + 10, status = 'moved'")
+    events = await read_all(ferry, conn, "c")
+    assert _shapes([e for e in events if e.stream == "public.kept"]) == [
+        ("11", "UPDATE", {"id": 11, "status": "moved"}, {"id": 1, "status": "open"}),
+        ("12", "UPDATE", {"id": 12, "status": "moved"}, {"id": 2, "status": "open"}),
+    ]
+    assert _shapes([e for e in events if e.stream == "public.dropped"]) == [
+        ("11", "UPDATE", {"status": "moved"}, {"status": "open"}),
+        ("12", "UPDATE", {"status": "moved"}, {"status": "open"}),
+    ]
+    stored = await conn.fetch("select payload, old_payload from ferry.events where capture is not null")
+    assert not any("tok_" in str(r["payload"]) + str(r["old_payload"]) for r in stored)
+
+
 async def test_a_partitioned_table_is_filtered_across_partitions(
     ferry: pgferry.Ferry, conn: asyncpg.Connection
 ) -> None:

@@ -1,13 +1,12 @@
-"""Fixtures for operator tests: the delivery tests' relay and receivers, and the CLI in a subprocess."""
+"""Operator tests' shared names: the CLI in a subprocess and the receiver factory's type."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
 from pgferry.receiver import Receiver
-from tests.delivery.conftest import relay
 from tests.helpers import cli
 
-__all__ = ["MakeReceiver", "cli", "relay"]
+__all__ = ["MakeReceiver", "cli"]
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]

@@ -17,8 +17,7 @@ from pgferry.errors import PgferryError
 from pgferry.receiver import Received, Respond
 from pgferry.relay.process import Relay
 from pgferry.relay.surface import check_dashboard_binding
-from tests.delivery.conftest import FAST, RunningRelay
-from tests.helpers import eventually
+from tests.helpers import FAST, RunningRelay, eventually
 from tests.operator.conftest import MakeReceiver, cli
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

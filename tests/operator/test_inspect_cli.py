@@ -9,8 +9,7 @@ import orjson
 
 import pgferry
 from pgferry.receiver import Respond
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually
+from tests.helpers import RunningRelay, eventually
 from tests.operator.conftest import MakeReceiver, cli
 
 

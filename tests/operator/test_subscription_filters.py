@@ -11,8 +11,7 @@ import asyncpg
 import orjson
 
 import pgferry
-from tests.delivery.conftest import FAST, RunningRelay
-from tests.helpers import MakeReceiver, cli, eventually
+from tests.helpers import FAST, MakeReceiver, RunningRelay, cli, eventually
 
 
 async def test_trace_says_filtered_out_by_the_subscription_that_skipped_the_event(

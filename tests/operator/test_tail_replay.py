@@ -10,8 +10,7 @@ import click
 import orjson
 
 import pgferry
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually, pgferry_env
+from tests.helpers import RunningRelay, eventually, pgferry_env
 from tests.operator.conftest import MakeReceiver, cli
 
 

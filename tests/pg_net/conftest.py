@@ -9,7 +9,7 @@ import pytest
 
 from pgferry import db
 from pgferry.schema import install
-from tests.delivery.conftest import RunningRelay
+from tests.helpers import RunningRelay
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pgferry import db
 from pgferry.errors import PgferryError
 from pgferry.receiver import Action, Drop, Hang, Received, Receiver, Respond
 from pgferry.schema import install
-from tests.delivery.conftest import RunningRelay
+from tests.helpers import RunningRelay
 from tests.helpers import net_responses as responses
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]

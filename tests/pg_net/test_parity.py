@@ -13,9 +13,8 @@ import pytest
 from pgferry import db
 from pgferry.receiver import Hang, Receiver, Respond
 from pgferry.schema import install
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually
-from tests.sql.releases import RELEASES, install_release
+from tests.helpers import RunningRelay, eventually
+from tests.sql.releases import install_release, release
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 
@@ -152,7 +151,7 @@ async def test_requests_queued_before_the_queue_became_a_table_are_kept_and_sent
     receiver, url = await receiver_factory()
     conn = await db.connect(empty_db_url)
     try:
-        await install_release(conn, RELEASES[-1])  # the pg_net add-on as released before migration 0004
+        await install_release(conn, release("2ced9d6"))  # the pg_net add-on as released before migration 0004
         ids = [await conn.fetchval("select net.http_get($1)", f"{url}?old={n}") for n in range(3)]
         assert await conn.fetchval("select count(*) from net.http_request_queue") == 3  # the old view
         applied = await install(conn)  # upgrades the installed add-on too

@@ -23,8 +23,7 @@ from pgferry import sql
 from pgferry.receiver import Receiver, Respond
 from pgferry.relay.ownership import Ownership, OwnershipSettings
 from pgferry.schema import CONSUMER_LOCK_CLASS
-from tests.delivery.conftest import FAST, RunningRelay
-from tests.helpers import eventually
+from tests.helpers import FAST, RunningRelay, eventually
 
 EVENTS = 300
 

@@ -17,8 +17,7 @@ import pgferry
 from pgferry import sql
 from pgferry.delivery.model import consumer_name
 from pgferry.receiver import Received, Receiver, Respond, Slow
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import RelayProcess, eventually
+from tests.helpers import RelayProcess, RunningRelay, eventually
 
 KEYS = 24
 

@@ -2,5 +2,4 @@
 
 from __future__ import annotations
 
-from tests.delivery.conftest import relay  # noqa: F401 - fixture re-export
 from tests.pg_net.conftest import net_conn, net_db, net_relay  # noqa: F401 - fixture re-export

@@ -23,8 +23,7 @@ from pgferry.delivery.fasthttp import FastSender
 from pgferry.delivery.http import HttpResult
 from pgferry.receiver import Receiver, Respond
 from pgferry.schema import install
-from tests.delivery.conftest import FAST, RunningRelay
-from tests.helpers import eventually
+from tests.helpers import FAST, RunningRelay, eventually
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 STRICT = AddressPolicy(strict=True)

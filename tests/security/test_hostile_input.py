@@ -17,8 +17,7 @@ import pytest
 
 import pgferry
 from pgferry.receiver import Receiver, Respond
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import cli, eventually, read_all
+from tests.helpers import RunningRelay, cli, eventually, read_all
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 

@@ -19,8 +19,7 @@ import pgferry
 from pgferry import api_tokens
 from pgferry.api_tokens import TokenStore
 from pgferry.receiver import Receiver, Respond
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import cli, eventually
+from tests.helpers import RunningRelay, cli, eventually
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 _n = itertools.count()

@@ -23,8 +23,7 @@ from pgferry.delivery.model import Subscription
 from pgferry.delivery.signing import new_secret, redact_secrets
 from pgferry.embedded import EmbeddedPostgres
 from pgferry.receiver import Received, Receiver, Respond
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import cli, eventually
+from tests.helpers import RunningRelay, cli, eventually
 
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 

@@ -18,40 +18,75 @@ class Release:
     commit: str
     core: int  # the newest core migration it shipped
     pg_net: int  # the newest pg_net add-on migration (0: no add-on yet)
+    #: the frozen copy it installs from, released/<files>/ (default: its own commit). The releases
+    #: before the move share the last one's copy: each shipped a prefix of those migrations.
+    files: str = ""
 
     def __str__(self) -> str:
         return self.commit
 
+    @property
+    def folder(self) -> Path:
+        return RELEASED / (self.files or self.commit)
 
-#: The oldest release whose migrations were never edited afterwards, and the last one before
-#: functions moved into files.
-RELEASES = (Release("61fe2f8", core=6, pg_net=3), Release("2ced9d6", core=7, pg_net=3))
+
+#: The oldest release whose migrations were never edited afterwards; the last one before functions
+#: moved into files (36d660b: its migrations 0001-0008 and pg_net's 0001-0004 define the functions);
+#: and one after the move (5470897: migrations 0001-0023, every function in its own file).
+RELEASES = (
+    Release("61fe2f8", core=6, pg_net=3, files="36d660b"),
+    Release("2ced9d6", core=7, pg_net=3, files="36d660b"),
+    Release("36d660b", core=8, pg_net=4),
+    Release("5470897", core=23, pg_net=4),
+)
+#: The newest frozen release: every migration it shipped is the same, byte for byte, today.
+NEWEST = RELEASES[-1]
+
+
+def release(commit: str) -> Release:
+    """The frozen release made at ``commit``."""
+    return next(r for r in RELEASES if r.commit == commit)
+
+
+def migrations(release: Release, addon: str | None = None) -> list[Path]:
+    """The migration files ``release`` shipped, core or an add-on's, in version order."""
+    folder = release.folder / ("migrations" if addon is None else f"addons/{addon}")
+    shipped = release.core if addon is None else release.pg_net
+    return sorted(folder.glob("[0-9][0-9][0-9][0-9]_*.sql"))[:shipped]
+
+
+def _read(paths: list[Path]) -> list[sql.Migration]:
+    return [sql.Migration(int(path.name[:4]), path.stem[5:], path.read_text()) for path in paths]
 
 
 async def install_release(conn: asyncpg.Connection, release: Release, *, pg_net: bool = True) -> None:
-    """What `pgferry install [--pg-net]` of ``release`` did: its migrations, recorded the same way."""
-    core = _read(sorted((RELEASED / "migrations").glob("*.sql"))[: release.core])
-    addon = _read(sorted((RELEASED / "addons" / "pg_net").glob("*.sql"))[: release.pg_net]) if pg_net else []
+    """What `pgferry install [--pg-net]` of ``release`` did: its migrations, recorded the same way,
+    then (a release after the move) every one of its function files, core first, in call order."""
+    core, functions = _read(migrations(release)), sql.read_functions(release.folder / "functions")
+    addon = _read(migrations(release, "pg_net"))
+    addon_functions = sql.read_functions(release.folder / "addons" / "pg_net" / "functions")
     async with conn.transaction():
         await conn.execute(sql.query("create_migrations_table"))
-        for path, text in core:
-            await _apply(conn, path, text, None)
+        for migration in core:
+            await _apply(conn, migration, None)
+        for function in functions:
+            await conn.execute(function.sql)
+        if not pg_net:
+            return
         await conn.execute(sql.query("create_addon_migrations_table"))
-        for path, text in addon:
-            await _apply(conn, path, text, "pg_net")
+        for migration in addon:
+            await _apply(conn, migration, "pg_net")
+        for function in addon_functions:
+            await conn.execute(function.sql)
 
 
-def _read(paths: list[Path]) -> list[tuple[Path, str]]:
-    return [(path, path.read_text()) for path in paths]
-
-
-async def _apply(conn: asyncpg.Connection, path: Path, text: str, addon: str | None) -> None:
-    version, name = int(path.name[:4]), path.stem[5:]
-    await conn.execute(text)
+async def _apply(conn: asyncpg.Connection, migration: sql.Migration, addon: str | None) -> None:
+    if not migration.empty:  # its functions moved to files: only comments left
+        await conn.execute(migration.sql)
     if addon is None:
-        await conn.execute(sql.query("record_migration"), version, name)
+        await conn.execute(sql.query("record_migration"), migration.version, migration.name)
     else:
-        await conn.execute(sql.query("record_addon_migration"), addon, version, name)
+        await conn.execute(sql.query("record_addon_migration"), addon, migration.version, migration.name)
 
 
 #: Functions capture_table generates per table: data, not part of the schema's contract.

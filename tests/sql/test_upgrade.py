@@ -3,6 +3,7 @@ in exactly the schema a fresh install has."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from pathlib import Path
@@ -15,11 +16,19 @@ from pgferry import db, sql
 from pgferry.embedded import EmbeddedPostgres
 from pgferry.receiver import Receiver, Respond
 from pgferry.schema import install
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually
-from tests.sql.releases import GENERATED, RELEASES, Release, catalog, install_release
+from tests.helpers import RunningRelay, eventually
+from tests.sql import releases
+from tests.sql.releases import GENERATED, NEWEST, RELEASES, Release, catalog, install_release
 
 _DEFINED = re.compile(r"^create\s+or\s+replace\s+function\s+(\w+)\.(\w+)\s*\(", re.IGNORECASE | re.MULTILINE)
+#: What a migration must not create: `create [or replace] [constraint] [materialized] function|...`,
+#: in SQL or in a string that dynamic SQL runs.
+_CREATES = re.compile(
+    r"\bcreate\s+(?:or\s+replace\s+)?(?:temp(?:orary)?\s+|constraint\s+|materialized\s+|recursive\s+)?"
+    r"(?:function|procedure|view|trigger)\b",
+    re.IGNORECASE,
+)
+_COMMENT = re.compile(r"--[^\n]*")
 
 
 @pytest.fixture
@@ -69,9 +78,34 @@ def test_each_file_defines_the_function_it_is_named_after_and_calls_come_first()
         for position, function in enumerate(sql.functions(addon)):
             assert function.defines == {function.name}
             assert all(order.index(c) < position for c in function.calls if c in order), function.name
-    assert not any(m.sql.lower().count("create or replace function") for m in sql.migrations()), (
-        "functions live in sql/functions/, not in migrations"
-    )
+
+
+def test_no_migration_creates_a_function_procedure_view_or_trigger() -> None:
+    """They live in sql/functions/ (triggers beside their function), re-applied on every install;
+    a migration may only drop one that went away."""
+    for addon in (None, *sql.ADDONS):
+        for migration in sql.migrations(addon):
+            found = _CREATES.findall(_COMMENT.sub("", migration.sql))
+            assert not found, f"{addon or 'core'} migration {migration.version:04d}_{migration.name} creates {found}"
+
+
+def test_no_migration_was_edited_after_it_shipped() -> None:
+    """Every migration the newest frozen release shipped, core and add-on, is today byte for byte
+    what it was then: a database that applied it never applies it again, so a change to it would
+    reach fresh installs only. Change the schema in a new numbered migration instead."""
+    for addon, shipped in ((None, NEWEST.core), *((a, NEWEST.pg_net) for a in sql.ADDONS)):
+        frozen = releases.migrations(NEWEST, addon)
+        assert len(frozen) == shipped, f"released/{NEWEST}: {len(frozen)} {addon or 'core'} migrations, not {shipped}"
+        current = {f"{m.version:04d}_{m.name}.sql": m.sql.encode() for m in sql.migrations(addon)}
+        for path in frozen:
+            assert path.name in current, f"{addon or 'core'} migration {path.name} shipped in {NEWEST} and is gone"
+            assert _sha256(current[path.name]) == _sha256(path.read_bytes()), (
+                f"{addon or 'core'} migration {path.name} shipped in {NEWEST} and was edited since"
+            )
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 async def _fresh_catalog(url: str) -> dict[str, object]:
@@ -148,6 +182,24 @@ async def test_a_released_database_upgrades_to_the_fresh_schema_and_keeps_delive
     finally:
         await conn.close()
         await receiver.stop()
+
+
+async def test_an_install_puts_back_a_function_edited_by_hand(db_url: str) -> None:
+    """Every install re-applies every function file, migrations pending or not: what runs is what
+    the files say, whatever was done to the database by hand."""
+    conn = await db.connect(db_url)
+    definition = "select pg_get_functiondef('ferry.tick(boolean)'::regprocedure)"
+    try:
+        fresh = await conn.fetchval(definition)
+        await conn.execute(
+            "create or replace function ferry.tick(force boolean default false) returns bigint"
+            " language sql as $$ select null::bigint $$"
+        )
+        assert await conn.fetchval(definition) != fresh
+        assert await install(conn) == []  # no migration pending
+        assert await conn.fetchval(definition) == fresh
+    finally:
+        await conn.close()
 
 
 def test_the_contract_index_lists_every_function_file() -> None:

@@ -8,8 +8,7 @@ from dataclasses import replace
 import pytest
 
 from pgferry.streams.settings import ApiSettings
-from tests.delivery.conftest import FAST, RunningRelay
-from tests.helpers import eventually
+from tests.helpers import FAST, RunningRelay, eventually
 
 
 class ApiRelay(RunningRelay):

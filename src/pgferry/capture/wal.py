@@ -351,16 +351,13 @@ class WalCapture:
         stream.confirm(lsn)
 
     async def _report_lost(self, slot: asyncpg.Record) -> None:
-        """A slot PostgreSQL invalidated (or someone dropped): changes are gone. Say so once,
-        where status shows it, with the way out."""
+        """A slot PostgreSQL invalidated (or someone dropped): changes are gone. Say so once, where
+        status shows it, with the way out, and as a gap of each consumer reading what WAL capture
+        writes (ferry._record_wal_loss)."""
         if self._reported_lost == slot["problem"]:
             return
         self._reported_lost = slot["problem"]
-        note = (
-            f"{slot['problem']}: changes committed after {slot['lsn']} are not in the log. "
-            "Run select ferry.reset_wal_slot(); then `pgferry backfill` each table captured with method 'wal'"
-        )
-        await self.conn.execute(sql.query("wal_slot_lost"), note)
+        note = await self.conn.fetchval(sql.query("wal_slot_lost"), slot["problem"])
         log.error("WAL capture stopped: %s", note)
 
     async def _append(self, at: int, to: int, committed_at: datetime | None, pending: _Pending) -> int:

@@ -3,7 +3,9 @@
 One module per command group, all over one shared leaf of helpers:
 
 - ``common``: the database-url option, running a coroutine, a Ferry per command, tables and JSON;
-- ``core``: ``install``, ``run``, ``consumers``;
+- ``core``: ``install``, ``run``, ``run-child``, ``consumers``;
+- ``capture``: ``capture TABLE`` (trigger or WAL capture, and ``--remove``);
+- ``backfill``: ``backfill ...`` (the progress-bar loop is ``pgferry.ops.backfill.drive``);
 - ``webhooks``: ``subscription ...``;
 - ``dlq``: ``dlq ...``;
 - ``operator``: ``status``, ``relays``, ``trace``, ``tail``, ``replay``, ``apply``, ``retention``;

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import signal
-
 import click
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
 import pgferry
 from pgferry.capture import backfill as backfills
@@ -18,44 +14,10 @@ from pgferry.cli.common import (
     json_option,
     print_json,
     require_url,
-    rows_text,
     run_coroutine,
     table,
 )
-
-
-async def drive(
-    ferry: pgferry.Ferry, backfill: int, show: bool, max_rate: float | None, stop: asyncio.Event | None = None
-) -> backfills.Progress:
-    """Run the backfill's chunks here, with a progress bar if ``show``, until it ends or ``stop`` is set
-    (then it is paused after the chunk in progress). Without ``stop``: Ctrl-C or SIGTERM."""
-    if stop is None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-    async with ferry.pool.acquire() as conn:
-        first = await backfills.progress(conn, backfill)
-        with Progress(
-            TextColumn(f"backfill {backfill} of {first.table}"), BarColumn(), TaskProgressColumn(),
-            TextColumn("{task.fields[rows]} rows"), TimeRemainingColumn(),
-            console=console, disable=not show, transient=False,
-        ) as bar:  # fmt: skip
-            task = bar.add_task(
-                "rows", total=first.total, completed=first.rows_done, rows=rows_text(first.rows_done, first.total)
-            )
-
-            def observe(done: int, estimate: int | None, _chunk: int) -> None:
-                total = max(done, estimate) if estimate is not None else None
-                bar.update(task, completed=done, total=total, rows=rows_text(done, total))
-
-            runner = backfills.BackfillRunner(
-                conn, backfills.BackfillSettings(backfill, max_rate=max_rate), observe=observe
-            )
-            state = await runner.run(stop)
-        if state == "running":  # stopped by a signal
-            await backfills.set_state(conn, backfill, "pause")
-        return await backfills.progress(conn, backfill)
+from pgferry.ops.backfill import drive
 
 
 def _report(p: backfills.Progress, as_json: bool) -> None:
@@ -151,7 +113,7 @@ def backfill(
                     )  # fmt: skip
                     if detach:
                         return await backfills.progress(conn, started)
-            return await drive(ferry, started, show, max_rate)
+            return await drive(ferry, started, show, max_rate, console=console)
 
     result = run_coroutine(go())
     if isinstance(result, list):

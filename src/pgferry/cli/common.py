@@ -23,6 +23,7 @@ from pgferry import db
 from pgferry.capture.backfill import Progress as BackfillProgress
 from pgferry.delivery.signing import redact_secrets
 from pgferry.errors import PgferryError
+from pgferry.ops.backfill import rows_text
 from pgferry.ops.logs import configure
 
 T = TypeVar("T")
@@ -152,9 +153,22 @@ def attempts_table(rows: list[dict[str, Any]], title: str = "attempts") -> None:
     table(title, rows, columns, styles={"outcome": lambda v: "green" if v == "ok" else "red"})
 
 
-def rows_text(done: int, total: int | None) -> str:
-    """A backfill's rows done against its estimate ("?" for a table never analysed)."""
-    return f"{done:,} / ~{total:,}" if total is not None else f"{done:,} / ?"
+#: Cells of the bar in a backfill's progress cell (`pgferry status`, `pgferry backfill --list`).
+PROGRESS_BAR_CELLS = 10
+
+
+def progress_cell(done: int, total: int | None, finished: bool = False) -> str:
+    """A backfill's share of its estimate as a percent and a small bar ("30% ███░░░░░░░"), both rounded
+    down so that 100% and a full bar mean done; "" with no estimate. ``finished``: a backfill that is
+    done shows 100% though its estimate was above the rows it found (a condition, rows deleted)."""
+    if finished:
+        share = 1.0
+    elif not total:
+        return ""
+    else:
+        share = min(done / total, 1.0)
+    filled = int(share * PROGRESS_BAR_CELLS)
+    return f"{int(share * 100)}% " + "█" * filled + "░" * (PROGRESS_BAR_CELLS - filled)
 
 
 def backfill_rows(items: list[BackfillProgress]) -> list[dict[str, Any]]:
@@ -171,6 +185,7 @@ def backfill_rows(items: list[BackfillProgress]) -> list[dict[str, Any]]:
                 if p.orphaned
                 else p.state + (f": {p.reason}" if p.reason else "")
             ),
+            "progress": progress_cell(p.rows_done, p.total, finished=p.state == "done"),
             "rows": rows_text(p.rows_done, p.total),
             "rate": f"{p.rate:,.0f}/s" if p.rate is not None else "",
             "eta": str(p.eta).split(".")[0] if p.eta is not None else "",
@@ -180,7 +195,8 @@ def backfill_rows(items: list[BackfillProgress]) -> list[dict[str, Any]]:
 
 
 BACKFILL_COLUMNS = [("id", "id"), ("table", "table"), ("for", "for"), ("where", "where"), ("by", "by"),
-                    ("state", "state"), ("rows", "rows done"), ("rate", "rate"), ("eta", "ETA")]  # fmt: skip
+                    ("state", "state"), ("progress", "progress"), ("rows", "rows done"), ("rate", "rate"),
+                    ("eta", "ETA")]  # fmt: skip
 
 
 _SIZE_UNITS = {

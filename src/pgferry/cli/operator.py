@@ -316,7 +316,7 @@ def _retention_table(rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
     columns = [("consumer", "consumer"), ("level", "retention"), ("cursor_age", "cursor age"), ("held", "holds"),
-               ("limit_pct", "of limit"), ("gap_events", "events lost"), ("stalled_reason", "why")]  # fmt: skip
+               ("limit_pct", "of limit"), ("lost", "events lost"), ("why", "why")]  # fmt: skip
     table("retention: consumers holding the log back", rows, columns, styles={"level": _level_style})
 
 
@@ -424,7 +424,7 @@ def retention_show(database_url: str | None, as_json: bool) -> None:
     click.echo(f"max_retention {config['max_retention']}, max_retention_bytes "
                f"{'none' if cap is None else cap} (rotation_interval {config['rotation_interval']})")  # fmt: skip
     rows = inspect.holding_back(result["consumers"]) + [
-        {**r, "summary": "ok", "cursor_age": "-", "held": "-", "limit_pct": "-"}
+        {**r, "summary": "ok", "cursor_age": "-", "held": "-", "limit_pct": "-", "lost": "0", "why": None}
         for r in result["consumers"] if r["level"] == "ok" and not r["gaps"]
     ]  # fmt: skip
     _retention_table(rows)
@@ -432,6 +432,8 @@ def retention_show(database_url: str | None, as_json: bool) -> None:
         columns = [("id", "gap"), ("consumer", "consumer"), ("events", "events"), ("first_event_id", "first id"),
                    ("last_event_id", "last id"), ("oldest_event_at", "oldest"), ("newest_event_at", "newest"),
                    ("cause", "cause"), ("recorded_at", "recorded")]  # fmt: skip
+        if any(g["from_lsn"] for g in result["gaps"]):  # WAL losses: their WAL range (migration 0025)
+            columns[3:3] = [("from_lsn", "from LSN"), ("to_lsn", "to LSN")]
         table("gaps (events consumers never got)", result["gaps"], columns)
 
 

@@ -154,8 +154,9 @@ def _explain(exc: BaseException, m: Message, dest: NatsDestination, max_payload:
         if exc.no_stream:
             return _failed(
                 "no_stream",
-                f"no JetStream stream captures subject {m.subject!r} on {dest.address}; create one whose "
-                "subjects match it (nats stream add --subjects ...)",
+                f"no JetStream stream captures subject {m.subject!r} on {dest.address} (none, or none whose "
+                "subjects match it); create one (nats stream add --subjects ...) or add the subject to a "
+                "stream's subjects (nats stream edit --subjects ...)",
                 started,
             )
         if exc.err_code in MESSAGE_TOO_LARGE_CODES:

@@ -60,6 +60,9 @@ class RedisPipe:
         self._waiting: deque[asyncio.Future[Any]] = deque()
         self._broken: RedisConnectionLost | None = None
         self._unwritten: list[bytes] = []
+        #: seconds this server's clock is ahead of this host's, as the append script last told
+        #: (``delivery.redis_streams``: its deduplication windows are the server's)
+        self.clock_offset = 0.0
         self._reading = asyncio.ensure_future(self._read())
 
     @classmethod

@@ -18,9 +18,19 @@ same script. A chunk re-sent after a relay died between Redis's answer and
 pgferry's bookkeeping appends nothing twice, for at least ``dedup_window``
 seconds (120 by default, JetStream's default duplicate window). The marks
 cost about 70 bytes of Redis memory per event for two windows: ~170 MB at
-10,000 events/s with the default window. On a Redis Cluster every key of a
-script must be in one hash slot: one subscription's streams and marks would
-need a common ``{hash tag}``; pgferry is tested against a single server.
+10,000 events/s with the default window.
+
+The window ``<n>`` is Redis's: the script reads the server's ``TIME`` and
+refuses to run (``pgferry-clock <seconds> <microseconds>``, before it writes
+anything) when the marks it was handed are not those of the server's current
+window; the relay then takes the server's time from the refusal and sends
+again. With the relay's own clock, a relay on a host whose clock was off by
+more than a window wrote its marks where the others never looked, and a
+chunk re-sent by another relay was stored twice (test_sinks). The mark keys
+are still computed by the relay and passed as ``KEYS``, so that a Redis
+Cluster can route the script: on a cluster every key of a script must be in
+one hash slot, and one subscription's streams and marks would need a common
+``{hash tag}``; pgferry is tested against a single server.
 """
 
 from __future__ import annotations
@@ -46,12 +56,18 @@ from pgferry.delivery.sink import Prepared, Sink
 if TYPE_CHECKING:
     from pgferry.delivery.context import DeliveryContext
 
-#: KEYS: the current and previous marks, then one stream key per event.
-#: ARGV: mark TTL, MAXLEN (0: none), then per event: webhook-id, number of fields, field/value pairs.
+#: KEYS: the marks of the server's current window and of the one before it, then one stream key per event.
+#: ARGV: the window in seconds, the current window's number, MAXLEN (0: none), then per event:
+#: webhook-id, number of fields, field/value pairs.
 APPEND_ONCE = """
-local ttl = tonumber(ARGV[1])
-local maxlen = tonumber(ARGV[2])
-local at = 3
+if redis.replicate_commands then redis.replicate_commands() end  -- TIME before writes (Redis 5 and 6)
+local window = tonumber(ARGV[1])
+local now = redis.call('TIME')
+if math.floor(tonumber(now[1]) / window) ~= tonumber(ARGV[2]) then
+    return redis.error_reply('pgferry-clock ' .. now[1] .. ' ' .. now[2])
+end
+local maxlen = tonumber(ARGV[3])
+local at = 4
 local added = 0
 for k = 3, #KEYS do
     local id = ARGV[at]
@@ -76,7 +92,7 @@ for k = 3, #KEYS do
     end
     at = at + 2 + 2 * n
 end
-redis.call('EXPIRE', KEYS[1], ttl)
+redis.call('EXPIRE', KEYS[1], 2 * window)
 return added
 """
 
@@ -84,19 +100,40 @@ return added
 APPEND_ONCE_SHA = hashlib.sha1(APPEND_ONCE.encode()).hexdigest()
 
 
-async def append_once(pipe: RedisPipe, keys: Sequence[str], args: Sequence[Any]) -> None:
-    """Runs APPEND_ONCE (loading it first on a server that does not know it yet).
+#: Times a chunk is sent again when the script refuses it for the window (the server's clock
+#: crossed into the next window on the way, or it or this host's clock jumped).
+CLOCK_TRIES = 3
+
+
+async def append_once(
+    pipe: RedisPipe, marks: str, window: int, maxlen: int, streams: Sequence[str], entries: Sequence[Any]
+) -> None:
+    """Runs APPEND_ONCE (loading it first on a server that does not know it yet) with the marks
+    of the server's current window, as this host's clock and the server's last refusal tell.
 
     The command is packed by hiredis (C): redis-py's own packing in Python took about half
     of a relay's CPU when appending 100-event chunks (py-spy; docs/benchmarks.md)."""
-    packed = hiredis.pack_command(("EVALSHA", APPEND_ONCE_SHA, len(keys), *keys, *args))
-    try:
-        await pipe.send(packed)
-    except RedisError as exc:
-        if not str(exc).startswith("NOSCRIPT"):
-            raise
-        await pipe.call("SCRIPT", "LOAD", APPEND_ONCE)
-        await pipe.send(packed)
+    text = ""
+    for _ in range(CLOCK_TRIES):
+        bucket = int((time.time() + pipe.clock_offset) // window)
+        keys = (f"{marks}{bucket}", f"{marks}{bucket - 1}", *streams)
+        packed = hiredis.pack_command(("EVALSHA", APPEND_ONCE_SHA, len(keys), *keys, window, bucket, maxlen, *entries))
+        try:
+            try:
+                await pipe.send(packed)
+            except RedisError as exc:
+                if not str(exc).startswith("NOSCRIPT"):
+                    raise
+                await pipe.call("SCRIPT", "LOAD", APPEND_ONCE)
+                await pipe.send(packed)
+            return
+        except RedisError as exc:
+            text = str(exc)
+            if not text.startswith("pgferry-clock "):
+                raise
+            seconds, micros = text.split()[1:3]
+            pipe.clock_offset = int(seconds) + int(micros) / 1e6 - time.time()
+    raise RedisError(f"Redis's clock kept moving to another deduplication window ({text}); will try again")
 
 
 def entry_fields(event: OutEvent) -> list[str]:
@@ -127,28 +164,27 @@ class RedisStreamsSink(Sink):
     def prepare(self, chunk: Sequence[OutEvent]) -> Prepared | HttpResult:
         if self.dest is None:
             return HttpResult(None, "config", self.problem, None, 0.0)
-        window = self.dest.dedup_window_s
-        bucket = int(time.time()) // window
-        marks = f"pgferry:dedup:{self.sub.name}:"
-        keys = [f"{marks}{bucket}", f"{marks}{bucket - 1}"]
-        args: list[Any] = [2 * window, self.dest.maxlen or 0]
+        streams: list[str] = []
+        entries: list[Any] = []
         for e in chunk:
             fields = entry_fields(e)
-            size = sum(len(f) for f in fields)
+            # In bytes, as Redis stores them: counted in characters, an entry of non-ASCII text
+            # passed here up to four times over the limit (isascii() is O(1): no copy for ASCII).
+            size = sum(len(f) if f.isascii() else len(f.encode()) for f in fields)
             if size > self.ctx.max_body_bytes:
                 error = (f"entry of event {e.id} is {size} bytes, over the relay's limit of "
                          f"{self.ctx.max_body_bytes} (ferry.config.max_body_bytes)")  # fmt: skip
                 return HttpResult(None, "too_large", error, None, 0.0)
-            keys.append(self.dest.stream.render(e, subject=False))
-            args += [fields[1], len(fields) // 2, *fields]
-        return keys, args
+            streams.append(self.dest.stream.render(e, subject=False))
+            entries += [fields[1], len(fields) // 2, *fields]
+        return streams, entries
 
     async def send(
         self, chunk: Sequence[OutEvent], prepared: Prepared, on_wire: Callable[[], bool] | None, *, fresh: bool
     ) -> HttpResult:
         assert self.dest is not None
         dest = self.dest
-        keys, args = prepared
+        streams, entries = prepared
         started = time.perf_counter()
         if fresh:
             self.ctx.brokers.forget("redis", dest.host, dest.port)
@@ -160,11 +196,13 @@ class RedisStreamsSink(Sink):
             return HttpResult(None, "withdrawn", "not sent", None, 0.0)
         try:
             async with asyncio.timeout(self.sub.timeout_ms / 1000):
-                await append_once(pipe, keys, args)
+                await append_once(
+                    pipe, f"pgferry:dedup:{self.sub.name}:", dest.dedup_window_s, dest.maxlen or 0, streams, entries
+                )
         except (TimeoutError, RedisError, OSError) as exc:
             if isinstance(exc, OSError):  # RedisConnectionLost too
                 self.ctx.brokers.forget("redis", dest.host, dest.port)
-            return _explain(exc, dest, keys[2], self.sub.timeout_ms, started)
+            return _explain(exc, dest, streams[0], self.sub.timeout_ms, started)
         return HttpResult(None, None, None, None, (time.perf_counter() - started) * 1000)
 
     def endpoint_down(self) -> None:

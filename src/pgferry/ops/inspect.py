@@ -143,16 +143,18 @@ async def retention_status(conn: asyncpg.Connection) -> list[dict[str, Any]]:
 
 def _worst_per_subscription(rows: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], int]]:
     """Per subscription, the retention row of its partition closest to the limit (a stalled one
-    first), and the events the gaps of all its partitions lost."""
+    first), with the most WAL losses any of its partitions has (each records the same loss), and
+    the events the gaps of all its partitions lost."""
     worst: dict[str, tuple[dict[str, Any], int]] = {}
     for row in rows:
         name = row["subscription"]
         if name is None:
             continue
         held, lost = worst.get(name, (None, 0))
+        wal_gaps = max(row.get("wal_gaps") or 0, (held or {}).get("wal_gaps") or 0)
         if held is None or _closeness(row) > _closeness(held):
             held = row
-        worst[name] = (held, lost + (row.get("gap_events") or 0))
+        worst[name] = ({**held, "wal_gaps": wal_gaps}, lost + (row.get("gap_events") or 0))
     return worst
 
 
@@ -163,8 +165,10 @@ def _closeness(row: dict[str, Any]) -> tuple[bool, float]:
 def retention_summary(row: dict[str, Any]) -> str:
     """A consumer's standing against the retention limit in a few words, for status and the dashboard:
     ``ok``; ``50%: cursor 3d 12h old, holds 1.2 GB``; ``stalled: ...``; with ``, N event(s) lost`` when
-    it has gaps."""
+    it has gaps, ``, changes lost from the WAL (N gap(s))`` when WAL capture's slot was lost under it."""
     lost = f", {row['gap_events']} event(s) lost (gaps)" if row.get("gap_events") else ""
+    if row.get("wal_gaps"):
+        lost += f", changes lost from the WAL ({row['wal_gaps']} gap(s))"
     if row["level"] == "stalled":
         return f"stalled since {row['stalled_at']:%Y-%m-%d %H:%M:%S%z}{lost}"
     if row["level"] == "ok":
@@ -176,14 +180,24 @@ def retention_summary(row: dict[str, Any]) -> str:
 
 def holding_back(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The consumers status must name: at 50% or more of the retention limit, stalled, or with gaps;
-    each with ``summary``."""
+    each with ``summary``, ``lost`` (the events its gaps lost, and WAL losses) and ``why``."""
     out = [dict(r) for r in rows if r["level"] != "ok" or r["gaps"]]
     for row in out:
         row["summary"] = retention_summary(row)
+        row["lost"] = str(row["gap_events"] or 0)
+        row["why"] = row["stalled_reason"]
+        if row.get("wal_gaps"):
+            row["lost"] += f" + changes from the WAL ({row['wal_gaps']} gap(s))"
+            row["why"] = "; ".join(filter(None, [row["why"], WAL_LOSS]))
         row["cursor_age"] = _age(row["lag_seconds"])
         row["held"] = _bytes(row["held_bytes"])
         row["limit_pct"] = f"{max(row['time_pct'], row['size_pct']):.0f}%"
     return out
+
+
+#: What a consumer's WAL gap means, for status and the dashboard (ferry._record_wal_loss, migration 0025)
+WAL_LOSS = ("WAL capture's slot was lost: changes of the tables captured with method 'wal' never reached the log; "
+            "`pgferry retention show` lists the gaps, then `pgferry backfill` those tables")  # fmt: skip
 
 
 def _age(seconds: float) -> str:

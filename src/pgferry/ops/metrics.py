@@ -122,6 +122,14 @@ class RelayMetrics:
             "(the planner's estimate of the table's rows at its start; -1: none, a backfill of an older version).",
             backfill_labels, registry=r,
         )  # fmt: skip
+        self.backfill_rate = Gauge(
+            "pgferry_backfill_rows_per_second", "Rows per second of a running or paused backfill since its start "
+            "(pauses count; absent before its first rows).", backfill_labels, registry=r,
+        )  # fmt: skip
+        self.backfill_eta = Gauge(
+            "pgferry_backfill_eta_seconds", "Seconds a running backfill has left at its rate since the start, "
+            "against its estimate (absent while paused, orphaned or with no estimate).", backfill_labels, registry=r,
+        )  # fmt: skip
         self.log_bytes = Gauge(
             "pgferry_log_bytes", "Size of the event log: its partitions with their indexes.", registry=r
         )
@@ -144,6 +152,10 @@ class RelayMetrics:
         self.consumer_gap_events = Gauge(
             "pgferry_consumer_gap_events", "Events the consumer never got: the sum of its recorded gaps.",
             ["consumer"], registry=r,
+        )  # fmt: skip
+        self.consumer_wal_gaps = Gauge(
+            "pgferry_consumer_wal_gaps", "WAL capture's slot losses recorded as gaps of the consumer: changes of "
+            "WAL-captured tables that never reached the log (how many is unknown).", ["consumer"], registry=r,
         )  # fmt: skip
         self.wal_events = Counter(
             "pgferry_wal_captured_events", "Events this relay decoded from the WAL into the log.", registry=r
@@ -227,7 +239,7 @@ class RelayMetrics:
     def set_retention(self, rows: Sequence[dict[str, Any]]) -> None:
         """Replace the retention gauges with ferry.retention_status() rows (gone consumers vanish)."""
         for gauge in (self.consumer_age, self.consumer_held, self.consumer_ratio, self.consumer_stalled,
-                      self.consumer_gap_events):  # fmt: skip
+                      self.consumer_gap_events, self.consumer_wal_gaps):  # fmt: skip
             gauge.clear()
         for row in rows:
             name = row["consumer"]
@@ -237,6 +249,7 @@ class RelayMetrics:
             self.consumer_ratio.labels(name).set(max(row["time_pct"] or 0, row["size_pct"] or 0) / 100)
             self.consumer_stalled.labels(name).set(1 if row["stalled_at"] is not None else 0)
             self.consumer_gap_events.labels(name).set(row["gap_events"] or 0)
+            self.consumer_wal_gaps.labels(name).set(row.get("wal_gaps") or 0)
 
     def observe_wal(self, events: int) -> None:
         self.wal_events.inc(events)
@@ -250,12 +263,16 @@ class RelayMetrics:
 
     def set_backfills(self, backfills: Sequence[BackfillProgress]) -> None:
         """Replace the backfill gauges with the backfills running or paused now (finished ones vanish)."""
-        self.backfill_rows.clear()
-        self.backfill_estimate.clear()
+        for gauge in (self.backfill_rows, self.backfill_estimate, self.backfill_rate, self.backfill_eta):
+            gauge.clear()
         for b in backfills:
             labels = (str(b.id), b.table, b.target or "", b.state)
             self.backfill_rows.labels(*labels).set(b.rows_done)
             self.backfill_estimate.labels(*labels).set(b.total if b.total is not None else -1)
+            if (rate := b.rate) is not None:
+                self.backfill_rate.labels(*labels).set(rate)
+            if (eta := b.eta) is not None:
+                self.backfill_eta.labels(*labels).set(eta.total_seconds())
 
     def set_relay(self, is_ticker: bool, in_flight: dict[str, int], streams: dict[str, float] | None = None) -> None:
         for what, value in (streams or {}).items():

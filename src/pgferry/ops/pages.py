@@ -298,7 +298,7 @@ def _retention_table(rows: Sequence[dict[str, Any]]) -> str:
         out.append(
             f'<tr data-consumer="{esc(r["consumer"])}"><td>{esc(r["consumer"])}</td>'
             f'<td class="{cls}">{esc(r["level"])}</td><td>{esc(r["cursor_age"])}</td><td>{esc(r["held"])}</td>'
-            f"<td>{esc(r['limit_pct'])}</td><td>{esc(r['gap_events'])}</td><td>{esc(r['stalled_reason'])}</td></tr>"
+            f"<td>{esc(r['limit_pct'])}</td><td>{esc(r['lost'])}</td><td>{esc(r['why'])}</td></tr>"
         )
     out.append("</table>")
     return "".join(out)

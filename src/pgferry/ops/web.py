@@ -8,6 +8,8 @@ scrape or a page view never takes a connection from delivery.
 The relay starts them through ``relay/surface.py`` (``OperatorWeb`` is an
 ``OperatorSurface``) and hands them a ``RelayView``, not itself: this module
 depends on the relay's leaf of shared types, the relay does not depend on it.
+The dashboard (``ops/dashboard.py``, ``ops/pages.py``) is imported only when its
+port is set: a relay serving metrics alone never loads it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import asyncpg
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
@@ -25,9 +28,11 @@ from pgferry.capture import backfill as backfills
 from pgferry.db import CONNECTION_ERRORS
 from pgferry.errors import PgferryError
 from pgferry.ops import inspect
-from pgferry.ops.dashboard import Dashboard
 from pgferry.ops.metrics import RelayMetrics, gather_processes
 from pgferry.relay.surface import RelayHooks, RelayView, SupervisorView
+
+if TYPE_CHECKING:
+    from pgferry.ops.dashboard import Dashboard
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,9 @@ class _Servers:
 
     async def _start_dashboard(self, host: str, port: int, token: str | None) -> str:
         """Serves the dashboard (reading through ``self.pool``); returns its URL."""
+        # Loaded only when a dashboard port is set: a relay serving metrics alone never imports it.
+        from pgferry.ops.dashboard import Dashboard  # noqa: PLC0415 - optional part, loaded only when served
+
         assert self.pool is not None
         dashboard = Dashboard(self.pool, host=host, token=token)
         self.dashboard = dashboard

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from importlib.resources.abc import Traversable
 
 _NAME_MARKER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _MIGRATION_FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
@@ -91,7 +92,14 @@ def functions(addon: str | None = None) -> tuple[FunctionFile, ...]:
     """The function files of the core schema (or of an add-on), each after the files whose
     functions it calls (a SQL-language body is checked against them when it is created);
     by name otherwise."""
-    folder = resources.files(__package__).joinpath("functions" if addon is None else f"addons/{addon}/functions")
+    return read_functions(
+        resources.files(__package__).joinpath("functions" if addon is None else f"addons/{addon}/functions")
+    )
+
+
+def read_functions(folder: Traversable) -> tuple[FunctionFile, ...]:
+    """The function files in ``folder`` in the order ``functions`` applies them (none if there is
+    no such folder); the upgrade tests read a released version's files with it."""
     if not folder.is_dir():
         return ()
     files: dict[str, FunctionFile] = {}

@@ -336,7 +336,7 @@ from ferry.config
 -- name: gaps_list
 -- Recorded gaps, newest first, of consumer $1 (NULL: every consumer), at most $2.
 select id, consumer, subscription, from_tick, to_tick, events, first_event_id, last_event_id, oldest_event_at,
-       newest_event_at, cause, reason, recorded_at, updated_at
+       newest_event_at, cause, reason, recorded_at, updated_at, from_lsn::text as from_lsn, to_lsn::text as to_lsn
 from ferry.gaps where ($1::text is null or consumer = $1) order by id desc limit $2
 
 -- name: gaps_of_event
@@ -665,7 +665,9 @@ select w.slot_name, w.publication, w.lsn::text as lsn,
 from ferry.wal_slot w left join pg_replication_slots s on s.slot_name = w.slot_name
 
 -- name: wal_slot_lost
-update ferry.wal_slot set invalidated_at = coalesce(invalidated_at, now()), note = $1
+-- WAL capture's slot is lost ($1 says how): noted in ferry.wal_slot and a gap of each consumer of a
+-- WAL-captured stream (migration 0025); the note, with the way out.
+select ferry._record_wal_loss(problem => $1)
 
 -- name: wal_failing
 -- WAL capture cannot append the next change: why (migration 0021); kept since the first failure.

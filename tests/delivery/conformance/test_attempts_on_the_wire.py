@@ -11,8 +11,7 @@ import asyncpg
 import pgferry
 from pgferry.delivery.fasthttp import FastSender
 from tests.delivery.conformance.scripted import Close, MakeScripted, Request, Script, Step, full
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually
+from tests.helpers import RunningRelay, eventually
 
 
 def closes_each_connection_at_its_second_request() -> Script:

@@ -7,8 +7,7 @@ import orjson
 
 import pgferry
 from tests.delivery.conformance.servers import Aiohttp, RealServer, Uvicorn
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually
+from tests.helpers import RunningRelay, eventually
 
 KEYS = ["plain-1", "ctl\x01key", "café", " padded ", "50%"]
 

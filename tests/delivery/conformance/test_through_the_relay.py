@@ -9,8 +9,7 @@ import asyncpg
 
 import pgferry
 from tests.delivery.conformance.scripted import CONTINUE, MakeScripted, Pause, Request, Step, full, requested_status
-from tests.delivery.conftest import RunningRelay
-from tests.helpers import eventually
+from tests.helpers import RunningRelay, eventually
 
 EVENTS = 10
 

@@ -8,14 +8,20 @@
 -- decoding for good); made here only if someone dropped it. Creating the
 -- slot must come before anything the transaction writes, and needs the
 -- REPLICATION attribute (or superuser).
+-- A slot that is gone, or that PostgreSQL invalidated (wal_status 'lost',
+-- max_slot_wal_keep_size), is refused with the way out (reset_wal_slot):
+-- recreating it here would skip, unseen, what was written since.
 -- reset (ferry.reset_wal_slot): drop the slot that is there, if any, and
--- create a new one; ferry.wal_slot.note says where the log was complete.
+-- create a new one; ferry.wal_slot.note says where the log was complete, and
+-- the changes in between are a gap of each consumer reading a WAL-captured
+-- stream (ferry._record_wal_loss: the one the relay opened when it found the
+-- slot lost is closed at the new slot's position).
 -- Returns the row of ferry.wal_slot.
 --
--- Calls:   -
+-- Calls:   ferry._record_wal_loss
 -- Reads:   pg_replication_slots, pg_settings
--- Writes:  ferry.wal_slot, a replication slot, a publication; notifies pgferry_wal (a new slot)
--- Raises:  55000 (wal_level is not logical, or the slot is gone), 55006 (reset: a relay reads the slot), 25000 (the transaction wrote before), 42501 (no REPLICATION),
+-- Writes:  ferry.wal_slot, ferry.gaps (reset), a replication slot, a publication; notifies pgferry_wal (a new slot)
+-- Raises:  55000 (wal_level is not logical, or the slot is gone or lost), 55006 (reset: a relay reads the slot), 25000 (the transaction wrote before), 42501 (no REPLICATION),
 --          55P03 (lock_timeout passed while transactions in progress held back the slot's creation)
 -- Runs as: the caller (SECURITY INVOKER)
 -- Callers: PUBLIC (the default)
@@ -30,6 +36,8 @@ declare
     v_message text;
     v_timeout text;
     v_pid integer;
+    v_wal_status text;
+    v_problem text;
 begin
     select * into w from ferry.wal_slot;
     if found and reset then
@@ -40,11 +48,23 @@ begin
                 using errcode = '55006',
                       hint = 'Reset only a slot status reports as lost or gone; to drop a healthy one, stop the relays first.';
         end if;
-        if exists (select 1 from pg_replication_slots s where s.slot_name = w.slot_name) then
+        select s.wal_status into v_wal_status from pg_replication_slots s where s.slot_name = w.slot_name;
+        v_problem := case when not found then format('the replication slot %s was gone', w.slot_name)
+                          when v_wal_status = 'lost'
+                          then format('PostgreSQL invalidated the replication slot %s (max_slot_wal_keep_size)', w.slot_name)
+                          else format('ferry.reset_wal_slot() replaced the replication slot %s', w.slot_name) end;
+        if found then
             perform pg_drop_replication_slot(w.slot_name);
         end if;
     elsif found then
-        if exists (select 1 from pg_replication_slots s where s.slot_name = w.slot_name) then
+        select s.wal_status into v_wal_status from pg_replication_slots s where s.slot_name = w.slot_name;
+        if found and v_wal_status = 'lost' then
+            raise exception 'pgferry: PostgreSQL invalidated the replication slot % that WAL capture reads '
+                            '(max_slot_wal_keep_size): changes committed after % are not in the log', w.slot_name, w.lsn
+                using errcode = '55000',
+                      hint = 'Run select ferry.reset_wal_slot(); on its own, then `pgferry backfill` the tables captured '
+                             'with method ''wal'' to send their current rows (ferry.gaps records the hole).';
+        elsif found then
             return w;
         end if;
         -- Recreating it here would skip, unseen, whatever was written since it went.
@@ -97,6 +117,9 @@ begin
         -- A partitioned table's changes as the table's own (the relid capture_table knows),
         -- not as its partitions'.
         create publication pgferry_wal with (publish_via_partition_root = true);
+    end if;
+    if w.lsn is not null then  -- a reset: what the old slot had not brought is lost
+        perform ferry._record_wal_loss(v_problem, v_lsn);
     end if;
     delete from ferry.wal_slot;
     insert into ferry.wal_slot (slot_name, publication, lsn, note)

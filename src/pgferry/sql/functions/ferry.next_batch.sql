@@ -33,7 +33,9 @@ begin
     if c.stalled_at is not null then
         select sum(gp.events) as events, min(gp.from_tick) as from_tick, max(gp.to_tick) as to_tick,
                min(gp.oldest_event_at) as oldest, max(gp.newest_event_at) as newest
-        into g from ferry.gaps gp where gp.consumer = next_batch.consumer and gp.updated_at >= c.stalled_at;
+        into g from ferry.gaps gp
+        where gp.consumer = next_batch.consumer and gp.updated_at >= c.stalled_at
+          and gp.cause <> 'wal slot lost';  -- a WAL loss moved no cursor: nothing to resume from (migration 0025)
         if g.events is not null then
             raise exception 'pgferry: consumer % is stalled: retention dropped % event(s) of its streams it had not read (ticks % to %, written % to %)',
                 quote_literal(consumer), g.events, g.from_tick, g.to_tick,

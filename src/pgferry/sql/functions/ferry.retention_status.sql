@@ -1,4 +1,4 @@
--- ferry.retention_status() returns table (consumer text, subscription text, streams text[], tick_id bigint, lag_seconds double precision, held_bytes bigint, log_bytes bigint, max_retention interval, max_retention_bytes bigint, time_pct double precision, size_pct double precision, level text, stalled_at timestamptz, stalled_reason text, gaps bigint, gap_events bigint, last_gap_at timestamptz)
+-- ferry.retention_status() returns table (consumer text, subscription text, streams text[], tick_id bigint, lag_seconds double precision, held_bytes bigint, log_bytes bigint, max_retention interval, max_retention_bytes bigint, time_pct double precision, size_pct double precision, level text, stalled_at timestamptz, stalled_reason text, gaps bigint, gap_events bigint, last_gap_at timestamptz, wal_gaps bigint)
 --
 -- Per consumer, how close it is to the retention limit (migration 0014):
 -- lag_seconds, the age of the oldest tick its cursor has not passed (0 when
@@ -9,7 +9,9 @@
 -- max_retention_bytes, for a consumer that holds something back (0 without
 -- a size cap or when it holds nothing). level: 'stalled', '80%', '50%' or
 -- 'ok', from the larger of the two. gaps, gap_events, last_gap_at sum up
--- its rows in ferry.gaps. subscription: the subscription a webhook:NAME
+-- its rows in ferry.gaps; wal_gaps counts those of WAL capture's lost
+-- slots (migration 0025: changes that never reached the log, how many is
+-- unknown, so not in gap_events). subscription: the subscription a webhook:NAME
 -- consumer belongs to. `pgferry status`, the metrics, the dashboard and
 -- ferry.maintain read it.
 --
@@ -24,7 +26,8 @@ create or replace function ferry.retention_status()
 returns table (consumer text, subscription text, streams text[], tick_id bigint, lag_seconds double precision,
                held_bytes bigint, log_bytes bigint, max_retention interval, max_retention_bytes bigint,
                time_pct double precision, size_pct double precision, level text,
-               stalled_at timestamptz, stalled_reason text, gaps bigint, gap_events bigint, last_gap_at timestamptz)
+               stalled_at timestamptz, stalled_reason text, gaps bigint, gap_events bigint, last_gap_at timestamptz,
+               wal_gaps bigint)
 language sql stable as $$
     with cfg as (select f.max_retention, f.max_retention_bytes from ferry.config f),
     parts as (
@@ -53,9 +56,10 @@ language sql stable as $$
                 when greatest(pct.time_pct, pct.size_pct) >= 80 then '80%'
                 when greatest(pct.time_pct, pct.size_pct) >= 50 then '50%'
                 else 'ok' end,
-           pct.stalled_at, pct.stalled_reason, g.n, g.events, g.last_at
+           pct.stalled_at, pct.stalled_reason, g.n, g.events, g.last_at, g.wal
     from pct
-    left join lateral (select count(*) as n, coalesce(sum(gp.events), 0)::bigint as events, max(gp.updated_at) as last_at
+    left join lateral (select count(*) as n, coalesce(sum(gp.events), 0)::bigint as events, max(gp.updated_at) as last_at,
+                              count(*) filter (where gp.cause = 'wal slot lost') as wal
                        from ferry.gaps gp where gp.consumer = pct.name) g on true
     order by pct.name
 $$;

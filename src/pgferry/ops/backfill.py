@@ -1,0 +1,73 @@
+"""Running a backfill from a terminal: its chunks run in this process, with a progress bar, until
+it ends, or it is paused on Ctrl-C or SIGTERM.
+
+``pgferry backfill`` (cli/backfill.py) and the demo (demo.py) both drive a backfill so; the engine
+that runs the chunks is capture/backfill.py's ``BackfillRunner``, which knows nothing of terminals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.text import Text
+
+import pgferry
+from pgferry.capture import backfill as backfills
+
+
+def rows_text(done: int, total: int | None) -> str:
+    """A backfill's rows done against its estimate ("?" for a table never analysed)."""
+    return f"{done:,} / ~{total:,}" if total is not None else f"{done:,} / ?"
+
+
+class RateColumn(ProgressColumn):
+    """Rows per second of this run: rich's average over the chunks of the last 30 s (the rate in
+    `pgferry status` is since the backfill's start, pauses included)."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text(f"{speed:,.0f} rows/s" if speed is not None else "? rows/s", style="progress.data.speed")
+
+
+async def drive(
+    ferry: pgferry.Ferry,
+    backfill: int,
+    show: bool,
+    max_rate: float | None,
+    stop: asyncio.Event | None = None,
+    *,
+    console: Console | None = None,
+) -> backfills.Progress:
+    """Run the backfill's chunks here, with a progress bar on ``console`` if ``show``, until it ends
+    or ``stop`` is set (then it is paused after the chunk in progress). Without ``stop``: Ctrl-C or
+    SIGTERM."""
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+    async with ferry.pool.acquire() as conn:
+        first = await backfills.progress(conn, backfill)
+        with Progress(
+            TextColumn(f"backfill {backfill} of {first.table}"), BarColumn(), TaskProgressColumn(),
+            TextColumn("{task.fields[rows]} rows"), RateColumn(), TimeRemainingColumn(),
+            console=console, disable=not show, transient=False,
+        ) as bar:  # fmt: skip
+            task = bar.add_task(
+                "rows", total=first.total, completed=first.rows_done, rows=rows_text(first.rows_done, first.total)
+            )
+
+            def observe(done: int, estimate: int | None, _chunk: int) -> None:
+                total = max(done, estimate) if estimate is not None else None
+                bar.update(task, completed=done, total=total, rows=rows_text(done, total))
+
+            runner = backfills.BackfillRunner(
+                conn, backfills.BackfillSettings(backfill, max_rate=max_rate), observe=observe
+            )
+            state = await runner.run(stop)
+        if state == "running":  # stopped by a signal
+            await backfills.set_state(conn, backfill, "pause")
+        return await backfills.progress(conn, backfill)

@@ -1,0 +1,104 @@
+-- ferry.backfill(tbl regclass, subscription text default null, consumer text default null, condition text default null, chunk_size integer default 2000) returns bigint
+--
+-- Starts a backfill of a captured table: every row (matching condition)
+-- will become one READ event of the capture's stream, in primary-key
+-- order, written by ferry.backfill_chunk in one short transaction per
+-- chunk (migration 0013 says why that is consistent with live writes).
+-- This only records it, in state running; a runner drives it
+-- (`pgferry backfill`, or SQL calling ferry.backfill_chunk until it is done).
+-- tbl: a captured table with a primary key; subscription or consumer (at
+-- most one): the only reader of the events, which must read the table's
+-- stream (neither: every reader); condition: a boolean SQL expression over
+-- the table's columns (not `where`: a reserved word cannot name an
+-- argument), checked here; chunk_size: rows per chunk transaction (the
+-- default, 2000, is docs/backfills.md's measured trade-off).
+-- Returns the backfill's id.
+--
+-- Calls:   -
+-- Reads:   ferry.captures, ferry.consumers, ferry.subscriptions, pg_index, the planner's estimate of tbl's rows
+-- Writes:  ferry.backfills
+-- Raises:  22023, 42704, 42P10, 55000, and the SQLSTATE of an invalid condition (42601, 42703, 42804, ...)
+-- Runs as: the caller (SECURITY INVOKER): the condition runs with the caller's rights
+-- Callers: PUBLIC (the default); the caller must be able to read tbl
+
+create or replace function ferry.backfill(
+    tbl regclass,
+    subscription text default null,
+    consumer text default null,
+    condition text default null,
+    chunk_size integer default 2000)
+returns bigint language plpgsql as $$
+declare
+    v_capture ferry.captures;
+    v_target  text;
+    v_streams text[];
+    v_found   boolean;
+    v_state   text;
+    v_message text;
+    v_id      bigint;
+    v_plan    json;
+begin
+    select * into v_capture from ferry.captures c where c.relid = tbl and c.uncaptured_at is null;
+    if not found then
+        raise exception 'pgferry: table % is not captured, so a backfill would have no stream to write to', tbl
+            using errcode = '55000',
+                  hint = 'Capture it first: select ferry.capture_table(''' || tbl::text || ''');';
+    end if;
+    if not exists (select 1 from pg_index i where i.indrelid = tbl and i.indisprimary) then
+        raise exception 'pgferry: table % has no primary key; a backfill reads it in primary-key order', tbl
+            using errcode = '42P10', hint = 'Add a primary key to the table.';
+    end if;
+    if chunk_size is null or chunk_size < 1 or chunk_size > 1000000 then
+        raise exception 'pgferry: chunk_size must be between 1 and 1000000, not %', coalesce(chunk_size::text, 'NULL')
+            using errcode = '22023', hint = 'Leave it out for the default of 2000.';
+    end if;
+    if subscription is not null and consumer is not null then
+        raise exception 'pgferry: a backfill is for one subscription or one consumer, not both'
+            using errcode = '22023', hint = 'Give subscription or consumer, or neither for every reader.';
+    end if;
+    if subscription is not null then
+        select s.streams into v_streams from ferry.subscriptions s where s.name = backfill.subscription;
+        v_found := found;
+        v_target := 'webhook:' || subscription;
+    elsif consumer is not null then
+        select c.streams into v_streams from ferry.consumers c where c.name = backfill.consumer;
+        v_found := found;
+        v_streams := coalesce(v_streams, array[v_capture.stream]);  -- NULL streams: reads every stream
+        v_target := consumer;
+    end if;
+    if v_target is not null and not v_found then
+        raise exception 'pgferry: % % does not exist',
+            case when subscription is not null then 'subscription' else 'consumer' end,
+            quote_literal(coalesce(subscription, consumer))
+            using errcode = '42704',
+                  hint = case when subscription is not null then 'See `pgferry subscription list`.'
+                              else 'See `pgferry consumers`, or register it first.' end;
+    end if;
+    if v_target is not null and not v_capture.stream = any (v_streams) then
+        raise exception 'pgferry: % does not read stream %, where % is captured, so it would receive nothing',
+            quote_literal(coalesce(subscription, consumer)), quote_literal(v_capture.stream), tbl
+            using errcode = '22023', hint = 'Add the stream to it, or backfill for a reader of that stream.';
+    end if;
+    if condition is not null then
+        begin
+            execute format('select 1 from %s where (%s) limit 0', tbl, condition);
+        exception when others then
+            get stacked diagnostics v_state = returned_sqlstate, v_message = message_text;
+            raise exception 'pgferry: condition % is not a valid boolean expression over %: %',
+                quote_literal(condition), tbl, v_message
+                using errcode = v_state, hint = 'Write it as the WHERE clause of a query on the table would be.';
+        end;
+    end if;
+
+    -- The planner's estimate of the table's rows (no scan): unlike pg_class.reltuples it exists
+    -- for a table never analyzed (from its size; reltuples is -1 then, and the progress bar had
+    -- no total) and for a partitioned one. Of the whole table, conditions or not: an upper
+    -- bound. The planner's guess for a condition can be far too low (a tenth of the rows of
+    -- `id % 2 = 0`), and a bar at 100% for most of the run says less than one that ends early.
+    execute format('explain (format json) select 1 from %s', tbl) into v_plan;
+    insert into ferry.backfills (capture, relid, schema_name, table_name, target, condition, chunk_size, rows_estimate)
+    values (v_capture.id, tbl, v_capture.schema_name, v_capture.table_name, v_target, backfill.condition,
+            backfill.chunk_size, round((v_plan -> 0 -> 'Plan' ->> 'Plan Rows')::numeric)::bigint)
+    returning id into v_id;
+    return v_id;
+end $$;

@@ -1,0 +1,137 @@
+-- ferry.backfill_chunk(backfill bigint) returns table (state text, rows_done bigint, rows_estimate bigint, chunk_rows integer)
+--
+-- Does the next chunk of a running backfill, in the caller's transaction,
+-- which should hold nothing else and commit right after: a chunk's rows stay
+-- share-locked until then. Picks the chunk_size-th primary key after
+-- last_key (matching the condition), then in one INSERT ... SELECT ... FOR
+-- SHARE writes a READ event for every row in (last_key, that key], and
+-- records that key as last_key: progress commits with the events, so a
+-- runner killed at any point resumes after the last chunk that committed.
+-- Fewer rows than chunk_size left: the rest is read and the backfill is
+-- done. Migration 0013 proves the order against live writes.
+-- The event of a row is built in this one function: key as the capture's
+-- key expression, record as `v_record` below (where a capture's column
+-- choice belongs), type READ from op 'R' (ferry._envelope).
+-- Returns one row: the backfill's state after the chunk ('busy' when
+-- another runner holds it right now: try again shortly), rows done so far,
+-- the estimate of the total and the rows this chunk wrote. An error while
+-- reading the table (dropped column, uncaptured table, privileges) marks
+-- the backfill failed with the message as reason, and is not raised;
+-- transient errors (deadlock, serialization, cancel, resources) are raised
+-- and leave it running.
+--
+-- Calls:   ferry._backfill_key_literal, ferry._current_partition, ferry._key_expression, ferry._record_expression
+-- Reads:   ferry.backfills, ferry.captures, pg_index, pg_attribute, the backfilled table
+-- Writes:  ferry.backfills, ferry.events_0..2
+-- Raises:  42704, and transient errors (08, 40, 53, 57)
+-- Runs as: the caller (SECURITY INVOKER): the table and condition are read with the caller's rights
+-- Callers: PUBLIC (the default)
+
+create or replace function ferry.backfill_chunk(backfill bigint)
+returns table (state text, rows_done bigint, rows_estimate bigint, chunk_rows integer)
+language plpgsql as $$
+declare
+    b         ferry.backfills;
+    v_capture ferry.captures;
+    v_cols    text;   -- r.a, r.b: the primary key, in index order
+    v_object  text;   -- 'a', r.a::text, 'b', r.b::text: the primary key as a JSON object
+    v_names   text[]; -- the primary key's columns
+    v_types   text[]; -- and their types
+    v_where   text;
+    v_upper   jsonb;
+    v_key     text;
+    v_record  text;
+    v_txid    xid8;
+    v_part    smallint;
+    v_n       integer := 0;
+    v_sqlstate text;
+begin
+    select * into b from ferry.backfills f where f.id = backfill_chunk.backfill for update skip locked;
+    if not found then
+        if not exists (select 1 from ferry.backfills f where f.id = backfill_chunk.backfill) then
+            raise exception 'pgferry: backfill % does not exist', backfill using errcode = '42704',
+                  hint = 'See `pgferry backfill --list`.';
+        end if;
+        return query select 'busy'::text, null::bigint, null::bigint, 0;
+        return;
+    end if;
+    if b.state <> 'running' then
+        return query select b.state, b.rows_done, b.rows_estimate, 0;
+        return;
+    end if;
+
+    begin
+        select * into v_capture from ferry.captures c where c.relid = b.relid and c.uncaptured_at is null;
+        if not found then
+            raise exception 'table %.% is no longer captured', quote_ident(b.schema_name), quote_ident(b.table_name)
+                using errcode = '55000';
+        end if;
+        select array_agg(a.attname::text order by k.ord), array_agg(format_type(a.atttypid, a.atttypmod) order by k.ord)
+          into v_names, v_types
+        from pg_index i
+        cross join lateral unnest(i.indkey) with ordinality as k(attnum, ord)
+        join pg_attribute a on a.attrelid = i.indrelid and a.attnum = k.attnum
+        where i.indrelid = b.relid and i.indisprimary;
+        -- The key's values in their text form, which their type reads back exactly: as JSON, an
+        -- array, a composite or a jsonb string key did not (`[2, 3]` is no int[] literal).
+        select string_agg(format('r.%I', n), ', ' order by o), string_agg(format('%L, r.%I::text', n, n), ', ' order by o)
+          into v_cols, v_object
+        from unnest(v_names) with ordinality x(n, o);
+        if v_cols is null then
+            raise exception 'table %.% has no primary key any more', quote_ident(b.schema_name), quote_ident(b.table_name)
+                using errcode = '42P10';
+        end if;
+        v_where := case when b.last_key is null then 'true'
+                        else format('(%s) > (%s)', v_cols, ferry._backfill_key_literal(b.last_key, v_names, v_types)) end
+                   || case when b.condition is null then '' else format(' and (%s)', b.condition) end;
+
+        -- The event of a row r: as capture_table builds it (the capture's key and column choice),
+        -- and only for rows its condition keeps.
+        v_key := ferry._key_expression(v_capture.id, 'r');
+        v_record := ferry._record_expression(v_capture.id, 'r');
+        if v_capture.condition is not null then
+            v_where := v_where || format(' and (%s)', v_capture.condition);
+        end if;
+
+        -- 1. The chunk's last key, as the snapshot of this statement orders them (no lock).
+        execute format('select jsonb_build_object(%s) from %s r where %s order by %s offset %s limit 1',
+                       v_object, b.relid::regclass, v_where, v_cols, b.chunk_size - 1)
+            into v_upper;
+        -- 2. Its rows, share-locked as they are read, as READ events. The txid is taken before the
+        -- partition pointer is read, as rotation requires (it is this transaction's: the row lock above).
+        v_txid := pg_current_xact_id();
+        v_part := ferry._current_partition();
+        execute format(
+            'insert into ferry.events_%s (part, txid, stream, capture, key, payload, op, target) '
+            'select %s, %L::xid8, %L, %s, %s, %s, ''R'', %L from %s r where %s%s order by %s for share of r',
+            v_part, v_part, v_txid, v_capture.stream, v_capture.id, v_key, v_record, b.target,
+            b.relid::regclass, v_where,
+            case when v_upper is null then ''
+                 else format(' and (%s) <= (%s)', v_cols, ferry._backfill_key_literal(v_upper, v_names, v_types)) end,
+            v_cols);
+        get diagnostics v_n = row_count;
+    exception when others then
+        v_sqlstate := sqlstate;
+        if left(v_sqlstate, 2) in ('08', '40', '53', '57') then
+            raise;
+        end if;
+        update ferry.backfills f
+        set state = 'failed', reason = format('%s (SQLSTATE %s)', sqlerrm, v_sqlstate),
+            updated_at = clock_timestamp(), finished_at = clock_timestamp()
+        where f.id = b.id
+        returning * into b;
+        return query select b.state, b.rows_done, b.rows_estimate, 0;
+        return;
+    end;
+
+    update ferry.backfills f
+    set last_key = coalesce(v_upper, f.last_key),
+        rows_done = f.rows_done + v_n,
+        chunks_done = f.chunks_done + 1,
+        state = case when v_upper is null then 'done' else f.state end,
+        updated_at = clock_timestamp(),
+        finished_at = case when v_upper is null then clock_timestamp() end
+    where f.id = b.id
+    returning * into b;
+    return query select b.state, b.rows_done, b.rows_estimate, v_n;
+end $$;

@@ -1,0 +1,267 @@
+-- ferry.capture_table( tbl regclass, stream text default null, key_columns text[] default null, operations text[] default array['insert', 'update', 'delete'], condition text default null, columns text[] default null, exclude_columns text[] default null, changed_columns text[] default null, method text default 'trigger') returns text
+--
+-- Installs statement-level triggers with transition tables, one generated
+-- function per operation. Everything known at capture time is written into
+-- the function as a constant (stream, capture id, key expression, target
+-- partition, and the filters below): the statement has no parameters, no
+-- per-row branching and no TG_OP test, which measured faster than any
+-- generic function. Without condition, columns, exclude_columns and
+-- changed_columns the generated functions are exactly those of 0010.
+-- tbl: the table; stream: its stream (default schema.table); key_columns:
+-- the event key (default the primary key, refused without one); operations:
+-- which of insert, update, delete to capture.
+-- condition: a boolean expression over the row's columns by name (no
+-- subqueries); only rows that match are captured, and an UPDATE when its
+-- old OR its new row matches (a row leaving the filter is seen leaving;
+-- one entering it, entering). Stored deparsed (ferry._capture_condition).
+-- columns / exclude_columns (not both): the columns record and old_record
+-- keep / leave out. The key is computed from the whole row, so key columns
+-- may be left out of the record and events still carry their key.
+-- changed_columns (needs update among operations): an UPDATE is captured
+-- only when one of these columns IS DISTINCT FROM before; old and new rows
+-- are paired by position, so an UPDATE that changes the primary key is
+-- compared row for row like any other (name the key columns here too to
+-- capture key changes). With condition as well, both must hold.
+-- Returns the stream. Calling it again replaces the capture (new settings,
+-- current code). Dropping or renaming a column a condition, columns or
+-- changed_columns names makes the table's writes fail until capture_table
+-- is called again (the generated code names it).
+-- The generated functions (ferry._capture_<oid>_<operation>, data rather
+-- than contract: not in these files) write ferry.events_0..2.
+-- method 'wal' (migration 0020): no trigger; the table joins the
+-- publication pgferry manages, and the relay decodes its changes from the
+-- WAL (ferry._append_wal) with the same settings, TRUNCATE included. The
+-- slot is created on the first such capture, before anything else this
+-- transaction writes (PostgreSQL refuses to create one after a write). A
+-- table with REPLICA IDENTITY DEFAULT is set to FULL, so that old_record
+-- and unchanged TOASTed values are whole, as with triggers; one with
+-- REPLICA IDENTITY NOTHING is refused (publishing it would make
+-- PostgreSQL refuse the table's UPDATEs and DELETEs).
+--
+-- Calls:   ferry._capture_condition, ferry._capture_function, ferry._check_columns, ferry._check_stream,
+--          ferry._current_partition, ferry._ensure_wal_slot, ferry._key_expression, ferry._record_expression,
+--          ferry.uncapture_table
+-- Reads:   ferry.wal_slot
+-- Writes:  ferry.captures, the publication (method 'wal')
+-- Raises:  22023, 42601, 42703, 42809, 42P10, 42883 (changed_columns of a type without equality), 55000
+--          (method 'wal': REPLICA IDENTITY NOTHING, wal_level, the slot; ferry._ensure_wal_slot);
+--          what the condition raises (ferry._capture_condition)
+-- Runs as: the caller (SECURITY INVOKER)
+-- Callers: PUBLIC (the default)
+
+create or replace function ferry.capture_table(
+    tbl regclass,
+    stream text default null,
+    key_columns text[] default null,
+    operations text[] default array['insert', 'update', 'delete'],
+    condition text default null,
+    columns text[] default null,
+    exclude_columns text[] default null,
+    changed_columns text[] default null,
+    method text default 'trigger')
+returns text language plpgsql as $$
+declare
+    v_schema  text;
+    v_table   text;
+    v_kind    "char";
+    v_stream  text;
+    v_keys    text[];
+    v_ops     text[];
+    v_op      text;
+    v_key     text;
+    v_capture integer;
+    v_select  text;
+    v_body    text;
+    v_fn      text;
+    v_p       integer;
+    v_cond    text;
+    v_filter  text;
+    v_changed text;
+    v_state   text;
+    v_message text;
+    v_r       text;
+    v_n       text;
+    v_o       text;
+begin
+    select n.nspname, c.relname, c.relkind into v_schema, v_table, v_kind
+    from pg_class c join pg_namespace n on n.oid = c.relnamespace where c.oid = tbl;
+    if v_kind not in ('r', 'p') then
+        raise exception 'pgferry: % is not a table; only tables can be captured', tbl using errcode = '42809';
+    end if;
+    v_stream := coalesce(stream, v_schema || '.' || v_table);
+    perform ferry._check_stream(v_stream);
+    if method is null or method not in ('trigger', 'wal') then
+        raise exception 'pgferry: unknown capture method %; use trigger or wal', quote_nullable(method)
+            using errcode = '22023';
+    end if;
+    if method = 'wal' then
+        if (select c.relreplident from pg_class c where c.oid = tbl) = 'n' then
+            raise exception 'pgferry: % has REPLICA IDENTITY NOTHING: once it is published, PostgreSQL refuses its UPDATEs and DELETEs', tbl
+                using errcode = '55000',
+                      hint = 'alter table ' || tbl::text || ' replica identity full (or default, with a primary key), '
+                             'or capture it with method => ''trigger''.';
+        end if;
+        perform ferry._ensure_wal_slot();  -- first: a slot cannot be created after this transaction wrote
+    end if;
+
+    if key_columns is null then
+        select array_agg(a.attname::text order by k.ord) into v_keys
+        from pg_index i
+        cross join lateral unnest(i.indkey) with ordinality as k(attnum, ord)
+        join pg_attribute a on a.attrelid = i.indrelid and a.attnum = k.attnum
+        where i.indrelid = tbl and i.indisprimary;
+        if v_keys is null then
+            raise exception 'pgferry: table % has no primary key, so events would have no key', tbl
+                using errcode = '42P10',
+                      hint = 'Add a primary key, or name the key columns: ferry.capture_table(''' || tbl::text
+                             || ''', key_columns => array[''col'']).';
+        end if;
+    else
+        perform ferry._check_columns(tbl, key_columns, 'key_columns');
+        v_keys := key_columns;
+    end if;
+
+    select array_agg(distinct lower(o) order by lower(o)) into v_ops from unnest(operations) o;
+    foreach v_op in array coalesce(v_ops, '{}') loop
+        if v_op not in ('insert', 'update', 'delete') then
+            raise exception 'pgferry: unknown operation %; use insert, update and/or delete', quote_literal(v_op)
+                using errcode = '22023';
+        end if;
+    end loop;
+    if v_ops is null then
+        raise exception 'pgferry: operations must name at least one of insert, update, delete' using errcode = '22023';
+    end if;
+
+    -- Column choice and filters, all checked now rather than on a writer's first row.
+    if columns is not null and exclude_columns is not null then
+        raise exception 'pgferry: pass columns or exclude_columns, not both' using errcode = '22023',
+            hint = 'columns keeps only the columns named; exclude_columns keeps all but those named.';
+    end if;
+    perform ferry._check_columns(tbl, columns, 'columns');
+    perform ferry._check_columns(tbl, exclude_columns, 'exclude_columns');
+    if not exists (select 1 from pg_attribute a where a.attrelid = tbl and a.attnum > 0 and not a.attisdropped
+                   and a.attname <> all(coalesce(exclude_columns, '{}'))) then
+        raise exception 'pgferry: exclude_columns leaves no column of % in the record', tbl using errcode = '22023',
+            hint = 'Leave at least one column in, or capture with columns => array[...] instead.';
+    end if;
+    perform ferry._check_columns(tbl, changed_columns, 'changed_columns');
+    if changed_columns is not null and 'update' <> all(v_ops) then
+        raise exception 'pgferry: changed_columns applies to UPDATE, which this capture leaves out' using errcode = '22023',
+            hint = 'Add ''update'' to operations, or leave changed_columns out.';
+    end if;
+    if changed_columns is not null then
+        v_changed := (select string_agg(format('(od.o).%1$I is distinct from (nw.n).%1$I', c), ' or ' order by i)
+                      from unnest(changed_columns) with ordinality x(c, i));
+        begin  -- a type without equality (json, point, ...) cannot be compared: say so now
+            execute format('select 1 from (select null::%1$s as o) od, (select null::%1$s as n) nw where %2$s limit 0',
+                           tbl, v_changed);
+        exception when others then
+            get stacked diagnostics v_state = returned_sqlstate, v_message = message_text;
+            raise exception 'pgferry: changed_columns cannot be compared: %', v_message using errcode = v_state,
+                hint = 'Name columns whose type has an equality operator (cast json to jsonb, for example).';
+        end;
+    end if;
+    v_cond := ferry._capture_condition(tbl, condition);
+
+    perform ferry.uncapture_table(tbl);
+    insert into ferry.captures (relid, schema_name, table_name, stream, key_columns, operations,
+                                condition, columns, exclude_columns, changed_columns, method)
+    values (tbl, v_schema, v_table, v_stream, v_keys, v_ops,
+            v_cond, capture_table.columns, capture_table.exclude_columns, capture_table.changed_columns,
+            capture_table.method)
+    returning id into v_capture;
+    if method = 'wal' then
+        execute format('alter publication %I add table only %s', (select w.publication from ferry.wal_slot w), tbl);
+        if (select c.relreplident from pg_class c where c.oid = tbl) = 'd' then
+            execute format('alter table %s replica identity full', tbl);
+        end if;
+        -- A condition or changed_columns looks at the old row, which the WAL has whole only with
+        -- REPLICA IDENTITY FULL: with an index's, a DELETE's old row is its key, and the events
+        -- would differ from what triggers write (rows leaving the condition, deletes, unchanged
+        -- columns taken for changed).
+        if (v_cond is not null or capture_table.changed_columns is not null)
+           and (select c.relreplident from pg_class c where c.oid = tbl) <> 'f' then
+            raise exception 'pgferry: capturing % from the WAL with a condition or changed_columns needs its whole old rows, '
+                            'and its REPLICA IDENTITY gives only their key', tbl
+                using errcode = '55000',
+                      hint = format('alter table %s replica identity full; or capture it with method => ''trigger''.', tbl);
+        end if;
+        -- Changes from here on in the WAL are this capture's (migration 0022).
+        update ferry.captures c set captured_lsn = pg_current_wal_insert_lsn() where c.id = v_capture;
+        return v_stream;
+    end if;
+    -- The generated statements name rows by the aliases r, n and o; a bare alias that is also a
+    -- column name means the column (to_jsonb(r) of a table with a column r logged that column
+    -- alone; (nw.n).* of one with a column n failed every UPDATE), so such a table gets the
+    -- aliases pgferry_r, pgferry_n or pgferry_o instead.
+    select coalesce(max(case when a.attname = 'r' then 'pgferry_r' end), 'r'),
+           coalesce(max(case when a.attname = 'n' then 'pgferry_n' end), 'n'),
+           coalesce(max(case when a.attname = 'o' then 'pgferry_o' end), 'o')
+    into v_r, v_n, v_o
+    from pg_attribute a where a.attrelid = tbl and a.attnum > 0 and not a.attisdropped;
+    v_key := ferry._key_expression(v_capture, v_r);
+
+    foreach v_op in array v_ops loop
+        -- The SELECT producing (key, payload, op, old_payload) for this operation.
+        -- The txid column defaults to pg_current_xact_id(); an AFTER trigger
+        -- runs after its statement wrote rows, so the transaction id is taken
+        -- before the partition pointer is read, as rotation requires. The
+        -- UPDATE pairs old and new rows by position: transition tables are
+        -- filled row by row in lockstep, so this holds even when the key changes.
+        -- Filters and column choice: without them, the text of 0010 exactly.
+        -- An UPDATE is captured when its old or its new row matches the
+        -- condition (m), and one of changed_columns changed.
+        v_filter := case when v_op = 'update' then concat_ws(' and ',
+                             case when v_cond is not null then '(nw.m or od.m)' end,
+                             case when v_changed is not null then '(' || v_changed || ')' end)
+                         else v_cond end;
+        v_select := case v_op
+            when 'insert' then format(
+                '%s, %s, ''I'', null::jsonb from pgferry_new %s', v_key, ferry._record_expression(v_capture, v_r), v_r)
+            when 'delete' then format(
+                '%s, %s, ''D'', null::jsonb from pgferry_old %s', v_key, ferry._record_expression(v_capture, v_r), v_r)
+            else format(
+                '%s, %s, ''U'', %s '
+                'from (select row_number() over () as pos, %s%s from pgferry_new %s) nw '
+                'join (select row_number() over () as pos, %s%s from pgferry_old %s) od using (pos), '
+                'lateral (select (nw.n).*) %s',
+                v_key, ferry._record_expression(v_capture, v_r), ferry._record_expression(v_capture, 'od.o'),
+                case v_n when 'n' then 'n' else v_n || ' as n' end, ', ' || v_cond || ' as m', v_n,
+                case v_o when 'o' then 'o' else v_o || ' as o' end, ', ' || v_cond || ' as m', v_o, v_r)
+            end
+            || coalesce(' where ' || nullif(v_filter, ''), '')
+            || case v_op when 'update' then ' order by nw.pos' else '' end;
+        -- Straight into the current partition: routing through the parent
+        -- costs a noticeable share of a single-row statement.
+        v_body := '';
+        for v_p in 0..2 loop
+            v_body := v_body || format(
+                E'    %s v_part = %s then\n'
+                 '        insert into ferry.events_%s (part, stream, capture, key, payload, op, old_payload)\n'
+                 '        select %s, %L, %s, %s;\n',
+                case v_p when 0 then 'if' else 'elsif' end, v_p, v_p, v_p, v_stream, v_capture, v_select);
+        end loop;
+        v_fn := ferry._capture_function(tbl, v_op);
+        -- Quoted as a literal (%L), so no text of a condition can end the body early.
+        execute format('create function %s() returns trigger language plpgsql as %L', v_fn, format(
+            E'%s\n'
+             '            declare\n'
+             '                v_part smallint := ferry._current_partition();\n'
+             '            begin\n'
+             '            %s    end if;\n'
+             '                return null;\n'
+             '            end ',
+            -- a column of the condition named like v_part is the column
+            case when v_cond is not null then E'\n            #variable_conflict use_column' else '' end,
+            v_body));
+        execute format('comment on function %s() is %L', v_fn,
+                       format('pgferry: capture of %s %s into stream %s', v_op, tbl, v_stream));
+        execute format('create trigger pgferry_capture_%s after %s on %s referencing %s for each statement execute function %s()',
+                       v_op, v_op, tbl,
+                       case v_op when 'insert' then 'new table as pgferry_new'
+                                 when 'delete' then 'old table as pgferry_old'
+                                 else 'old table as pgferry_old new table as pgferry_new' end,
+                       v_fn);
+    end loop;
+    return v_stream;
+end $$;

@@ -1,0 +1,24 @@
+-- pgferry 0007: reading a batch must not scan the whole partition.
+--
+-- ferry.batch_events finds the events a tick range covers in two parts: the
+-- txid range between the two ticks' xmax, and the transactions the start
+-- tick listed as in progress (its xip). The second part was written as
+-- `txid = any (xip)` alone. Until a partition has planner statistics
+-- (autovacuum analyzes a fresh one within a minute or so, and never within
+-- a short burst) PostgreSQL guesses that each xid matches 0.5% of the rows
+-- and each xip holds 50 xids, so "a quarter of the table" makes a sequential
+-- scan look cheaper than the index. Every read then scanned the whole
+-- current partition: measured with auto_explain under `pgferry bench
+-- webhooks`, reads cost 60 us per event instead of 5 and grew with the
+-- partition, the relay fell behind the inserts, and the batch-100 scenario
+-- ran between 23K and 64K events/s depending on when autovacuum happened to
+-- analyze.
+--
+-- Every xid in a snapshot's xip lies in [xmin, xmax) of that snapshot, so
+-- adding that range changes no result; it gives the planner a range
+-- estimate that keeps the txid index the cheapest path with or without
+-- statistics (tests/log/test_read_plan.py checks the plan on a partition
+-- that was never analyzed).
+--
+-- The functions it defined live in functions/, one file each with its
+-- current definition, applied by every `pgferry install` after the migrations.
