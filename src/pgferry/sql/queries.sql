@@ -629,6 +629,12 @@ order by id
 -- name: close_stream
 select ferry.close_stream($1)
 
+-- name: stream_capture
+-- The table whose capture writes stream $1 now, or NULL: the HTTP API publishes into no such stream.
+select format('%I.%I', c.schema_name, c.table_name) from ferry.captures c
+where c.stream = $1 and c.uncaptured_at is null
+limit 1
+
 -- name: streams_events
 -- The events of several streams committed in the range ($1, $2] (the stream hub's live feed),
 -- each payload as its JSON text (the HTTP API writes it out as it is).

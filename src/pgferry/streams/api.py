@@ -300,6 +300,10 @@ class StreamsApi:
         assert self.pool is not None
         try:
             async with self.pool.acquire() as conn:
+                # A token for public.* could write events that look like the table's changes.
+                if captured := await conn.fetchval(sql.query("stream_capture"), stream):
+                    raise _error(409, f"stream {stream!r} is written by the capture of table {captured}; the "
+                                 "API publishes into no captured table's stream: publish to another name")  # fmt: skip
                 rows = await conn.fetch(sql.query("publish_many"), [stream] * len(items), payloads, keys,
                                         headers if any(h is not None for h in headers) else None)  # fmt: skip
         except asyncpg.PostgresError as exc:
