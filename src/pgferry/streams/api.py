@@ -36,9 +36,10 @@ import contextlib
 import json
 import logging
 import re
+import resource
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, Protocol
 from urllib.parse import unquote
@@ -73,6 +74,9 @@ MAX_BODY = 1 << 20
 WRITE_PIECE = 64 * 1024
 #: The kernel send buffer of an SSE connection (the kernel doubles it).
 SSE_SEND_BUFFER = 128 * 1024
+#: Open files a relay keeps for all but its readers' sockets (database connections, webhooks'
+#: connections, listening sockets, logs): max_clients is capped at the open-files limit less this.
+FD_RESERVE = 256
 
 
 class Authorizer(Protocol):
@@ -674,8 +678,35 @@ def _float(raw: str | None, name: str, default: float, low: float, high: float) 
     return value
 
 
+def fit_open_files(settings: ApiSettings) -> ApiSettings:
+    """Raise this process's soft limit of open files to its hard limit (each reader is a socket,
+    and the soft limit is often 1,024: 10,000 clients connecting at once were refused with
+    EMFILE), and cap ``max_clients`` at what the limit leaves room for, saying so in the log."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    infinite = resource.RLIM_INFINITY
+    want = hard if hard != infinite else max(soft, settings.max_clients + FD_RESERVE)
+    if soft != infinite and want > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            log.info("streams API: open files limit raised from %d to %d", soft, want)
+            soft = want
+        except (ValueError, OSError) as exc:
+            log.warning("streams API: cannot raise the open files limit from %d to %d (%s)", soft, want, exc)
+    room = soft - FD_RESERVE if soft != infinite else settings.max_clients
+    if settings.max_clients <= room:
+        return settings
+    capped = max(1, room)
+    log.warning(
+        "streams API: serving %d readers at most, not %d: this process may open %d files, "
+        "%d of them kept for the rest; raise the limit (ulimit -n, systemd LimitNOFILE=) to serve more",
+        capped, settings.max_clients, soft, FD_RESERVE,
+    )  # fmt: skip
+    return replace(settings, max_clients=capped)
+
+
 async def serve(api: StreamsApi, stop: asyncio.Event, announce: Callable[[str], None] | None = None) -> None:
     """Run the API, and the hub it reads from, until ``stop``."""
+    api.settings = fit_open_files(api.settings)
     await api.open()
     runner = web.AppRunner(
         api.app, access_log=None, handle_signals=False, handler_cancellation=True, shutdown_timeout=5.0
