@@ -495,7 +495,8 @@ class StreamsApi:
             moved = position
             try:
                 # (closed when left early, at the stream's end: a tick read in pages holds a connection)
-                async with contextlib.aclosing(self.history.pages(stream, position, pace)) as pages:
+                reading = self.history.read_on(stream, position, pace, lambda: self.hub.lower or 0)
+                async with contextlib.aclosing(reading) as pages:
                     async for page, moved in pages:  # noqa: B007 - used after
                         if not page:
                             continue

@@ -28,6 +28,7 @@ so as not to read far more than it wants, and a tick with more log events than i
 pages up to that number, so that a poll of 1,000 events of a 10,000-event tick reads 1,000 (it read
 the whole tick, ten times over for the ten polls); and an answer stops at about HISTORY_BYTES.
 
+An SSE client's next range is read while it is written the one before (``read_on``).
 Payloads are read as their JSON text and written out as they are (``reader.JsonText``).
 
 What stays bounded by estimate only: a range of several ticks is read whole, sized from the
@@ -37,7 +38,9 @@ log events), and so is a page (up to MAX_PAGE events).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 import asyncpg
@@ -143,12 +146,53 @@ class History:
         long-poll), it stops at them. A caller frames what it is given (``pace.framed``) before it
         asks for more, and may stop between pages (``contextlib.aclosing``: a page read holds a
         connection). OffsetExpired when retention has dropped the range."""
-        assert self.pool is not None and self.paging is not None
-        left = rows
+        read = await self._read(stream, position, pace, rows)
+        if read is None:
+            return
+        if read.complete:
+            yield read.take(), read.after
+            pace.ranged(read.log_events)
+            return
+        async for page in self._rest(stream, position, pace, read, rows):
+            yield page
+
+    async def read_on(
+        self, stream: str, position: Position, pace: Pace, until: Callable[[], int]
+    ) -> AsyncGenerator[tuple[list[StreamEvent], Position], None]:
+        """As ``pages``, range after range, while ranges start before tick ``until()`` (where the
+        live feed is), and reading each range that is read whole while the caller writes the one
+        before: one after the other, the relay framed while the database waited and the other way
+        round (a range more is held in memory for it)."""
+        ahead: asyncio.Task[_Range | None] | None = None
+        try:
+            while position.lower < until():
+                read = await (ahead if ahead is not None else self._read(stream, position, pace))
+                ahead = None
+                if read is None:
+                    return
+                if not read.complete:
+                    async for page in self._rest(stream, position, pace, read):
+                        yield page
+                    position = read.after
+                    continue
+                if read.after.lower < until():
+                    ahead = asyncio.create_task(self._read(stream, read.after, pace))
+                yield read.take(), read.after
+                pace.ranged(read.log_events)
+                position = read.after
+        finally:
+            if ahead is not None:
+                ahead.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await ahead
+
+    async def _read(self, stream: str, position: Position, pace: Pace, rows: int | None = None) -> _Range | None:
+        """The next range on the API's pool: whole, or up to where a tick is read on in pages."""
+        assert self.pool is not None
         async with self.pool.acquire() as conn:
             end = await range_end(conn, position, pace.span(rows))
             if end is None:
-                return
+                return None
             size = await conn.fetchrow(sql.query("stream_range_size"), position.lower, end)
             assert size is not None
             log_events = int(size["events"] or 0)
@@ -159,16 +203,22 @@ class History:
                 events, complete = [], False
             else:
                 events, complete = await _read_tick(conn, stream, position, end, log_events, rows)
-        after = Position(end, position.floor)
-        if complete:
-            yield events, after
-            pace.ranged(log_events)
-            return
-        if events:  # the tick is bigger than it looked (or than the reader wants): the rest in pages
-            position = Position(position.lower, max(position.floor, events[-1].offset))
-            yield events, position
+        return _Range(events, Position(end, position.floor), complete, log_events)
+
+    async def _rest(
+        self, stream: str, position: Position, pace: Pace, read: _Range, rows: int | None = None
+    ) -> AsyncGenerator[tuple[list[StreamEvent], Position], None]:
+        """The pages of the one tick of ``read``, from what it holds on, on a connection of the
+        paging pool; ``rows``: no more than that many events."""
+        assert self.paging is not None
+        left = rows
+        end = read.after.lower
+        if read.events:  # the tick is bigger than it looked (or than the reader wants): the rest in pages
+            position = Position(position.lower, max(position.floor, read.events[-1].offset))
+            taken = len(read.events)
+            yield read.take(), position
             if left is not None:
-                left -= len(events)
+                left -= taken
                 if left <= 0:
                     return
 
@@ -187,8 +237,25 @@ class History:
                     left -= len(page)
                     if left <= 0:
                         return  # (the caller has all it wanted; the rest of the tick stays unread)
-        yield [], after
-        pace.ranged(log_events)
+        yield [], read.after
+        pace.ranged(read.log_events)
+
+
+@dataclass(slots=True)
+class _Range:
+    """A range read on the API's pool: its events (all of them when ``complete``; else the first
+    of its one tick, whose rest is read in pages), the position after it, its log events."""
+
+    events: list[StreamEvent]
+    after: Position
+    complete: bool
+    log_events: int
+
+    def take(self) -> list[StreamEvent]:
+        """The events, no longer held here: a caller that has framed them can let them go
+        before it writes the frames."""
+        events, self.events = self.events, []
+        return events
 
 
 async def _read_tick(
