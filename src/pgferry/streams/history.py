@@ -19,9 +19,9 @@ everyone needs; and a bounded one, so that any number of clients catching up at 
 up the server's max_connections (beyond that, they wait their turn). Those connections stay open
 between ticks and readers: one opened per tick, 100-event pages, and every tick bigger than a
 reader's first span (200 events) read that way made catching up on a 1,000,000-event stream in
-ticks of 10,000 cost 100 connections and 10,000 fetches (82,000 events/s over SSE against the
-100,000 targeted; measured at 200,000 events). A reader whose stream is a fraction of a tick's
-events reads only its own from the cursor.
+ticks of 10,000 cost 100 connections and 10,000 fetches (82,000-105,000 events/s over SSE,
+against the 100,000 targeted, as the machine was busy; bench streams, 200,000 events). A reader
+whose stream is a fraction of a tick's events reads only its own from the cursor.
 
 A long-poll reads the same way, with a number of events it wants (``rows``): its ranges are sized
 so as not to read far more than it wants, and a tick with more log events than it wants is read in
