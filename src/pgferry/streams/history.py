@@ -24,9 +24,10 @@ against the 100,000 targeted, as the machine was busy; bench streams, 200,000 ev
 whose stream is a fraction of a tick's events reads only its own from the cursor.
 
 A long-poll reads the same way, with a number of events it wants (``rows``): its ranges are sized
-so as not to read far more than it wants, and a tick with more log events than it wants is read in
-pages up to that number, so that a poll of 1,000 events of a 10,000-event tick reads 1,000 (it read
-the whole tick, ten times over for the ten polls); and an answer stops at about HISTORY_BYTES.
+so as not to read far more than it wants, and a tick is read through the cursor on the API's pool
+up to that number (it writes its answer only once it has read it), so that a poll of 1,000 events
+of a 10,000-event tick reads 1,000 (it read the whole tick, ten times over for the ten polls);
+and an answer stops at about HISTORY_BYTES.
 
 An SSE client's next range is read while it is written the one before (``read_on``).
 Payloads are read as their JSON text and written out as they are (``reader.JsonText``).
@@ -95,17 +96,16 @@ class Pace:
             span = int(HISTORY_BYTES / self.per_log_event)
         else:
             span = self.range_events
-        if rows is not None:
-            # events of the log per event of the stream, as far as seen (1 at first)
-            sparse = self.per_event / self.per_log_event if self.per_event and self.per_log_event else 1.0
-            span = min(span, int(rows * sparse) + 1)
+        if rows is not None and self.per_log_event is None:
+            span = min(span, rows + 1)
+        elif rows is not None and self.per_event and self.per_log_event:
+            # events of the log per event of the stream, as far as seen (none seen: no cap)
+            span = min(span, int(rows * self.per_event / self.per_log_event) + 1)
         return max(1, min(self.range_events, span))
 
-    def paged(self, log_events: int, rows: int | None = None) -> bool:
-        """Whether a tick of ``log_events`` log events is read in pages: more than HISTORY_BYTES
-        expected, or more events than a reader that wants ``rows`` asks for."""
-        if rows is not None and log_events > rows:
-            return True
+    def paged(self, log_events: int) -> bool:
+        """Whether a tick of ``log_events`` log events is read in pages, on a connection of its
+        own: more than HISTORY_BYTES expected (not known yet: more than FIRST_SPAN events)."""
         if self.per_log_event is None:
             return log_events > FIRST_SPAN
         return log_events * self.per_log_event > HISTORY_BYTES
@@ -199,7 +199,7 @@ class History:
             complete = True
             if size["ticks"] > 1:
                 events = await read_range_to(conn, stream, position, end, raw=True)
-            elif pace.paged(log_events, rows):
+            elif rows is None and pace.paged(log_events):  # (a long-poll reads what it wants on the pool)
                 events, complete = [], False
             else:
                 events, complete = await _read_tick(conn, stream, position, end, log_events, rows)
