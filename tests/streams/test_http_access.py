@@ -123,3 +123,26 @@ async def test_a_token_revoked_while_its_stream_is_open_ends_that_stream(
             ended = await asyncio.wait_for(until_error(), 15)
             assert "no longer valid (revoked)" in ended.data, ended.data
             assert await r.content.read() == b""  # and the response ends
+
+
+async def test_a_write_token_over_a_captured_tables_stream_cannot_post_into_it(
+    start_api: StartApi, conn: asyncpg.Connection
+) -> None:
+    """Events posted there would look like the table's own changes to every subscriber."""
+    writer = await api_tokens.create(conn, "public-writer", read=[], write=["public.*"])
+    await conn.execute("create table orders (id int primary key)")
+    await conn.execute("select ferry.capture_table('orders')")
+    api = await start_api()
+    headers = {"Authorization": f"Bearer {writer}"}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        async with session.post(f"{api.base}/v1/streams/public.orders", json={"payload": {"id": 1}}) as r:
+            assert r.status == 409, await r.text()
+            assert "written by the capture of table public.orders" in (await r.json())["error"]
+        async with session.post(f"{api.base}/v1/streams/public.orders/close") as r:
+            assert r.status == 409 and "captured table" in (await r.json())["error"]
+        async with session.post(f"{api.base}/v1/streams/public.notes", json={"payload": 1}) as r:
+            assert r.status == 201  # the same token, a stream no capture writes
+        await conn.execute("select ferry.uncapture_table('orders')")
+        async with session.post(f"{api.base}/v1/streams/public.orders", json={"payload": {"id": 2}}) as r:
+            assert r.status == 201  # the capture has stopped
+    assert await conn.fetchval("select count(*) from ferry.events where stream = 'public.orders'") == 1

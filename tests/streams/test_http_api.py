@@ -361,8 +361,25 @@ async def test_an_expired_offset_gets_410_with_the_oldest_offset_left(
             assert await r.json() == {"events": [], "next": None, "closed": True}
 
 
-async def test_a_client_that_falls_behind_reads_on_from_the_log_and_one_that_stalls_is_cut_off(
+async def test_an_idle_sse_stream_gets_heartbeat_comments_and_then_its_events(
     start_api: StartApi, ferry: pgferry.Ferry
+) -> None:
+    api = await start_api(allow_loopback=True, heartbeat=0.2)
+    async with aiohttp.ClientSession() as session, session.get(f"{api.base}/v1/streams/quiet") as response:
+        assert response.status == 200
+        seen = b""
+        async with asyncio.timeout(5):
+            while seen.count(b"\n: heartbeat\n\n") < 2:  # after "retry: 2000", nothing but heartbeats
+                seen += await response.content.readany()
+        assert b"data:" not in seen
+        event = await ferry.publish("quiet", {"n": 1})
+        async with asyncio.timeout(5):
+            got = [e async for e in _take(sse_events(response), 1)]
+        assert orjson.loads(got[0].data)["id"] == event
+
+
+async def test_a_client_that_falls_behind_reads_on_from_the_log_and_one_that_stalls_is_cut_off(
+    start_api: StartApi, ferry: pgferry.Ferry, caplog: pytest.LogCaptureFixture
 ) -> None:
     api = await start_api(allow_loopback=True, client_buffer=5, stall_timeout=2.0)
     host, port = api.base.removeprefix("http://").split(":")
@@ -392,6 +409,10 @@ async def test_a_client_that_falls_behind_reads_on_from_the_log_and_one_that_sta
         await eventually(cut, timeout=10, what="the stalled client to be cut off")
         assert api.relay.view().streams()["let_go_behind"] >= 1
         stalled.close()
+    # One line says which reader, why, and how far behind it was.
+    (line,) = [r.getMessage() for r in caplog.records if "cut off an SSE reader" in r.getMessage()]
+    assert "of stream 'flood' from 127.0.0.1: it read nothing for 2 s, with no event sent yet" in line, line
+    assert "ticks behind the log" in line and "KiB unsent" in line, line
 
 
 async def test_a_relay_with_readers_connected_stops_at_once_and_they_can_resume(

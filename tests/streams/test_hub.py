@@ -82,3 +82,45 @@ async def test_a_follower_that_overflows_is_dropped_and_one_that_ends_is_done(
     assert small.overflowed and len(small.queue) == 2
     assert ending.ended and len(ending.queue) == 2  # the event and the end marker
     assert hub.followers == {}
+
+
+class CountsQueries:
+    """The hub's connection, counting the queries it sends."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+        self.sent = 0
+
+    async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        self.sent += 1
+        return list(await self.conn.fetch(query, *args))
+
+    async def fetchval(self, query: str, *args: Any) -> Any:
+        self.sent += 1
+        return await self.conn.fetchval(query, *args)
+
+
+async def test_the_hub_asks_the_database_as_much_for_500_followers_as_for_one(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    other = await db.connect(db_url)
+    try:
+        sent: dict[int, int] = {}
+        for count in (1, 500):
+            hub = StreamHub(db_url)
+            await tick(conn)
+            hub.lower = int(await conn.fetchval("select max(id) from ferry.ticks"))
+            followers = [Follower(f"fan:{count}:{n % 100}", 100, Offset(0, 0)) for n in range(count)]
+            assert all(hub.join(f, hub.lower) for f in followers)
+            ids = await ferry.publish_many([{"stream": f"fan:{count}:{n % 100}", "payload": n} for n in range(300)])
+            await tick(conn)
+            counted = CountsQueries(other)
+            while await hub._step(counted):  # every range up to the newest tick, then one that finds none
+                pass
+            sent[count] = counted.sent
+            assert hub.stats.queries == counted.sent - 1  # (the last look found no newer tick)
+            for f in followers:  # each got its own stream's events, from the one read
+                assert [e.id for e in f.queue] == [i for n, i in enumerate(ids) if f.stream.endswith(f":{n % 100}")]
+        assert sent[1] == sent[500] == 4, sent  # range end, the followed streams' events, the ticks; no newer tick
+    finally:
+        await other.close()

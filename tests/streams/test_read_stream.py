@@ -238,3 +238,66 @@ async def test_concurrent_closes_write_one_end_marker_and_all_return_its_id(
     )
     assert len(set(ends)) == 1 and markers == 1
     assert await conn.fetchval("select end_event from ferry.closed_streams where stream = 'race:1'") == ends[0]
+
+
+async def test_a_reader_whose_connection_is_terminated_reconnects_with_no_gap_and_no_duplicate(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    got: list[StreamEvent] = []
+    arrived = asyncio.Event()
+
+    async def read() -> None:
+        async for event in ferry.read_stream("cut:1", poll_interval=0.05):
+            got.append(event)
+            arrived.set()
+
+    async def terminate() -> None:
+        """End the reader's backend, as an operator or a failover would."""
+        ended = await conn.fetchval(
+            "select count(pg_terminate_backend(pid)) from pg_stat_activity"
+            " where application_name = 'pgferry stream reader' and datname = current_database()"
+        )
+        assert ended == 1
+
+    written = [await ferry.publish("cut:1", n) for n in range(3)]
+    await tick(conn)
+    reading = asyncio.create_task(read())
+    while len(got) < 3:
+        await asyncio.wait_for(arrived.wait(), 10)
+        arrived.clear()
+    await terminate()  # while it waits for the next tick
+    written += [await ferry.publish("cut:1", n) for n in range(3, 6)]  # while it is away, or coming back
+    await tick(conn)
+    while len(got) < 6:
+        await asyncio.wait_for(arrived.wait(), 10)
+        arrived.clear()
+    await terminate()
+    async with conn.transaction():  # committed in one tick with the end
+        written += [await ferry.publish("cut:1", n, conn=conn) for n in range(6, 9)]
+        await ferry.close_stream("cut:1", conn=conn)
+    await tick(conn)
+    await asyncio.wait_for(reading, 15)
+    assert [e.id for e in got] == written  # every one, once, in order
+    assert [e.offset for e in got] == sorted(e.offset for e in got)
+
+
+async def test_a_reader_registers_nothing_and_holds_no_event_back_from_retention(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    await conn.execute("update ferry.config set rotation_interval = '0 s', idle_tick_interval = '0 s'")
+    consumers = await conn.fetchval("select count(*) from ferry.consumers")
+    first = await ferry.publish("pinless", 1)
+    await tick(conn)
+    reader = ferry.read_stream("pinless", poll_interval=0.05)
+    try:
+        assert (await anext(reader)).id == first  # open, connected, and positioned on that tick
+        assert await conn.fetchval("select count(*) from ferry.consumers") == consumers
+        for _ in range(4):  # rotate as if nobody read: the reader's partition is truncated
+            await conn.fetchval("select ferry.maintain()")
+            await ferry.publish("other", 1)
+            await tick(conn)
+        assert await conn.fetchval("select count(*) from ferry.events where id = $1", first) == 0
+        with pytest.raises(pgferry.OffsetExpired):  # the reader finds out when it reads on
+            await asyncio.wait_for(anext(reader), 10)
+    finally:
+        await reader.aclose()  # type: ignore[attr-defined]

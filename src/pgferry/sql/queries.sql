@@ -606,6 +606,11 @@ select t.id, t.snapshot::text as snapshot from ferry.ticks t where t.id > $1 and
 select id, txid::text::bigint as txid, stream, key, payload, headers, created_at
 from ferry.batch_events($1, $2, array[$3::text])
 
+-- name: stream_events_text
+-- The same with each payload as its JSON text (the HTTP API writes it out as it is).
+select id, txid::text::bigint as txid, stream, key, payload::text as payload, headers, created_at
+from ferry.batch_events($1, $2, array[$3::text])
+
 -- name: stream_range_size
 -- How many ticks the range ($1, $2] has, and about how many log events it holds (event ids handed
 -- out between its ticks).
@@ -613,18 +618,27 @@ select count(*) as ticks, max(t.event_seq) - (select b.event_seq from ferry.tick
 from ferry.ticks t where t.id > $1 and t.id <= $2
 
 -- name: stream_events_by_id
--- One stream's events committed in the range ($1, $2], in id order: the commit order of a range
--- of one tick (streams.reader.read_range_in_pages reads such a range through a cursor).
-select id, txid::text::bigint as txid, stream, key, payload, headers, created_at
+-- One stream's events committed in the range ($1, $2] with an id above $4, in id order: the commit
+-- order of a range of one tick (streams.reader.read_tick_in_pages reads such a range through a
+-- cursor; $4 is where in the tick a reader resumes), each payload as its JSON text.
+select id, key, payload::text as payload, headers, created_at
 from ferry.batch_events($1, $2, array[$3::text])
+where id > $4
 order by id
 
 -- name: close_stream
 select ferry.close_stream($1)
 
+-- name: stream_capture
+-- The table whose capture writes stream $1 now, or NULL: the HTTP API publishes into no such stream.
+select format('%I.%I', c.schema_name, c.table_name) from ferry.captures c
+where c.stream = $1 and c.uncaptured_at is null
+limit 1
+
 -- name: streams_events
--- The events of several streams committed in the range ($1, $2] (the stream hub's live feed).
-select id, txid::text::bigint as txid, stream, key, payload, headers, created_at
+-- The events of several streams committed in the range ($1, $2] (the stream hub's live feed),
+-- each payload as its JSON text (the HTTP API writes it out as it is).
+select id, txid::text::bigint as txid, stream, key, payload::text as payload, headers, created_at
 from ferry.batch_events($1, $2, $3::text[])
 
 -- name: backfill_create

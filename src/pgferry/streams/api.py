@@ -22,10 +22,11 @@ that does not cover the stream. Browsers get CORS headers for the origins
 
 Events are JSON objects ``{"offset", "id", "stream", "key", "payload",
 "headers", "created_at"}``. Live events come from the relay's ``StreamHub``
-(one log read per tick for all clients); history from ranges of the log.
-A client that stops reading is let go once ``client_buffer`` events wait
-for it, with the reason in an ``error`` event: it loses nothing (it resumes
-from its last offset).
+(one log read per tick for all clients); history from ranges of the log
+(``streams.history``). An SSE client that more than ``client_buffer`` live
+events wait for reads on from the log on the same connection; one that reads
+nothing for ``stall_timeout`` is cut off, with a line in the log saying how
+far behind it was: it loses nothing (it resumes from its last offset).
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ import contextlib
 import json
 import logging
 import re
+import resource
 import socket
-from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, Protocol
 from urllib.parse import unquote
@@ -52,20 +54,11 @@ from pgferry import db, sql
 from pgferry.api_tokens import Decision, TokenStore, bearer_from_header
 from pgferry.errors import PgferryError, TokenStoreUnavailable
 from pgferry.relay.surface import is_loopback
+from pgferry.streams import history
+from pgferry.streams.history import History, Pace, resume_point
 from pgferry.streams.hub import Follower, StreamHub
 from pgferry.streams.offsets import BadOffset, Offset
-from pgferry.streams.reader import (
-    OffsetAhead,
-    OffsetExpired,
-    Position,
-    StreamEvent,
-    is_end,
-    range_end,
-    read_range,
-    read_range_to,
-    read_tick_in_pages,
-    start,
-)
+from pgferry.streams.reader import JsonText, OffsetAhead, OffsetExpired, Position, StreamEvent, is_end, start
 from pgferry.streams.settings import ApiSettings
 
 log = logging.getLogger(__name__)
@@ -76,18 +69,14 @@ MAX_WAIT = 30.0
 #: The most events one POST may publish, and the largest body.
 MAX_PUBLISH = 1000
 MAX_BODY = 1 << 20
-#: Bytes of history a catching-up SSE client's range aims at. Ranges were 10,000 log events
-#: whatever their size: ~170 MB of relay memory per client catching up on 50 KB events (outside
-#: probe). A client's ranges start at FIRST_SPAN events and halve or double to stay near this.
-HISTORY_BYTES = 4 << 20
-FIRST_SPAN = 200
-#: Events per page of a one-tick range read through a cursor.
-HISTORY_PAGE = 100
 #: What one write to a reader carries at most: the stall timeout is per piece, so it measures a
 #: client that stopped reading, not the time a slow one takes over a range of history.
 WRITE_PIECE = 64 * 1024
 #: The kernel send buffer of an SSE connection (the kernel doubles it).
 SSE_SEND_BUFFER = 128 * 1024
+#: Open files a relay keeps for all but its readers' sockets (database connections, webhooks'
+#: connections, listening sockets, logs): max_clients is capped at the open-files limit less this.
+FD_RESERVE = 256
 
 
 class Authorizer(Protocol):
@@ -102,11 +91,34 @@ class ApiStats:
     let_go: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass
+class _Sent:
+    """How far one SSE response has got: its stream's last event written, and when it was written
+    to the log (for the line a cut-off client gets in the log)."""
+
+    stream: str
+    offset: Offset
+    created_at: datetime | None = None
+
+    def wrote(self, event: StreamEvent) -> None:
+        self.offset, self.created_at = event.offset, event.created_at
+
+
+class _Stalled(TimeoutError):
+    """A write waited stall_timeout for a client that read nothing; ``unsent`` bytes were waiting."""
+
+    def __init__(self, unsent: int) -> None:
+        super().__init__(f"{unsent} bytes unsent")
+        self.unsent = unsent
+
+
 def _event_json(event: StreamEvent, offset: str | None = None) -> dict[str, Any]:
     # created_at stays a datetime: orjson writes it exactly as isoformat() does, in a fraction of the time
+    payload = event.payload
     return {
         "offset": offset or str(event.offset), "id": event.id, "stream": event.stream, "key": event.key,
-        "payload": event.payload, "headers": event.headers, "created_at": event.created_at,
+        "payload": orjson.Fragment(payload.text) if type(payload) is JsonText else payload,
+        "headers": event.headers, "created_at": event.created_at,
     }  # fmt: skip
 
 
@@ -126,11 +138,22 @@ def _isoformat(value: Any) -> str:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
+def _event_bytes(event: StreamEvent, offset: str | None = None) -> bytes:
+    """An event as JSON; a payload read as text goes in as it is."""
+    fields = _event_json(event, offset)
+    try:
+        return orjson.dumps(fields)
+    except orjson.JSONEncodeError:  # nested too deep for orjson, in its headers
+        if type(event.payload) is JsonText:
+            fields["payload"] = json.loads(event.payload.text)
+        return _json(fields)
+
+
 def _frame(event: StreamEvent) -> bytes:
     if is_end(event.headers):
         return f"id: {event.offset}\nevent: end\ndata: {{}}\n\n".encode()
     offset = str(event.offset)  # once per event: catch-ups frame a million of them
-    return b"".join((b"id: ", offset.encode(), b"\ndata: ", _json(_event_json(event, offset)), b"\n\n"))
+    return b"".join((b"id: ", offset.encode(), b"\ndata: ", _event_bytes(event, offset), b"\n\n"))
 
 
 class StreamsApi:
@@ -145,6 +168,7 @@ class StreamsApi:
         self.authorizer = authorizer
         self.hub = hub if hub is not None else StreamHub(url, range_events=settings.range_events)
         self.pool: asyncpg.Pool | None = None
+        self.history = History(url, settings.history_connections)
         self.stats = ApiStats()
         #: the requests that read (SSE, long-polls): ended when the relay stops
         self.readers: set[asyncio.Task[Any]] = set()
@@ -161,6 +185,7 @@ class StreamsApi:
         # round trip (a connecting client took 7 round trips, 2 of them resets)
         self.pool = await db.create_pool(self.url, min_size=1, max_size=8, reset=db.rollback_if_open,
                                          server_settings={"application_name": "pgferry streams api"})  # fmt: skip
+        await self.history.open(self.pool)
         if self.authorizer is None:
             store = TokenStore(self.pool)
             await store.refresh()  # fail now, not on the first request, if the tokens cannot be read
@@ -177,6 +202,7 @@ class StreamsApi:
         }  # fmt: skip
 
     async def close_pool(self) -> None:
+        await self.history.close()
         if self.pool is not None:
             await self.pool.close()
 
@@ -200,12 +226,15 @@ class StreamsApi:
                 # took a client reading 49 KiB/s longer than 30 s (cut off mid-history).
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SSE_SEND_BUFFER)
+            sent = _Sent(stream, position.floor)
             try:
                 await response.prepare(request)
                 await self._write(request, response, b"retry: 2000\n\n")
-                await self._serve_sse(request, response, stream, position)
+                await self._serve_sse(request, response, position, sent)
+            except _Stalled as exc:
+                self._cut_off(request, sent, exc.unsent)
             except (ConnectionError, TimeoutError):
-                pass  # the client went away, or read nothing for stall_timeout (cut off)
+                pass  # the client went away
             if request.transport is not None:
                 self._close_once_read(request.transport)
             return response
@@ -220,16 +249,17 @@ class StreamsApi:
         try:
             position = await self._begin(stream, after)
             if position is None:
-                events: list[StreamEvent] = []
+                pieces: list[bytes] = []
                 resume: Offset | None = after
+                closed = True
             else:
-                events, resume = await self._poll(stream, position, limit, wait)
+                pieces, resume, closed = await self._poll(stream, position, limit, wait)
         finally:
             self._leave(this)
-        body = {"events": [_event_json(e) for e in events if not is_end(e.headers)],
-                "next": resume and str(resume),
-                "closed": position is None or (bool(events) and is_end(events[-1].headers))}  # fmt: skip
-        return web.Response(body=_json(body), content_type="application/json")
+        # (each event was made JSON as it was read, to count the answer's bytes)
+        body = b"".join((b'{"events":[', b",".join(pieces), b'],"next":', _json(resume and str(resume)),
+                         b',"closed":', b"true" if closed else b"false", b"}"))  # fmt: skip
+        return web.Response(body=body, content_type="application/json")
 
     def _enter(self) -> asyncio.Task[Any]:
         """Count a reader in (503 beyond max_clients); the relay ends it when it stops."""
@@ -274,6 +304,10 @@ class StreamsApi:
         assert self.pool is not None
         try:
             async with self.pool.acquire() as conn:
+                # A token for public.* could write events that look like the table's changes.
+                if captured := await conn.fetchval(sql.query("stream_capture"), stream):
+                    raise _error(409, f"stream {stream!r} is written by the capture of table {captured}; the "
+                                 "API publishes into no captured table's stream: publish to another name")  # fmt: skip
                 rows = await conn.fetch(sql.query("publish_many"), [stream] * len(items), payloads, keys,
                                         headers if any(h is not None for h in headers) else None)  # fmt: skip
         except asyncpg.PostgresError as exc:
@@ -352,15 +386,6 @@ class StreamsApi:
             except OffsetAhead as exc:
                 raise _error(400, str(exc)) from None
 
-    async def _history(self, stream: str, position: Position) -> tuple[list[StreamEvent], Position] | None:
-        """The stream's events in the next range of history, or None once caught up with the hub."""
-        assert self.pool is not None and self.hub.lower is not None
-        if position.lower >= self.hub.lower:
-            return None
-        async with self.pool.acquire() as conn:
-            read = await read_range(conn, stream, position, self.settings.range_events)
-        return read if read is not None else ([], position)
-
     async def _write(self, request: web.Request, response: web.StreamResponse, data: bytes) -> None:
         """Write, but cut the connection off if the client reads nothing for ``stall_timeout``:
         in pieces, each with its own deadline, so that it measures a client that stopped
@@ -373,9 +398,11 @@ class StreamsApi:
                     await response.write(view[start : start + WRITE_PIECE])
         except TimeoutError:
             self._let_go("stalled")
+            unsent = len(view) - start
             if request.transport is not None:
+                unsent += request.transport.get_write_buffer_size()
                 request.transport.abort()
-            raise
+            raise _Stalled(unsent) from None
 
     def _close_once_read(self, transport: asyncio.BaseTransport) -> None:
         """Close the connection once what was written has left the relay's buffers, and abort it
@@ -419,10 +446,23 @@ class StreamsApi:
     def _let_go(self, reason: str) -> None:
         self.stats.let_go[reason] = self.stats.let_go.get(reason, 0) + 1
 
-    async def _serve_sse(self, request: web.Request, response: web.StreamResponse, stream: str,
-                         position: Position) -> None:  # fmt: skip
+    def _cut_off(self, request: web.Request, sent: _Sent, unsent: int) -> None:
+        """One line for a client cut off as stalled: which stream, who, and how far behind."""
+        ticks = (self.hub.lower or sent.offset.tick) - sent.offset.tick
+        if sent.created_at is None:
+            where = "with no event sent yet"
+        else:
+            age = (datetime.now(sent.created_at.tzinfo) - sent.created_at).total_seconds()
+            where = f"sent up to offset {sent.offset} (an event written {age:.0f} s ago)"
+        log.warning("streams API: cut off an SSE reader of stream %r from %s: it read nothing for %g s, %s, "
+                    "%d ticks behind the log, %d KiB unsent; it may reconnect and resume",
+                    sent.stream, request.remote, self.settings.stall_timeout, where, ticks, unsent // 1024)  # fmt: skip
+
+    async def _serve_sse(self, request: web.Request, response: web.StreamResponse, position: Position,
+                         sent: _Sent) -> None:  # fmt: skip
+        stream = sent.stream
         last = position.floor
-        span = min(FIRST_SPAN, self.settings.range_events)
+        pace = Pace(self.settings.range_events)
         assert self.hub.lower is not None
         while True:  # history, a range at a time, then live, and history again if live outran the client
             if position.lower >= self.hub.lower:  # caught up with the hub: follow live
@@ -430,7 +470,7 @@ class StreamsApi:
                 if not self.hub.join(follower, position.lower):
                     continue
                 try:
-                    behind = await self._live(request, response, follower)
+                    behind = await self._live(request, response, follower, sent)
                 finally:
                     self.hub.leave(follower)
                 if not behind:
@@ -452,64 +492,33 @@ class StreamsApi:
                     return
                 position = resumed
                 continue
-            sent, moved = 0, position
+            moved = position
             try:
-                # (closed when left early, at the stream's end: a range read in pages holds a connection)
-                async with contextlib.aclosing(self._history_pages(stream, position, span)) as pages:
+                # (closed when left early, at the stream's end: a tick read in pages holds a connection)
+                reading = self.history.read_on(stream, position, pace, lambda: self.hub.lower or 0)
+                async with contextlib.aclosing(reading) as pages:
                     async for page, moved in pages:  # noqa: B007 - used after
-                        end = next((i for i, e in enumerate(page) if is_end(e.headers)), None)
                         if not page:
                             continue
+                        end = next((i for i, e in enumerate(page) if is_end(e.headers)), None)
                         frames = b"".join(map(_frame, page if end is None else page[: end + 1]))
-                        last = page[-1 if end is None else end].offset
+                        pace.framed(len(page), len(frames))
+                        final = page[-1 if end is None else end]
+                        last = final.offset
                         del page  # (held while the frames were written, they doubled the memory)
-                        sent += len(frames)
                         await self._write(request, response, frames)
+                        sent.wrote(final)
                         if end is not None:
                             return
             except OffsetExpired as exc:  # retention dropped the range before this client read it
                 await self._error_event(request, response, str(exc))
                 return
             position = moved
-            if sent > HISTORY_BYTES:
-                span = max(1, span // 2)
-            elif sent < HISTORY_BYTES // 4:
-                span = min(self.settings.range_events, span * 2)
-
-    async def _history_pages(
-        self, stream: str, position: Position, span: int
-    ) -> AsyncGenerator[tuple[list[StreamEvent], Position], None]:
-        """The stream's events in the next range of history (about ``span`` log events), in pages,
-        each with the position after the range; nothing while no newer tick exists. A range of
-        one tick larger than ``span``, which ``span`` cannot cut, is read through a cursor on a
-        connection of its own (not the pool's, which a slow client would hold), HISTORY_PAGE
-        events at a time."""
-        assert self.pool is not None
-        async with self.pool.acquire() as conn:
-            end = await range_end(conn, position, span)
-            if end is None:
-                return
-            # One tick beyond the span (one big transaction): a connection of its own is worth it.
-            size = await conn.fetchrow(sql.query("stream_range_size"), position.lower, end)
-            assert size is not None
-            big_tick = size["ticks"] <= 1 and (size["events"] or 0) > max(span, HISTORY_PAGE)
-            events = [] if big_tick else await read_range_to(conn, stream, position, end)
-        after = Position(end, position.floor)
-        if not big_tick:
-            yield events, after
-            return
-        conn = await db.connect(self.url)
-        try:
-            async for page in read_tick_in_pages(conn, stream, position, end, HISTORY_PAGE):
-                yield page, after
-            yield [], after
-        finally:
-            await conn.close()
 
     async def _error_event(self, request: web.Request, response: web.StreamResponse, reason: str) -> None:
         await self._write(request, response, b"event: error\ndata: " + orjson.dumps({"reason": reason}) + b"\n\n")
 
-    async def _live(self, request: web.Request, response: web.StreamResponse, follower: Follower) -> bool:
+    async def _live(self, request: web.Request, response: web.StreamResponse, follower: Follower, sent: _Sent) -> bool:
         """Live events as they come, a heartbeat when none do; the token is checked again before
         each write, so a revoked one ends the stream with an ``error`` event. True when more came
         than the follower's buffer holds: the caller reads on from the log."""
@@ -524,6 +533,7 @@ class StreamsApi:
                 follower.queue.clear()
                 await self._write(request, response, b"".join(map(_frame, frames)))
                 follower.after = frames[-1].offset
+                sent.wrote(frames[-1])
                 if is_end(frames[-1].headers):
                     return False
                 continue
@@ -536,31 +546,20 @@ class StreamsApi:
                 await self._write(request, response, b": heartbeat\n\n")
 
     async def _poll(self, stream: str, position: Position, limit: int, wait: float
-                    ) -> tuple[list[StreamEvent], Offset]:  # fmt: skip
-        """Up to ``limit`` events after ``position``, up to the stream's end, waiting up to ``wait``
-        seconds for one; and the offset to ask from next time."""
-        got: list[StreamEvent] = []
-        while len(got) < limit:
-            try:
-                read = await self._history(stream, position)
-            except OffsetExpired as exc:
-                raise _error(410, str(exc)) from None
-            if read is None:
-                break
-            events, position = read
-            got.extend(events)
-            if any(is_end(e.headers) for e in events):  # closed: nothing after it is the stream's
-                break
-        got = _until_end(got)[:limit]
-        if got:
-            return got, got[-1].offset
+                    ) -> tuple[list[bytes], Offset, bool]:  # fmt: skip
+        """Up to ``limit`` events after ``position`` as JSON, and about HISTORY_BYTES of them at
+        most, up to the stream's end, waiting up to ``wait`` seconds for one; the offset to ask from
+        next time; whether the stream's end is reached."""
+        pieces, last, closed, position = await self._poll_history(stream, position, limit)
+        if pieces or closed:
+            return pieces, last, closed
         # Nothing of this stream up to tick position.lower: the next poll need not read that again.
-        caught_up = max(position.floor, Offset(position.lower, 0))
+        caught_up = resume_point(position)
         if wait <= 0:
-            return [], caught_up
+            return [], caught_up, False
         follower = Follower(stream, limit, position.floor)
         if not self.hub.join(follower, position.lower):  # the hub moved on meanwhile: ask again
-            return [], caught_up
+            return [], caught_up, False
         try:
             async with asyncio.timeout(wait):
                 await follower.wake.wait()
@@ -570,8 +569,51 @@ class StreamsApi:
             self.hub.leave(follower)
         got = _until_end(list(follower.queue))
         if got:
-            return got, got[-1].offset
-        return [], max(caught_up, Offset(self.hub.lower or 0, 0))
+            return (
+                [_event_bytes(e) for e in got if not is_end(e.headers)],
+                got[-1].offset,
+                is_end(got[-1].headers),
+            )
+        return [], max(caught_up, Offset(self.hub.lower or 0, 0)), False
+
+    async def _poll_history(
+        self, stream: str, position: Position, limit: int
+    ) -> tuple[list[bytes], Offset, bool, Position]:
+        """What ``_poll`` answers from history: the JSON of the events, the offset of the last one,
+        whether it is the stream's end, and how far the log was read when none came. It reads no
+        more than it answers with: a tick of more events than ``limit`` is read in pages up to
+        them (a poll of 1,000 events of a 10,000-event tick read the whole tick, and a giant tick
+        was loaded whole)."""
+        pieces: list[bytes] = []
+        size = 0
+        last = position.floor
+        pace = Pace(self.settings.range_events)
+        assert self.hub.lower is not None
+        while len(pieces) < limit and size < history.HISTORY_BYTES and position.lower < self.hub.lower:
+            moved: Position | None = None
+            try:
+                async with contextlib.aclosing(
+                    self.history.pages(stream, position, pace, limit - len(pieces))
+                ) as pages:
+                    async for page, moved in pages:  # noqa: B007 - used after
+                        framed = 0
+                        for event in page:
+                            if is_end(event.headers):  # closed: nothing after it is the stream's
+                                return pieces, event.offset, True, position
+                            piece = _event_bytes(event)
+                            pieces.append(piece)
+                            framed += len(piece)
+                            last = event.offset
+                            if len(pieces) >= limit or size + framed >= history.HISTORY_BYTES:
+                                return pieces, last, False, position  # (may end inside a tick: resumed from last)
+                        size += framed
+                        pace.framed(len(page), framed)
+            except OffsetExpired as exc:
+                raise _error(410, str(exc)) from None
+            if moved is None:
+                break  # no newer tick
+            position = moved
+        return pieces, last, False, position
 
 
 def _until_end(events: list[StreamEvent]) -> list[StreamEvent]:
@@ -637,8 +679,35 @@ def _float(raw: str | None, name: str, default: float, low: float, high: float) 
     return value
 
 
+def fit_open_files(settings: ApiSettings) -> ApiSettings:
+    """Raise this process's soft limit of open files to its hard limit (each reader is a socket,
+    and the soft limit is often 1,024: 10,000 clients connecting at once were refused with
+    EMFILE), and cap ``max_clients`` at what the limit leaves room for, saying so in the log."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    infinite = resource.RLIM_INFINITY
+    want = hard if hard != infinite else max(soft, settings.max_clients + FD_RESERVE)
+    if soft != infinite and want > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            log.info("streams API: open files limit raised from %d to %d", soft, want)
+            soft = want
+        except (ValueError, OSError) as exc:
+            log.warning("streams API: cannot raise the open files limit from %d to %d (%s)", soft, want, exc)
+    room = soft - FD_RESERVE if soft != infinite else settings.max_clients
+    if settings.max_clients <= room:
+        return settings
+    capped = max(1, room)
+    log.warning(
+        "streams API: serving %d readers at most, not %d: this process may open %d files, "
+        "%d of them kept for the rest; raise the limit (ulimit -n, systemd LimitNOFILE=) to serve more",
+        capped, settings.max_clients, soft, FD_RESERVE,
+    )  # fmt: skip
+    return replace(settings, max_clients=capped)
+
+
 async def serve(api: StreamsApi, stop: asyncio.Event, announce: Callable[[str], None] | None = None) -> None:
     """Run the API, and the hub it reads from, until ``stop``."""
+    api.settings = fit_open_files(api.settings)
     await api.open()
     runner = web.AppRunner(
         api.app, access_log=None, handle_signals=False, handler_cancellation=True, shutdown_timeout=5.0

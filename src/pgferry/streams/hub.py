@@ -2,7 +2,7 @@
 that follows it, from memory, so database load does not grow with the number of clients.
 
 A client (an SSE connection, a long-poll) first catches up on history by itself
-(``reader.read_range``, in ranges of the log), then joins the hub's live feed.
+(``streams.history``, in ranges of the log), then joins the hub's live feed.
 The hand-over leaves no gap and no duplicate without any locking: the hub
 reads a range (``lower``, ``end``], and only then, in one step of the event
 loop, hands its events to the followers and moves ``lower`` to ``end``. A
@@ -10,10 +10,12 @@ client that has read history up to the hub's ``lower`` joins in that same
 loop step (``join`` checks it), so the next range the hub reads is exactly
 the next one the client needs; a client still behind reads on from history.
 
-Each follower has a bounded queue of frames. A client that stops reading
-fills it and is let go with the reason (``overflowed``): it loses nothing,
-it resumes from its last offset and catches up from history, but it can
-never make the relay hold an unbounded backlog for it.
+Each follower has a bounded queue of events. One that more events come for
+than it holds (a burst in one tick, or a client reading slower than its
+stream is written) is marked ``overflowed`` and dropped from the live feed:
+its client is sent what was queued, then reads on from the log where it got
+to, on the same connection, until it catches up and joins again. So it loses
+nothing, and it can never make the relay hold an unbounded backlog for it.
 """
 
 from __future__ import annotations
@@ -161,7 +163,7 @@ class StreamHub:
         events: dict[str, list[StreamEvent]] = defaultdict(list)
         if rows:
             assert ticks is not None
-            for event in events_of(rows, ticks, end):
+            for event in events_of(rows, ticks, end, raw=True):
                 events[event.stream].append(event)
         self.stats.ranges_read += 1
         self.stats.events_read += len(rows)

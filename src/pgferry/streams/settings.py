@@ -21,7 +21,7 @@ class ApiSettings:
     #: requests from loopback addresses need no token (off by default: a proxy on the same host
     #: would make every request look local)
     allow_loopback: bool = False
-    #: events that may wait for one slow client before it is let go (it resumes from its offset)
+    #: live events that may wait for one slow client (more: it reads on from the log instead)
     client_buffer: int = 1000
     #: seconds a write may wait for a client that reads nothing before its connection is cut
     stall_timeout: float = 30.0
@@ -29,15 +29,20 @@ class ApiSettings:
     heartbeat: float = 15.0
     #: readers at once (SSE and long-polls); more get 503 and retry
     max_clients: int = 20_000
-    #: events of the whole log read per history range
+    #: events of the whole log read per history range, at most
     range_events: int = 10_000
+    #: database connections that big transactions in history are read on (a page at a time, by
+    #: every client catching up): the most such clients read at once, the others wait their turn
+    history_connections: int = 4
     #: a listening socket's file descriptor to accept on instead of binding host:port (a child of
     #: `pgferry run --processes N`: the supervisor listens once and every child accepts)
     listen_fd: int | None = None
 
     def __post_init__(self) -> None:
-        if self.client_buffer < 1 or self.max_clients < 1 or self.range_events < 1:
-            raise PgferryError("streams API: client_buffer, max_clients and range_events must be at least 1")
+        if min(self.client_buffer, self.max_clients, self.range_events, self.history_connections) < 1:
+            raise PgferryError(
+                "streams API: client_buffer, max_clients, range_events and history_connections must be at least 1"
+            )
         if self.heartbeat <= 0 or self.stall_timeout <= 0:
             raise PgferryError("streams API: heartbeat and stall_timeout must be positive numbers of seconds")
         if not 0 <= self.port <= 65535:
