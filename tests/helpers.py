@@ -12,7 +12,9 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import aiohttp
 import asyncpg
+from prometheus_client.parser import text_string_to_metric_families
 
 import pgferry
 from pgferry.delivery.model import Subscription
@@ -21,6 +23,9 @@ from pgferry.relay.process import Relay
 
 #: The ``receiver_factory`` fixture: ``await make(behaviour)`` -> (receiver, its URL).
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
+
+#: Prometheus samples by (name, sorted labels), as ``scrape`` returns them.
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 #: A fixed instant for tests of pure delivery logic.
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
@@ -132,3 +137,20 @@ class RelayProcess:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+
+
+async def scrape(url: str) -> Samples:
+    """Every sample a metrics endpoint serves (a relay's /metrics)."""
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain")
+        text = await response.text()
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)

@@ -8,36 +8,16 @@ import re
 import sys
 from dataclasses import replace
 
-import aiohttp
 import asyncpg
 import orjson
-from prometheus_client.parser import text_string_to_metric_families
 
 import pgferry
 from pgferry.delivery.signing import new_secret
 from pgferry.ops.logs import HumanFormatter, JsonFormatter
 from pgferry.receiver import Respond
 from tests.delivery.conftest import FAST, RunningRelay
-from tests.helpers import eventually, pgferry_env
+from tests.helpers import eventually, pgferry_env, scrape, value
 from tests.operator.conftest import MakeReceiver
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-async def scrape(url: str) -> Samples:
-    async with aiohttp.ClientSession() as session, session.get(url) as response:
-        assert response.status == 200
-        assert response.headers["Content-Type"].startswith("text/plain")
-        text = await response.text()
-    samples: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return samples
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 async def test_relay_serves_delivery_tick_and_database_metrics(
