@@ -32,6 +32,9 @@ from pgferry.relay.process import Relay, RelaySettings
 #: The ``receiver_factory`` fixture: ``await make(behaviour)`` -> (receiver, its URL).
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 
+#: Prometheus samples by (name, sorted labels), as ``scrape`` returns them.
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
 #: A fixed instant for tests of pure delivery logic.
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
 
@@ -44,10 +47,6 @@ def subscription(**settings: Any) -> Subscription:
         max_age=timedelta(days=1), retry_base_ms=10, retry_max_ms=100, state="active", updated_at=NOW,
     )  # fmt: skip
     return dataclasses.replace(base, **settings)
-
-
-#: A Prometheus scrape: (sample name, sorted labels) -> value.
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 async def scrape(url: str) -> Samples:

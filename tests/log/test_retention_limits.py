@@ -32,6 +32,12 @@ async def level(conn: asyncpg.Connection, consumer: str) -> str:
     )
 
 
+#: bytes the partitions of ferry.events take on disk (tables, TOAST and indexes)
+EVENTS_SIZE = (
+    "select sum(pg_total_relation_size(i.inhrelid)) from pg_inherits i where i.inhparent = 'ferry.events'::regclass"
+)
+
+
 async def fast_rotation(conn: asyncpg.Connection, max_retention: str = "1 hour") -> None:
     await conn.execute("update ferry.config set rotation_interval = '0 s', idle_tick_interval = '0 s'")
     await conn.execute("select ferry.set_retention($1::text::interval)", max_retention)
@@ -49,9 +55,11 @@ async def test_a_stuck_consumer_is_stalled_the_log_stays_bounded_and_its_gap_cou
     got_live: list[int] = []
     got_other: list[int] = []
     retained_max = 0
+    sizes: list[int] = []
     said: list[str] = []
     for round_ in range(8):
-        written_s += [await ferry.publish("s", {"n": n}) for n in range(10)]
+        # ~2 KB each, incompressible: 8 rounds would take ~160 kB more on disk if nothing were truncated
+        written_s += [await ferry.publish("s", {"n": n, "pad": os.urandom(1000).hex()}) for n in range(10)]
         written_t += [await ferry.publish("t", {"n": n}) for n in range(5)]
         if round_ == 1:
             await age_ticks(conn)  # the stuck consumer's cursor is now 2 hours old
@@ -60,12 +68,16 @@ async def test_a_stuck_consumer_is_stalled_the_log_stays_bounded_and_its_gap_cou
         said += await maintain(conn)
         said += await maintain(conn)  # close what the first call rotated away from
         retained_max = max(retained_max, await conn.fetchval("select count(*) from ferry.events"))
+        sizes.append(int(await conn.fetchval(EVENTS_SIZE)))
 
     assert got_live == written_s, "a consumer within the limit must get every event"
     assert got_other == written_t
     assert any(m.startswith("stalled: consumer stuck is over the retention limit") for m in said), said
     assert sum(1 for m in said if "truncated" in m) >= 4, "partitions must keep being truncated"
     assert retained_max <= 3 * 15 + 15, f"the log grew to {retained_max} events"
+    # ... and in bytes: what the partitions take stays what the first round's writes took (measured:
+    # 128 kB every round, one partition with a round's events, two truncated to their index pages)
+    assert max(sizes) <= 1.5 * sizes[0], f"the events partitions grew from {sizes[0]} to {max(sizes)} bytes"
     assert not any("live" in m or "other" in m for m in said if m.startswith(("stalled", "gap", "warning"))), said
 
     gaps = await ferry.gaps("stuck")

@@ -4,15 +4,19 @@ from now (and then replayed)."""
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
 from datetime import UTC, datetime
 
+import aiohttp
 import asyncpg
+import pytest
 from prometheus_client import generate_latest
 
 import pgferry
 from pgferry.ops import inspect
 from pgferry.ops.metrics import RelayMetrics
-from tests.helpers import cli, tick
+from tests.helpers import FAST, RunningRelay, cli, eventually, scrape, tick, value
 
 #: what a webhook worker reads next for subscription $1 (ferry.webhook_steps peeking, acknowledging nothing)
 PEEK = (
@@ -116,3 +120,79 @@ async def test_a_partitioned_subscription_counts_every_partitions_loss_and_keeps
         assert await conn.fetchval("select ferry._drop_drained_consumer($1)", name["name"])
     status = {r["name"]: r for r in await inspect.subscription_status(conn)}["ph"]
     assert status["gap_events"] == before, "the gaps of the partitions removed were deleted with them"
+
+
+async def test_a_consumer_holding_the_log_back_is_named_by_status_metrics_the_dashboard_and_the_relays_log(
+    ferry: pgferry.Ferry,
+    conn: asyncpg.Connection,
+    db_url: str,
+    pgferry_cmd: list[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """At 50% and 80% of the limit, then stalled with a gap: what a relay with metrics and a
+    dashboard shows of it, and what its ticker's housekeeping logs, at WARNING."""
+    caplog.set_level(logging.INFO, logger="pgferry.log.ticker")
+    await conn.execute("update ferry.config set rotation_interval = '0 s', idle_tick_interval = '0 s'")
+    await conn.execute("select ferry.set_retention('10 hours')")
+    await ferry.subscribe("lagging", ["s"], "http://127.0.0.1:9/hook")
+    await ferry.pause("lagging")  # its cursor stays where it is
+    await ferry.publish("s", {"n": 0})
+    await tick(conn)
+
+    def said(prefix: str) -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and r.getMessage().startswith(f"retention: {prefix}")]  # fmt: skip
+
+    relay = RunningRelay(db_url, replace(FAST, metrics_port=0, dashboard_port=0))
+    try:
+        await eventually(lambda: _listening(relay), what="the metrics and dashboard servers")
+        metrics, dashboard = relay.relay.addresses["metrics"], relay.relay.addresses["dashboard"]
+        for age, level, pct, cls in (("5 hours 30 minutes", "50%", "55%", "warn"), ("3 hours", "80%", "85%", "bad")):
+            await conn.execute(f"update ferry.ticks set created_at = created_at - interval '{age}'")
+
+            async def warned(pct: str = pct) -> bool:
+                return any("consumer webhook:lagging holds the log back" in m and pct in m for m in said("warning:"))
+
+            await eventually(warned, what=f"the relay's warning at {level} of the limit")
+
+            async def scraped(
+                share: float = float(pct[:-1]) / 100,
+            ) -> bool:  # the gauges are read at most once a second
+                ratio = value(await scrape(metrics), "pgferry_consumer_retention_ratio", consumer="webhook:lagging")
+                return share <= ratio < share + 0.05
+
+            await eventually(scraped, what=f"pgferry_consumer_retention_ratio at {pct}")
+            async with aiohttp.ClientSession() as session, session.get(dashboard) as r:
+                page = await r.text()
+            assert "<h2>Retention: consumers holding the log back</h2>" in page
+            assert f'<tr data-consumer="webhook:lagging"><td>webhook:lagging</td><td class="{cls}">{level}</td>' in page
+            assert f"retention {level} of the limit: cursor" in page  # the note under the subscription's state
+            shown = await cli(pgferry_cmd, db_url, "status")
+            assert f"{level} of the limit: cursor" in shown.stdout, shown.stdout  # the retention column
+            assert "retention: consumers holding the log back" in shown.stdout
+
+        # Past the limit, while writers go on: stalled, then a gap as its partition is truncated.
+        await conn.execute("update ferry.ticks set created_at = created_at - interval '2 hours'")
+
+        async def gapped() -> bool:
+            await ferry.publish("s", {"n": "later"})
+            return bool(said("gap: consumer webhook:lagging (stalled) never gets 1 event(s)"))
+
+        await eventually(gapped, what="the relay's gap warning")
+        assert said("stalled: consumer webhook:lagging is over the retention limit"), said("")
+
+        async def stalled_gauges() -> bool:
+            samples = await scrape(metrics)
+            return (value(samples, "pgferry_consumer_stalled", consumer="webhook:lagging") == 1
+                    and value(samples, "pgferry_consumer_gap_events", consumer="webhook:lagging") == 1)  # fmt: skip
+
+        await eventually(stalled_gauges, what="the stalled and gap gauges")
+        async with aiohttp.ClientSession() as session, session.get(dashboard) as r:
+            page = await r.text()
+        assert '<td class="bad">stalled</td>' in page and "retention stalled since" in page
+    finally:
+        await relay.stop()
+
+
+async def _listening(relay: RunningRelay) -> bool:
+    return {"metrics", "dashboard"} <= relay.relay.addresses.keys()

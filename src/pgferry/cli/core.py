@@ -177,6 +177,14 @@ def install(database_url: str | None, pg_net: bool) -> None:
     help="Bytes of events a subscription holds in memory at once (its batches read ahead and its retries; "
     "an event larger than this still goes, alone). Suffixes KB, MB, GB (powers of 1024).",
 )
+@click.option(
+    "--max-read-bytes",
+    type=ByteSize(),
+    default="64MB",
+    show_default=True,
+    help="Bytes of events all subscriptions of a relay process hold in memory at once, together (reads wait "
+    "for room; one event larger than this still goes, alone). Suffixes KB, MB, GB.",
+)
 @click.pass_context
 def run(
     ctx: click.Context,
@@ -201,6 +209,7 @@ def run(
     db_command_timeout: float,
     db_session_timeout: float,
     max_batch_bytes: int,
+    max_read_bytes: int,
 ) -> None:
     """Run the relay. Without a database URL: a throwaway PostgreSQL and a demo."""
     # The relay (delivery, HTTP client, ownership) is loaded by the one command that runs it.
@@ -222,6 +231,7 @@ def run(
             addresses=policy,
             ca_file=ca_file,
             max_batch_bytes=max_batch_bytes,
+            max_read_bytes=max_read_bytes,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
             dashboard_port=dashboard_port,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from pgferry.delivery.brokers import Brokers
+from pgferry.delivery.budget import DEFAULT_MAX_READ_BYTES, ReadBudget
 from pgferry.delivery.fasthttp import FastSender
 from pgferry.delivery.health import EndpointHealth
 from pgferry.delivery.http import HttpResult
@@ -64,6 +65,8 @@ class DeliveryContext:
     max_batch_events: int | None = None
     #: what a subscription's reads hold at once (DEFAULT_MAX_BATCH_BYTES); None: unbounded
     max_batch_bytes: int | None = DEFAULT_MAX_BATCH_BYTES
+    #: what every subscription's reads hold at once, together (delivery.budget); None: no relay-wide bound
+    max_read_bytes: int | None = DEFAULT_MAX_READ_BYTES
     retry_fetch: int = 1000
     poll_interval: float = 1.0
     #: seconds a batch waits for its slowest request before letting go of it (see the module doc)
@@ -77,13 +80,17 @@ class DeliveryContext:
     health: EndpointHealth = field(default_factory=EndpointHealth)
     #: every worker's acknowledgements and reads, many subscriptions per statement
     steps: Stepper = field(init=False)
+    #: bytes read and not yet delivered, over every worker (None: no budget)
+    budget: ReadBudget | None = field(init=False)
     #: set by a worker that went idle holding acknowledgements: the LogWatch records them soon
     acks_waiting: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         if self.max_batch_bytes is not None and self.max_batch_bytes < PIPELINE_DEPTH + 1:
             raise ValueError(f"max_batch_bytes must be at least {PIPELINE_DEPTH + 1}, got {self.max_batch_bytes}")
-        self.steps = Stepper(self.pool, self.max_batch_events, self.read_bytes)
+        budget = self.max_read_bytes if self.read_bytes is not None else None
+        self.budget = ReadBudget(budget) if budget is not None else None
+        self.steps = Stepper(self.pool, self.max_batch_events, self.read_bytes, self.budget)
 
     @property
     def read_bytes(self) -> int | None:

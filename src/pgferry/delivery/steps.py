@@ -9,6 +9,12 @@ the acknowledgements, one read for every subscription at the same position
 on the same streams. A lone worker waits for nobody: its step goes out at
 once, as before.
 
+With a read budget (``delivery.budget``), a statement's reads share the
+relay's free bytes: each gets the statement's bound (``max_bytes``), at most
+the subscription's share, and reads that do not fit wait for the next
+statement, once a delivered batch gives its bytes back. A read's step then
+holds what it returned (``Step.held``) until its worker releases it.
+
 A step the database refuses for one subscription (its cursor moved, another
 relay claimed it, its tick is gone) fails only that worker's call, with
 :class:`StepRefused` and the SQLSTATE ``ferry.webhook_step`` would raise.
@@ -19,10 +25,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import asyncpg
 
 from pgferry import sql
+from pgferry.delivery.budget import ReadBudget, held_bytes
 
 #: Steps per statement at most (a statement's arrays grow with it).
 MAX_STEPS = 1000
@@ -65,16 +73,32 @@ class Step:
     result: asyncio.Future[list[asyncpg.Record]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    #: the last read filled its bound and more is left: this one asks the read budget for its whole share
+    whole: bool = False
+    #: the byte bound the read budget gave the read (None: no budget)
+    bound: int | None = None
+    #: bytes of the read's events held in the read budget, which its worker releases once they are delivered
+    held: int = 0
 
 
 class Stepper:
-    def __init__(self, pool: asyncpg.Pool, max_batch_events: int | None, max_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        max_batch_events: int | None,
+        max_bytes: int | None = None,
+        budget: ReadBudget | None = None,
+    ) -> None:
         self.pool = pool
         self.max_batch_events = max_batch_events
         #: the byte bound of each read (DeliveryContext.read_bytes; None: unbounded)
         self.max_bytes = max_bytes
+        #: the relay's read budget, shared by every read (None: none; unused when max_bytes is None)
+        self.budget = budget if max_bytes is not None else None
         self._queue: list[Step] = []
         self._running = 0
+        #: set when a step joins the queue (the drain loop may be waiting for the budget)
+        self._joined = asyncio.Event()
         #: statements sent and steps they carried (metrics, tests)
         self.statements = 0
         self.steps = 0
@@ -82,6 +106,7 @@ class Stepper:
     async def step(self, step: Step) -> list[asyncpg.Record]:
         """The step's rows (``ferry.webhook_steps``' columns but ``refused``); raises StepRefused."""
         self._queue.append(step)
+        self._joined.set()
         if self._running < PARALLEL:
             self._running += 1
             asyncio.get_running_loop().create_task(self._drain())
@@ -91,14 +116,50 @@ class Stepper:
         try:
             await asyncio.sleep(0)  # let the steps asked for in this turn of the loop join
             while self._queue:
-                batch, self._queue = self._queue[:MAX_STEPS], self._queue[MAX_STEPS:]
-                batch = [s for s in batch if not s.result.done()]
+                self._joined.clear()
+                batch, bound, reserved = self._take()
                 if batch:
-                    await self._send(batch)
+                    await self._send(batch, bound, reserved)
+                elif self._queue:  # only reads, and no room for any: until bytes are given back or a step joins
+                    assert self.budget is not None
+                    given_back = self.budget.waiter()
+                    joined: asyncio.Future[Any] = asyncio.ensure_future(self._joined.wait())
+                    try:
+                        await asyncio.wait([given_back, joined], return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        given_back.cancel()
+                        joined.cancel()
         finally:
             self._running -= 1
 
-    async def _send(self, batch: list[Step]) -> None:
+    def _take(self) -> tuple[list[Step], int | None, int]:
+        """The next statement's steps, its reads' byte bound, and the bytes reserved for them;
+        reads the budget has no room for stay queued, in order."""
+        queue = [s for s in self._queue if not s.result.done()]
+        if self.budget is None or self.max_bytes is None:
+            self._queue = queue[MAX_STEPS:]
+            return queue[:MAX_STEPS], self.max_bytes, 0
+        head = queue[:MAX_STEPS]
+        reads = [s for s in head if s.peek]
+        # One statement's reads share one bound: reads after one the byte bound cut (a backlog)
+        # ask for their whole share, the others (mostly a new tick) for a part of what is free.
+        # The kind the queue's first read is goes first, unless none of it fits.
+        chosen: list[Step] = []
+        bound = 0
+        for whole in [reads[0].whole, not reads[0].whole] if reads else []:
+            kind = [s for s in reads if s.whole == whole]
+            admitted, bound = self.budget.admit(len(kind), self.max_bytes, whole=whole)
+            if admitted:
+                chosen = kind[:admitted]
+                break
+        for s in chosen:
+            s.bound = bound
+        taken = {id(s) for s in chosen}
+        self._queue = [s for s in reads if id(s) not in taken] + queue[MAX_STEPS:]
+        batch = [s for s in head if not s.peek or id(s) in taken]
+        return batch, bound if chosen else self.max_bytes, bound * len(chosen)
+
+    async def _send(self, batch: list[Step], max_bytes: int | None, reserved: int = 0) -> None:
         attempts = [(i, *a) for i, s in enumerate(batch, 1) if s.ack is not None for a in s.ack[2]]
         try:
             async with self.pool.acquire() as conn:
@@ -118,7 +179,7 @@ class Stepper:
                     [a[3] for a in attempts],
                     [a[4] for a in attempts],
                     self.max_batch_events,
-                    self.max_bytes,
+                    max_bytes,
                     [s.span for s in batch],
                     [s.resume[0] if s.resume else None for s in batch],
                     [s.resume[1] if s.resume else None for s in batch],
@@ -126,6 +187,8 @@ class Stepper:
                     [s.ack[3][1] if s.ack and s.ack[3] else None for s in batch],
                 )
         except BaseException as exc:
+            if self.budget is not None:
+                self.budget.settle(reserved, 0)
             for s in batch:
                 if not s.result.done():
                     s.result.set_exception(exc if isinstance(exc, Exception) else asyncio.CancelledError())
@@ -143,10 +206,18 @@ class Stepper:
                 continue
             for i in row["reqs"]:
                 results[i - 1].append(row)
+        held = largest = 0
         for i, s in enumerate(batch):
             if s.result.done():
                 continue
             if i in refused:
                 s.result.set_exception(StepRefused(s.subscription, refused[i]))
-            else:
-                s.result.set_result(results[i])
+                continue
+            if self.budget is not None and s.peek:
+                sizes = [held_bytes(r["payload"], r["headers"]) for r in results[i] if r["id"] is not None]
+                s.held = sum(sizes)
+                held += s.held
+                largest = max(largest, *sizes, 0)
+            s.result.set_result(results[i])
+        if self.budget is not None:
+            self.budget.settle(reserved, held, largest)

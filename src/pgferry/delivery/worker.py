@@ -51,6 +51,7 @@ import asyncpg
 from pgferry import db, sql
 from pgferry.aio import wait_for_event
 from pgferry.delivery.bookkeeping import Bookkeeper, Books
+from pgferry.delivery.budget import held_bytes
 from pgferry.delivery.context import (
     PIPELINE_DEPTH,
     DeliveryContext,
@@ -318,6 +319,7 @@ class SubscriptionWorker:
         more = False  # the last read stopped short of the newest tick (batch size or byte limit)
         resume: tuple[int, int] | None = None  # a range read in parts: its end tick, the last id read
         span: int | None = None  # events the next read's range is sized for (None: max_batch_events)
+        whole = False  # the last read filled half its byte bound or more, and there is more (delivery.budget)
         try:
             while True:
                 try:
@@ -350,20 +352,17 @@ class SubscriptionWorker:
                     # cut short. Acknowledgements wait for the next read (or the LogWatch).
                     if room and (fresh or more or self.wake.is_set()):
                         self.wake.clear()
-                        rows = await self._step(acks, peek_after=ahead, peek=True, resume=resume, span=span)
-                        acks, fresh, more = None, False, False
+                        step = self.step_for(acks, peek=True, peek_after=ahead, resume=resume, span=span)
+                        step.whole = whole
+                        rows = await self.ctx.steps.step(step)
+                        acks, fresh, more, whole = None, False, False, False
                         if rows:
-                            events = [OutEvent.from_row(r) for r in rows if r["id"] is not None]
-                            blocked = {r["key"] for r in rows if r["blocked"]}
-                            task = asyncio.create_task(self._deliver_batch(events, blocked))
-                            # A part of a range (the byte bound cut it inside a transaction) moves
-                            # no cursor: its parts are acknowledged as start -> start until the last.
-                            head = rows[0]
-                            resume = None if head["cut_after"] is None else (head["end_tick"], head["cut_after"])
-                            ahead = head["end_tick"] if resume is None else head["start_tick"]
-                            flights.append(_Flight(head["start_tick"], ahead, task, resume))
-                            more = resume is not None or head["more"]
-                            span = self._next_span(events, cut=resume is not None or head["more"])
+                            flight, more, span, whole = self._take_off(step, rows)
+                            # The batch is the flight's now: nothing here may hold it while the next
+                            # read waits (for the read budget, which counts it as given back once sent).
+                            del step, rows
+                            flights.append(flight)
+                            resume, ahead = flight.part, flight.end_tick
                             continue
                         if ahead is None:  # nothing new since the cursor: learn where it is
                             ahead = await self._cursor_tick()
@@ -405,6 +404,31 @@ class SubscriptionWorker:
     ) -> list[asyncpg.Record]:
         step = self.step_for(acks, peek=peek, peek_after=peek_after, resume=resume, span=span)
         return await self.ctx.steps.step(step)
+
+    def _take_off(self, step: Step, rows: list[asyncpg.Record]) -> tuple[_Flight, bool, int | None, bool]:
+        """A read's batch on its way: the flight sending it, whether there is more to read, the
+        events the next read's range is sized for, and whether the next read asks the read
+        budget for its whole share (a backlog of large events)."""
+        events = [OutEvent.from_row(r) for r in rows if r["id"] is not None]
+        blocked = {r["key"] for r in rows if r["blocked"]}
+        task = asyncio.create_task(self._deliver_batch(events, blocked))
+        self._release_when_sent(task, step.held)
+        # A part of a range (the byte bound cut it inside a transaction) moves
+        # no cursor: its parts are acknowledged as start -> start until the last.
+        head = rows[0]
+        resume = None if head["cut_after"] is None else (head["end_tick"], head["cut_after"])
+        end = head["end_tick"] if resume is None else head["start_tick"]
+        more = bool(resume is not None or head["more"])
+        whole = more and step.bound is not None and 2 * step.held >= step.bound
+        return _Flight(head["start_tick"], end, task, resume), more, self._next_span(events, cut=more), whole
+
+    def _release_when_sent(self, task: asyncio.Future[Any], held: int) -> None:
+        """Gives a read's bytes back to the relay's read budget once its events are sent (or
+        the sending ends otherwise): not when the worker next looks at it, since it may be
+        waiting on the budget itself then."""
+        budget = self.ctx.budget
+        if budget is not None and held:
+            task.add_done_callback(lambda _: budget.release(held))
 
     def _next_span(self, events: Sequence[OutEvent], *, cut: bool) -> int | None:
         """Events the next read's range is sized for: after a read the byte bound cut (payloads
@@ -473,41 +497,76 @@ class SubscriptionWorker:
             # Those let go of before the fetch count too: an answer recorded while the fetch was
             # under way deletes the row the fetch may still return (sent again: a duplicate).
             in_flight = set(self.let_go)
+            rows, next_at, held = await self._read_retries(probe)
+            try:
+                sent = await self._retry_round(rows, in_flight, probe)
+            finally:
+                del rows  # not held while the loop waits (for the read budget too)
+                if self.ctx.budget is not None:
+                    self.ctx.budget.release(held)
+            if sent:
+                continue
+            if probe and self.endpoint is not None:  # nothing of ours to probe with: another worker may
+                self.ctx.health.report(self.endpoint, WITHDRAWN, Admission.PROBE)
+            # Until the next parked event is due; events parked by someone else (a dead
+            # letter replayed) are found by the LogWatch's fallback poll, which wakes us.
+            self.retries_idle = True
+            try:
+                if next_at is None:
+                    await self.retry_wake.wait()
+                else:
+                    await wait_for_event(self.retry_wake, max(0.0, (next_at - datetime.now(UTC)).total_seconds()))
+            finally:
+                self.retries_idle = False
+
+    async def _retry_round(self, rows: list[asyncpg.Record], in_flight: set[int], probe: bool) -> bool:
+        """Sends and records the parked events ``rows`` but those still in flight; False when
+        none was left to send."""
+        in_flight |= self.let_go
+        # With ordering on, a key whose earliest due event is still in flight waits whole: its
+        # in-flight row is due once timeout_ms plus a margin has passed, and when its answer
+        # was recorded later than that (a busy database), the events behind it went first.
+        waiting = (
+            {r["key"] for r in rows if r["id"] in in_flight and r["key"] is not None} if self.sub.ordered else set()
+        )
+        events = [OutEvent.from_row(r) for r in rows if r["id"] not in in_flight and r["key"] not in waiting]
+        if not events:
+            return False
+        books = await self._deliver_and_account(events, set(), from_batch=False, probe=probe)
+        await self._record(books, advance=None)
+        return True
+
+    async def _read_retries(self, probe: bool) -> tuple[list[asyncpg.Record], datetime | None, int]:
+        """The parked events due now (``probe``: the one to probe the endpoint with), when the next
+        is due if none is, and the bytes they hold in the relay's read budget (release them)."""
+        sub, budget, bound = self.sub, self.ctx.budget, self.ctx.read_bytes
+        reserved = 0
+        if budget is not None and bound is not None and not probe:
+            # Taken before a connection: a read waiting for room must not hold a connection that
+            # the reads giving room back need.
+            bound = reserved = await budget.acquire(bound)
+        try:
             async with self.ctx.pool.acquire() as conn:
                 if probe:  # the due event with the fewest attempts: probes spread over the held events
                     rows = await conn.fetch(sql.query("retries_probe"), sub.name, sub.ordered, sub.part, sub.parts)
                 else:
                     rows = await conn.fetch(sql.query("due_retries"), sub.name, sub.ordered,
-                                            self.ctx.retry_fetch, self.ctx.read_bytes, sub.part, sub.parts)  # fmt: skip
+                                            self.ctx.retry_fetch, bound, sub.part, sub.parts)  # fmt: skip
                 next_at = None
                 if not rows:
                     next_at = await conn.fetchval(
                         sql.query("next_retry_at"), sub.name, sub.ordered, sub.part, sub.parts
                     )
-            in_flight |= self.let_go
-            # With ordering on, a key whose earliest due event is still in flight waits whole: its
-            # in-flight row is due once timeout_ms plus a margin has passed, and when its answer
-            # was recorded later than that (a busy database), the events behind it went first.
-            waiting = (
-                {r["key"] for r in rows if r["id"] in in_flight and r["key"] is not None} if sub.ordered else set()
-            )
-            events = [OutEvent.from_row(r) for r in rows if r["id"] not in in_flight and r["key"] not in waiting]
-            if not events:
-                if probe and self.endpoint is not None:  # nothing of ours to probe with: another worker may
-                    self.ctx.health.report(self.endpoint, WITHDRAWN, Admission.PROBE)
-                # Until the next parked event is due; events parked by someone else (a dead
-                # letter replayed) are found by the LogWatch's fallback poll, which wakes us.
-                self.retries_idle = True
-                try:
-                    if next_at is None:
-                        await self.retry_wake.wait()
-                    else:
-                        await wait_for_event(self.retry_wake, max(0.0, (next_at - datetime.now(UTC)).total_seconds()))
-                finally:
-                    self.retries_idle = False
-                continue
-            books = await self._deliver_and_account(events, set(), from_batch=False, probe=probe)
-            await self._record(books, advance=None)
+        except BaseException:
+            if budget is not None:
+                budget.settle(reserved, 0)
+            raise
+        held = 0
+        if budget is not None and reserved:
+            sizes = [held_bytes(r["payload"], r["headers"]) for r in rows]
+            held = sum(sizes)
+            budget.settle(reserved, held, max(sizes, default=0))
+        return rows, next_at, held
 
     async def _expire_held(self) -> None:
         async with self.ctx.pool.acquire() as conn:

@@ -21,6 +21,7 @@ from pgferry import db, sql
 from pgferry.capture.wal import WalCapture, WalSettings
 from pgferry.delivery.addresses import AddressPolicy
 from pgferry.delivery.brokers import Brokers
+from pgferry.delivery.budget import DEFAULT_MAX_READ_BYTES, MIN_READ_BOUND
 from pgferry.delivery.context import DEFAULT_MAX_BATCH_BYTES, PIPELINE_DEPTH, DeliveryContext
 from pgferry.delivery.fasthttp import FastSender, tls_context
 from pgferry.errors import DatabaseUnreachable
@@ -58,6 +59,8 @@ class RelaySettings:
     db_pool_size: int = 10
     #: bytes of events a subscription's reads hold at once (see DeliveryContext.max_batch_bytes)
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+    #: bytes of events every subscription's reads hold at once, together (delivery.budget)
+    max_read_bytes: int = DEFAULT_MAX_READ_BYTES
     #: where deliveries may connect (SSRF protection); from PGFERRY_STRICT_ADDRESSES/PGFERRY_ALLOW_ADDRESSES
     addresses: AddressPolicy = field(default_factory=AddressPolicy.from_env)
     #: PEM file of extra CA certificates trusted for https endpoints (PGFERRY_CA_FILE)
@@ -82,6 +85,11 @@ class RelaySettings:
             raise ValueError(
                 f"max_batch_bytes must be at least {PIPELINE_DEPTH + 1} bytes, got {self.max_batch_bytes} "
                 "(it bounds what a subscription holds in memory; e.g. 16MB)"
+            )
+        if self.max_read_bytes < MIN_READ_BOUND:
+            raise ValueError(
+                f"max_read_bytes must be at least {MIN_READ_BOUND} bytes (64KB), got {self.max_read_bytes} "
+                "(it bounds what all subscriptions' reads hold in memory together; e.g. 64MB)"
             )
         live = self.liveness
         # PostgreSQL ends lock-holding sessions silent for session_timeout: a healthy
@@ -255,6 +263,7 @@ class Relay:
                 global_limit=asyncio.Semaphore(self.settings.max_in_flight),
                 max_body_bytes=max_body_bytes,
                 max_batch_bytes=self.settings.max_batch_bytes,
+                max_read_bytes=self.settings.max_read_bytes,
                 observe=hooks.observe_outcomes,
                 observe_withdrawn=hooks.observe_withdrawn,
             )

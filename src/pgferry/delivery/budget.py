@@ -1,0 +1,115 @@
+"""The relay's read budget: bytes of events read and not yet sent, over every subscription.
+
+Each subscription's reads are bounded (``max_batch_bytes``, a third per read), but
+nothing bounded the relay as a whole: 100 subscriptions with backlogs of large
+events could each hold their 16 MB at once. The budget (``--max-read-bytes``) is
+shared by every read of the relay's workers: the batch reads the Stepper sends
+(many subscriptions in one statement) and the retry loops' reads of parked events.
+
+Before a statement goes, the Stepper asks the budget for its reads: it gets a
+bound for each (the statement's ``max_bytes``) and reserves that bound times the
+reads. When the statement is answered, each read holds what it returned and the
+rest of its reservation is given back. A worker gives its read back once the
+batch is sent (its sending ended, delivered or parked), and holds no reference
+to it after that. A read that finds no room waits for one to be given back.
+
+How many reads fit: a read after a full one (a backlog of large events) asks
+for its whole share, and as many go as the budget holds whole; the others (a
+new tick, mostly a few small events) split what is free evenly, but none gets
+less than ``MIN_READ_BOUND`` or the largest event seen in recent reads, since a
+read always takes at least one event and a bound below its size is passed. A
+share larger than the whole budget is cut to it. So the budget is passed only
+by events larger than their read's bound: one each, in their own read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+#: The least bound a read of a crowded statement gets: 1,000 subscriptions reading one tick
+#: at once share a 64 MB budget at 64 KB each, in ONE statement (Stepper.MAX_STEPS is 1,000).
+MIN_READ_BOUND = 64 << 10
+#: Answered reads (statements, retry rounds) whose largest events set the least bound (module doc).
+RECENT_READS = 64
+#: The default budget: with the 64 MB of the relay itself and each byte read held up to three
+#: times (the events, their request bodies, the bytes on their way to the socket), a relay's
+#: memory stays under 256 MB whatever the backlog (docs/operations.md, "Relay memory").
+DEFAULT_MAX_READ_BYTES = 64 << 20
+
+
+class ReadBudget:
+    """Bytes read and not yet delivered (held) or asked for by a read under way (reserved)."""
+
+    def __init__(self, total: int) -> None:
+        if total <= 0:
+            raise ValueError(f"the read budget must be positive, got {total}")
+        self.total = total
+        #: bytes held and reserved now
+        self.used = 0
+        #: the most ``used`` has been (tests, benchmarks)
+        self.peak = 0
+        self._largest: deque[int] = deque(maxlen=RECENT_READS)
+        self._waiters: list[asyncio.Future[None]] = []
+
+    @property
+    def free(self) -> int:
+        return self.total - self.used
+
+    def admit(self, reads: int, share: int, *, whole: bool = False) -> tuple[int, int]:
+        """For a statement of ``reads`` reads of up to ``share`` bytes each (at most the budget):
+        how many may go now and the bound each gets, reserved (``admitted * bound`` bytes, see
+        ``settle``); (0, 0) when none fits. ``whole``: each needs its whole share (a backlog)."""
+        share = min(share, self.total)
+        least = share if whole else min(share, max(MIN_READ_BOUND, max(self._largest, default=0)))
+        admitted = min(reads, max(self.free, 0) // least)
+        if not admitted:
+            return 0, 0
+        bound = min(share, self.free // admitted)
+        self._take(admitted * bound)
+        return admitted, bound
+
+    def settle(self, reserved: int, held: int, largest: int = 0) -> None:
+        """A statement answered: of its ``reserved`` bytes its reads hold ``held`` (what they
+        returned; ``largest``: its largest event), until each is released."""
+        if largest:
+            self._largest.append(largest)
+        self._take(held - reserved)
+
+    def release(self, held: int) -> None:
+        """A read's events are delivered: its bytes are free again."""
+        if held:
+            self._take(-held)
+
+    async def wait(self) -> None:
+        """Until some bytes are given back."""
+        await self.waiter()
+
+    def waiter(self) -> asyncio.Future[None]:
+        """A future done when some bytes are given back (for waiting on it and something else)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        return waiter
+
+    async def acquire(self, share: int) -> int:
+        """One read's bound (reserved), once it fits: the retry loop's reads."""
+        while True:
+            admitted, bound = self.admit(1, share)
+            if admitted:
+                return bound
+            await self.wait()
+
+    def _take(self, n: int) -> None:
+        self.used += n
+        self.peak = max(self.peak, self.used)
+        if n < 0:
+            waiters, self._waiters = self._waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+
+def held_bytes(payload: str | None, headers: str | None) -> int:
+    """What one event read counts against the budget: its payload and headers as text (the
+    measure ferry.webhook_steps bounds reads by)."""
+    return len(payload or "") + len(headers or "")
