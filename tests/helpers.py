@@ -241,6 +241,4 @@ async def net_responses(conn: asyncpg.Connection, n: int, timeout: float = 20) -
 
 async def metric_sum(url: str, name: str) -> float:
     """A Prometheus series summed over its labels, as the metrics server at ``url`` serves it now."""
-    async with aiohttp.ClientSession() as session, session.get(url) as response:
-        text = await response.text()
-    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == name)
+    return sum(v for (sample, _labels), v in (await scrape(url)).items() if sample == name)

@@ -59,7 +59,7 @@ from pgferry.streams.history import History, Pace, resume_point
 from pgferry.streams.hub import Follower, StreamHub
 from pgferry.streams.offsets import BadOffset, Offset
 from pgferry.streams.reader import JsonText, OffsetAhead, OffsetExpired, Position, StreamEvent, is_end, start
-from pgferry.streams.settings import ApiSettings
+from pgferry.streams.settings import DEFAULT_MAX_CLIENTS, ApiSettings
 
 log = logging.getLogger(__name__)
 
@@ -697,7 +697,11 @@ def fit_open_files(settings: ApiSettings) -> ApiSettings:
     if settings.max_clients <= room:
         return settings
     capped = max(1, room)
-    log.warning(
+    # Only a limit the operator asked for is worth a warning; the default (20,000) is a ceiling,
+    # and a machine whose hard limit is a little under it (20,000 here) should not warn at every start.
+    asked = settings.max_clients != DEFAULT_MAX_CLIENTS
+    log.log(
+        logging.WARNING if asked else logging.INFO,
         "streams API: serving %d readers at most, not %d: this process may open %d files, "
         "%d of them kept for the rest; raise the limit (ulimit -n, systemd LimitNOFILE=) to serve more",
         capped, settings.max_clients, soft, FD_RESERVE,

@@ -11,6 +11,10 @@ from pgferry.errors import PgferryError
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+")
 
 
+#: readers a relay process serves at once unless told otherwise
+DEFAULT_MAX_CLIENTS = 20_000
+
+
 @dataclass(frozen=True, slots=True)
 class ApiSettings:
     #: 0: any free port (announced as the relay's "api" address)
@@ -28,7 +32,7 @@ class ApiSettings:
     #: seconds between keep-alive comments on an idle SSE response
     heartbeat: float = 15.0
     #: readers at once (SSE and long-polls); more get 503 and retry
-    max_clients: int = 20_000
+    max_clients: int = DEFAULT_MAX_CLIENTS
     #: events of the whole log read per history range, at most
     range_events: int = 10_000
     #: database connections that big transactions in history are read on (a page at a time, by
