@@ -13,7 +13,8 @@ With a read budget (``delivery.budget``), a statement's reads share the
 relay's free bytes: each gets the statement's bound (``max_bytes``), at most
 the subscription's share, and reads that do not fit wait for the next
 statement, once a delivered batch gives its bytes back. A read's step then
-holds what it returned (``Step.held``) until its worker releases it.
+holds what it returned (``Step.held``) until its worker releases it (a worker
+cancelled before it took its answer gives it back in ``Stepper.step``).
 
 A step the database refuses for one subscription (its cursor moved, another
 relay claimed it, its tick is gone) fails only that worker's call, with
@@ -110,7 +111,19 @@ class Stepper:
         if self._running < PARALLEL:
             self._running += 1
             asyncio.get_running_loop().create_task(self._drain())
-        return await step.result
+        try:
+            return await step.result
+        except asyncio.CancelledError:
+            # Cancelled once the read was answered (its result set, its caller not resumed yet:
+            # a worker stopped by its owner): nobody takes its events off, so its bytes go back now.
+            self._give_back(step)
+            raise
+
+    def _give_back(self, step: Step) -> None:
+        """Returns a read's bytes to the read budget (once: its caller will not release them)."""
+        if self.budget is not None and step.held:
+            held, step.held = step.held, 0
+            self.budget.release(held)
 
     async def _drain(self) -> None:
         try:
