@@ -60,6 +60,29 @@ def test_a_relay_refuses_a_read_budget_too_small_to_read_with() -> None:
         RelaySettings(max_read_bytes=1000)
 
 
+async def test_a_read_holds_its_events_bytes_in_the_budget_not_their_characters(
+    conn: asyncpg.Connection, db_url: str
+) -> None:
+    await conn.execute("select ferry.subscribe('s', array['s'], 'http://127.0.0.1:9/')")
+    for text in ["ascii", "é" * 1000, "漢字" * 500, "🚢" * 250]:
+        await conn.execute("select ferry.publish('s', jsonb_build_object('p', $1::text), null, '{\"h\": \"ü\"}')", text)
+    await tick(conn)
+    octets, chars = await conn.fetchrow(
+        """select sum(octet_length(payload::text) + octet_length(headers::text)),
+                  sum(length(payload::text) + length(headers::text)) from ferry.events"""
+    )
+    pool = await db.create_pool(db_url, max_size=2)
+    try:
+        ctx = DeliveryContext(pool=pool, http=None, global_limit=None)  # type: ignore[arg-type]
+        assert ctx.budget is not None
+        step = Step("s", consumer_name("s"), None, False, None, True, None)
+        rows = await ctx.steps.step(step)
+        assert len([r for r in rows if r["id"] is not None]) == 4
+        assert step.held == ctx.budget.used == octets == chars + 1000 + 2 * 1000 + 3 * 250 + 4
+    finally:
+        await pool.close()
+
+
 async def test_a_read_whose_worker_is_cancelled_once_it_is_answered_gives_its_bytes_back(
     conn: asyncpg.Connection, db_url: str
 ) -> None:

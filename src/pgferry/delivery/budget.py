@@ -27,6 +27,8 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+from pgferry.delivery.model import utf8_length
+
 #: The least bound a read of a crowded statement gets: 1,000 subscriptions reading one tick
 #: at once share a 64 MB budget at 64 KB each, in ONE statement (Stepper.MAX_STEPS is 1,000).
 MIN_READ_BOUND = 64 << 10
@@ -110,6 +112,6 @@ class ReadBudget:
 
 
 def held_bytes(payload: str | None, headers: str | None) -> int:
-    """What one event read counts against the budget: its payload and headers as text (the
-    measure ferry.webhook_steps bounds reads by)."""
-    return len(payload or "") + len(headers or "")
+    """What one event read counts against the budget: its payload and headers in bytes of
+    their text (octet_length, the measure ferry.webhook_steps bounds reads by)."""
+    return utf8_length(payload or "") + utf8_length(headers or "")
