@@ -26,6 +26,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Sequence
+
+import asyncpg
 
 from pgferry.delivery.model import utf8_length
 
@@ -77,6 +80,19 @@ class ReadBudget:
         if largest:
             self._largest.append(largest)
         self._take(held - reserved)
+
+    def settle_rows(self, reserved: int, reads: Sequence[Sequence[asyncpg.Record]]) -> list[int]:
+        """A statement answered, with ``reads`` (each read's rows, with payload and headers as
+        text): of its ``reserved`` bytes, each read holds its events' bytes (``held_bytes``; a row
+        without an event, none) until it is released. Returns what each read holds."""
+        held: list[int] = []
+        largest = 0
+        for rows in reads:
+            sizes = [held_bytes(r["payload"], r["headers"]) for r in rows]
+            held.append(sum(sizes))
+            largest = max(largest, *sizes, 0)
+        self.settle(reserved, sum(held), largest)
+        return held
 
     def release(self, held: int) -> None:
         """A read's events are delivered: its bytes are free again."""

@@ -31,7 +31,7 @@ from typing import Any
 import asyncpg
 
 from pgferry import sql
-from pgferry.delivery.budget import ReadBudget, held_bytes
+from pgferry.delivery.budget import ReadBudget
 
 #: Steps per statement at most (a statement's arrays grow with it).
 MAX_STEPS = 1000
@@ -94,8 +94,9 @@ class Stepper:
         self.max_batch_events = max_batch_events
         #: the byte bound of each read (DeliveryContext.read_bytes; None: unbounded)
         self.max_bytes = max_bytes
-        #: the relay's read budget, shared by every read (None: none; unused when max_bytes is None)
-        self.budget = budget if max_bytes is not None else None
+        #: the relay's read budget, shared by every read (None: none; DeliveryContext gives one only
+        #: with max_bytes)
+        self.budget = budget
         self._queue: list[Step] = []
         self._running = 0
         #: set when a step joins the queue (the drain loop may be waiting for the budget)
@@ -149,9 +150,10 @@ class Stepper:
         """The next statement's steps, its reads' byte bound, and the bytes reserved for them;
         reads the budget has no room for stay queued, in order."""
         queue = [s for s in self._queue if not s.result.done()]
-        if self.budget is None or self.max_bytes is None:
+        if self.budget is None:
             self._queue = queue[MAX_STEPS:]
             return queue[:MAX_STEPS], self.max_bytes, 0
+        assert self.max_bytes is not None
         head = queue[:MAX_STEPS]
         reads = [s for s in head if s.peek]
         # One statement's reads share one bound: reads after one the byte bound cut (a backlog)
@@ -219,18 +221,17 @@ class Stepper:
                 continue
             for i in row["reqs"]:
                 results[i - 1].append(row)
-        held = largest = 0
+        answered: list[int] = []
         for i, s in enumerate(batch):
             if s.result.done():
                 continue
             if i in refused:
                 s.result.set_exception(StepRefused(s.subscription, refused[i]))
                 continue
-            if self.budget is not None and s.peek:
-                sizes = [held_bytes(r["payload"], r["headers"]) for r in results[i] if r["id"] is not None]
-                s.held = sum(sizes)
-                held += s.held
-                largest = max(largest, *sizes, 0)
-            s.result.set_result(results[i])
+            answered.append(i)
         if self.budget is not None:
-            self.budget.settle(reserved, held, largest)
+            reads = [i for i in answered if batch[i].peek]
+            for i, held in zip(reads, self.budget.settle_rows(reserved, [results[i] for i in reads]), strict=True):
+                batch[i].held = held
+        for i in answered:
+            batch[i].result.set_result(results[i])

@@ -51,7 +51,6 @@ import asyncpg
 from pgferry import db, sql
 from pgferry.aio import wait_for_event
 from pgferry.delivery.bookkeeping import Bookkeeper, Books
-from pgferry.delivery.budget import held_bytes
 from pgferry.delivery.context import (
     PIPELINE_DEPTH,
     DeliveryContext,
@@ -561,11 +560,7 @@ class SubscriptionWorker:
             if budget is not None:
                 budget.settle(reserved, 0)
             raise
-        held = 0
-        if budget is not None and reserved:
-            sizes = [held_bytes(r["payload"], r["headers"]) for r in rows]
-            held = sum(sizes)
-            budget.settle(reserved, held, max(sizes, default=0))
+        held = budget.settle_rows(reserved, [rows])[0] if budget is not None and reserved else 0
         return rows, next_at, held
 
     async def _expire_held(self) -> None:
