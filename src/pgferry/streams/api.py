@@ -304,16 +304,15 @@ class StreamsApi:
         assert self.pool is not None
         try:
             async with self.pool.acquire() as conn:
-                # A token for public.* could write events that look like the table's changes.
-                if captured := await conn.fetchval(sql.query("stream_capture"), stream):
-                    raise _error(409, f"stream {stream!r} is written by the capture of table {captured}; the "
-                                 "API publishes into no captured table's stream: publish to another name")  # fmt: skip
-                rows = await conn.fetch(sql.query("publish_many"), [stream] * len(items), payloads, keys,
-                                        headers if any(h is not None for h in headers) else None)  # fmt: skip
+                row = await conn.fetchrow(sql.query("stream_publish"), stream, payloads, keys,
+                                          headers if any(h is not None for h in headers) else None)  # fmt: skip
         except asyncpg.PostgresError as exc:
             raise _error(409 if exc.sqlstate == "55000" else 400, str(exc)) from None
-        return web.Response(status=201, body=orjson.dumps({"ids": [r[0] for r in rows]}),
-                            content_type="application/json")  # fmt: skip
+        assert row is not None
+        if row["captured"] is not None:  # a token for public.* could write events that look like the table's changes
+            raise _error(409, f"stream {stream!r} is written by the capture of table {row['captured']}; the "
+                         "API publishes into no captured table's stream: publish to another name")  # fmt: skip
+        return web.Response(status=201, body=orjson.dumps({"ids": row["ids"]}), content_type="application/json")
 
     async def close(self, request: web.Request) -> web.Response:
         stream, _ = await self._admit(request, "write", sse=False)
