@@ -163,19 +163,13 @@ async def range_end(conn: asyncpg.Connection, position: Position, max_events: in
 
 
 async def read_range_to(
-    conn: asyncpg.Connection, stream: str, position: Position, end: int, *, one_tick: bool = False, raw: bool = False
+    conn: asyncpg.Connection, stream: str, position: Position, end: int, *, raw: bool = False
 ) -> list[StreamEvent]:
     """The stream's events after ``position`` committed up to tick ``end``, in offset order.
-    ``one_tick``: the range holds the one tick ``end``, which every event committed in (its
-    snapshots need not be read). ``raw``: payloads as ``JsonText``."""
+    ``raw``: payloads as ``JsonText``."""
     rows = await conn.fetch(sql.query("stream_events_text" if raw else "stream_events"), position.lower, end, stream)
     if not rows:
         return []
-    if one_tick:  # commit order within one tick is id order, the rows' order
-        text = JsonText if raw else _same
-        read = [StreamEvent(Offset(end, r["id"]), stream, r["key"], text(r["payload"]), r["headers"], r["created_at"])
-                for r in rows]  # fmt: skip
-        return [e for e in read if e.offset > position.floor]
     read = events_of(rows, await range_ticks(conn, position.lower, end), end, raw=raw)
     return sorted((e for e in read if e.offset > position.floor), key=lambda e: e.offset)
 
