@@ -602,12 +602,8 @@ select ferry._batch_end($1, $2)
 select t.id, t.snapshot::text as snapshot from ferry.ticks t where t.id > $1 and t.id <= $2 order by t.id
 
 -- name: stream_events
--- One stream's events committed in the range ($1, $2].
-select id, txid::text::bigint as txid, stream, key, payload, headers, created_at
-from ferry.batch_events($1, $2, array[$3::text])
-
--- name: stream_events_text
--- The same with each payload as its JSON text (the HTTP API writes it out as it is).
+-- One stream's events committed in the range ($1, $2], each payload as its JSON text (the HTTP API
+-- writes it out as it is; read_stream decodes it, as fast as the jsonb codec).
 select id, txid::text::bigint as txid, stream, key, payload::text as payload, headers, created_at
 from ferry.batch_events($1, $2, array[$3::text])
 

@@ -198,7 +198,7 @@ class History:
             log_events = int(size["events"] or 0)
             complete = True
             if size["ticks"] > 1:
-                events = await read_range_to(conn, stream, position, end, raw=True)
+                events = await read_range_to(conn, stream, position, end)
             elif rows is None and pace.paged(log_events):  # (a long-poll reads what it wants on the pool)
                 events, complete = [], False
             else:
