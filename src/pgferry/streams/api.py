@@ -587,31 +587,25 @@ class StreamsApi:
         size = 0
         last = position.floor
         pace = Pace(self.settings.range_events)
-        assert self.hub.lower is not None
-        while len(pieces) < limit and size < history.HISTORY_BYTES and position.lower < self.hub.lower:
-            moved: Position | None = None
-            try:
-                async with contextlib.aclosing(
-                    self.history.pages(stream, position, pace, limit - len(pieces))
-                ) as pages:
-                    async for page, moved in pages:  # noqa: B007 - used after
-                        framed = 0
-                        for event in page:
-                            if is_end(event.headers):  # closed: nothing after it is the stream's
-                                return pieces, event.offset, True, position
-                            piece = _event_bytes(event)
-                            pieces.append(piece)
-                            framed += len(piece)
-                            last = event.offset
-                            if len(pieces) >= limit or size + framed >= history.HISTORY_BYTES:
-                                return pieces, last, False, position  # (may end inside a tick: resumed from last)
-                        size += framed
-                        pace.framed(len(page), framed)
-            except OffsetExpired as exc:
-                raise _error(410, str(exc)) from None
-            if moved is None:
-                break  # no newer tick
-            position = moved
+        reading = self.history.read_on(stream, position, pace, lambda: self.hub.lower or 0, rows=limit, prefetch=False)
+        try:
+            async with contextlib.aclosing(reading) as pages:
+                async for page, moved in pages:
+                    framed = 0
+                    for event in page:
+                        if is_end(event.headers):  # closed: nothing after it is the stream's
+                            return pieces, event.offset, True, position
+                        piece = _event_bytes(event)
+                        pieces.append(piece)
+                        framed += len(piece)
+                        last = event.offset
+                        if len(pieces) >= limit or size + framed >= history.HISTORY_BYTES:
+                            return pieces, last, False, position  # (may end inside a tick: resumed from last)
+                    size += framed
+                    pace.framed(len(page), framed)
+                    position = moved
+        except OffsetExpired as exc:
+            raise _error(410, str(exc)) from None
         return pieces, last, False, position
 
 
