@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import fcntl
 import os
@@ -14,8 +15,9 @@ import subprocess
 import termios
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -24,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import pgferry
 from pgferry.delivery.model import Subscription
+from pgferry.embedded import free_port
 from pgferry.log.ticker import TickerSettings
 from pgferry.receiver import Action, Received, Receiver, Respond
 from pgferry.relay.ownership import OwnershipSettings
@@ -184,6 +187,61 @@ class RunningRelay:
     async def stop(self) -> None:
         self.stop_event.set()
         await asyncio.wait_for(self.task, 30)
+
+
+class ApiRelay(RunningRelay):
+    """A relay in this process serving the streams HTTP API (the ``start_api`` fixture)."""
+
+    @property
+    def base(self) -> str:
+        return self.relay.addresses["api"]
+
+    async def started(self) -> str:
+        async def up() -> bool:
+            return "api" in self.relay.addresses
+
+        await eventually(up, what="the streams API to listen")
+        return self.base
+
+
+#: The ``start_api`` fixture (tests/streams/conftest.py): ``await start_api(**api_settings)``.
+StartApi = Callable[..., Awaitable[ApiRelay]]
+
+
+@contextlib.asynccontextmanager
+async def api_relay_process(
+    pgferry_cmd: list[str], db_url: str, *, log: Path | None = None, wrapper: Sequence[str] = ()
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    """`pgferry run --api-port PORT --api-allow-loopback` as a process of its own (run by
+    ``wrapper``, e.g. prlimit; its output to ``log``, else none), once its streams API serves:
+    the process and the API's base URL (``.../v1/streams``). Stopped when the block ends
+    (SIGTERM, killed if it has not exited 20 s later)."""
+    port = free_port()
+    cmd = [*wrapper, *pgferry_cmd, "run", "--database-url", db_url, "--api-port", str(port), "--api-allow-loopback"]
+    with contextlib.ExitStack() as files:
+        out = files.enter_context(log.open("wb")) if log is not None else asyncio.subprocess.DEVNULL
+        relay = await asyncio.create_subprocess_exec(*cmd, stdout=out, stderr=out, env=pgferry_env(db_url))
+    base = f"http://127.0.0.1:{port}/v1/streams"
+    try:
+
+        async def serving() -> bool:
+            assert relay.returncode is None, "the relay exited"
+            try:
+                async with aiohttp.ClientSession() as s, s.get(f"{base}/probe/events") as r:
+                    return r.status == 200
+            except aiohttp.ClientConnectionError:
+                return False
+
+        await eventually(serving, timeout=20, what="the relay's streams API")
+        yield relay, base
+    finally:
+        if relay.returncode is None:
+            relay.terminate()
+            try:
+                await asyncio.wait_for(relay.wait(), 20)
+            except TimeoutError:
+                relay.kill()
+                await relay.wait()
 
 
 async def owns(relay: Relay, n: int) -> bool:
