@@ -22,12 +22,12 @@ from typing import Any
 
 import aiohttp
 import asyncpg
-from prometheus_client.parser import text_string_to_metric_families
 
 import pgferry
 from pgferry.delivery.model import Subscription
 from pgferry.embedded import free_port
 from pgferry.log.ticker import TickerSettings
+from pgferry.ops.metrics import Samples, parse_samples, series_sum
 from pgferry.receiver import Action, Received, Receiver, Respond
 from pgferry.relay.ownership import OwnershipSettings
 from pgferry.relay.process import Relay, RelaySettings
@@ -35,8 +35,6 @@ from pgferry.relay.process import Relay, RelaySettings
 #: The ``receiver_factory`` fixture: ``await make(behaviour)`` -> (receiver, its URL).
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 
-#: Prometheus samples by (name, sorted labels), as ``scrape`` returns them.
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 #: A fixed instant for tests of pure delivery logic.
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
@@ -57,16 +55,16 @@ async def scrape(url: str) -> Samples:
     async with aiohttp.ClientSession() as session, session.get(url) as response:
         assert response.status == 200
         assert response.headers["Content-Type"].startswith("text/plain")
-        text = await response.text()
-    samples: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return samples
+        return parse_samples(await response.text())
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def series(samples: Samples, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """One metric's samples, by their sorted labels."""
+    return {labels: v for (sample, labels), v in samples.items() if sample == name}
 
 
 async def tick(conn: asyncpg.Connection) -> int | None:
@@ -299,4 +297,4 @@ async def net_responses(conn: asyncpg.Connection, n: int, timeout: float = 20) -
 
 async def metric_sum(url: str, name: str) -> float:
     """A Prometheus series summed over its labels, as the metrics server at ``url`` serves it now."""
-    return sum(v for (sample, _labels), v in (await scrape(url)).items() if sample == name)
+    return series_sum(await scrape(url), name)
