@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import fcntl
 import os
@@ -14,17 +15,19 @@ import subprocess
 import termios
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import asyncpg
-from prometheus_client.parser import text_string_to_metric_families
 
 import pgferry
 from pgferry.delivery.model import Subscription
+from pgferry.embedded import free_port
 from pgferry.log.ticker import TickerSettings
+from pgferry.ops.metrics import Samples, parse_samples, series_sum
 from pgferry.receiver import Action, Received, Receiver, Respond
 from pgferry.relay.ownership import OwnershipSettings
 from pgferry.relay.process import Relay, RelaySettings
@@ -32,8 +35,6 @@ from pgferry.relay.process import Relay, RelaySettings
 #: The ``receiver_factory`` fixture: ``await make(behaviour)`` -> (receiver, its URL).
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 
-#: Prometheus samples by (name, sorted labels), as ``scrape`` returns them.
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 #: A fixed instant for tests of pure delivery logic.
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
@@ -54,16 +55,16 @@ async def scrape(url: str) -> Samples:
     async with aiohttp.ClientSession() as session, session.get(url) as response:
         assert response.status == 200
         assert response.headers["Content-Type"].startswith("text/plain")
-        text = await response.text()
-    samples: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return samples
+        return parse_samples(await response.text())
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def series(samples: Samples, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """One metric's samples, by their sorted labels."""
+    return {labels: v for (sample, labels), v in samples.items() if sample == name}
 
 
 async def tick(conn: asyncpg.Connection) -> int | None:
@@ -186,6 +187,61 @@ class RunningRelay:
         await asyncio.wait_for(self.task, 30)
 
 
+class ApiRelay(RunningRelay):
+    """A relay in this process serving the streams HTTP API (the ``start_api`` fixture)."""
+
+    @property
+    def base(self) -> str:
+        return self.relay.addresses["api"]
+
+    async def started(self) -> str:
+        async def up() -> bool:
+            return "api" in self.relay.addresses
+
+        await eventually(up, what="the streams API to listen")
+        return self.base
+
+
+#: The ``start_api`` fixture (tests/streams/conftest.py): ``await start_api(**api_settings)``.
+StartApi = Callable[..., Awaitable[ApiRelay]]
+
+
+@contextlib.asynccontextmanager
+async def api_relay_process(
+    pgferry_cmd: list[str], db_url: str, *, log: Path | None = None, wrapper: Sequence[str] = ()
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    """`pgferry run --api-port PORT --api-allow-loopback` as a process of its own (run by
+    ``wrapper``, e.g. prlimit; its output to ``log``, else none), once its streams API serves:
+    the process and the API's base URL (``.../v1/streams``). Stopped when the block ends
+    (SIGTERM, killed if it has not exited 20 s later)."""
+    port = free_port()
+    cmd = [*wrapper, *pgferry_cmd, "run", "--database-url", db_url, "--api-port", str(port), "--api-allow-loopback"]
+    with contextlib.ExitStack() as files:
+        out = files.enter_context(log.open("wb")) if log is not None else asyncio.subprocess.DEVNULL
+        relay = await asyncio.create_subprocess_exec(*cmd, stdout=out, stderr=out, env=pgferry_env(db_url))
+    base = f"http://127.0.0.1:{port}/v1/streams"
+    try:
+
+        async def serving() -> bool:
+            assert relay.returncode is None, "the relay exited"
+            try:
+                async with aiohttp.ClientSession() as s, s.get(f"{base}/probe/events") as r:
+                    return r.status == 200
+            except aiohttp.ClientConnectionError:
+                return False
+
+        await eventually(serving, timeout=20, what="the relay's streams API")
+        yield relay, base
+    finally:
+        if relay.returncode is None:
+            relay.terminate()
+            try:
+                await asyncio.wait_for(relay.wait(), 20)
+            except TimeoutError:
+                relay.kill()
+                await relay.wait()
+
+
 async def owns(relay: Relay, n: int) -> bool:
     """Whether the relay (running in this process) delivers at least ``n`` subscriptions."""
     return relay.ownership is not None and len(relay.ownership.owned) >= n
@@ -241,4 +297,4 @@ async def net_responses(conn: asyncpg.Connection, n: int, timeout: float = 20) -
 
 async def metric_sum(url: str, name: str) -> float:
     """A Prometheus series summed over its labels, as the metrics server at ``url`` serves it now."""
-    return sum(v for (sample, _labels), v in (await scrape(url)).items() if sample == name)
+    return series_sum(await scrape(url), name)

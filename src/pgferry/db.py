@@ -141,11 +141,17 @@ class RawJSON(str):
     __slots__ = ()
 
 
-def _decode_jsonb(data: bytes) -> Any:
+def json_value(text: str | bytes) -> Any:
+    """JSON text as Python objects, as pgferry's connections decode jsonb (RawJSON for what orjson
+    cannot decode)."""
     try:
-        return orjson.loads(data[1:])
+        return orjson.loads(text)
     except orjson.JSONDecodeError:
-        return RawJSON(bytes(data[1:]).decode())
+        return RawJSON(text if isinstance(text, str) else bytes(text).decode())
+
+
+def _decode_jsonb(data: bytes) -> Any:
+    return json_value(data[1:])
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:

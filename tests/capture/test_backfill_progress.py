@@ -7,27 +7,14 @@ from datetime import UTC, datetime, timedelta
 
 import aiohttp
 import asyncpg
-from prometheus_client.parser import text_string_to_metric_families
 
 from pgferry.capture import backfill as backfills_api
 from pgferry.capture.backfill import BackfillSettings, Progress
 from pgferry.cli.common import progress_cell
 from pgferry.ops.metrics import RelayMetrics
-from tests.helpers import FAST, RunningRelay, cli, eventually
+from tests.helpers import FAST, RunningRelay, cli, eventually, scrape, series
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-async def _gauges(url: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    """The samples of one metric the relay serves, by their labels."""
-    async with aiohttp.ClientSession() as session, session.get(url) as response:
-        text = await response.text()
-    return {
-        tuple(sorted(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == name
-    }
 
 
 def _progress(**changes: object) -> Progress:
@@ -117,10 +104,11 @@ async def test_status_metrics_and_dashboard_show_a_running_backfill_with_rows_do
 
         await eventually(serving, what="the metrics and dashboard servers")
         url = relay.relay.addresses["metrics"]
-        done = await _gauges(url, "pgferry_backfill_rows_done")
-        estimate = await _gauges(url, "pgferry_backfill_rows_estimate")
-        rate = await _gauges(url, "pgferry_backfill_rows_per_second")
-        eta = await _gauges(url, "pgferry_backfill_eta_seconds")
+        samples = await scrape(url)
+        done = series(samples, "pgferry_backfill_rows_done")
+        estimate = series(samples, "pgferry_backfill_rows_estimate")
+        rate = series(samples, "pgferry_backfill_rows_per_second")
+        eta = series(samples, "pgferry_backfill_eta_seconds")
         async with aiohttp.ClientSession() as session, session.get(relay.relay.addresses["dashboard"]) as page:
             html = await page.text()
     finally:

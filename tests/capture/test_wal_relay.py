@@ -11,13 +11,12 @@ from dataclasses import replace
 
 import aiohttp
 import asyncpg
-from prometheus_client.parser import text_string_to_metric_families
 
 import pgferry
 from pgferry import db
 from pgferry.relay.leader import WAL_CAPTURE_LOCK
 from pgferry.schema import LOCK_CLASS
-from tests.helpers import FAST, RelayProcess, RunningRelay, cli, eventually
+from tests.helpers import FAST, RelayProcess, RunningRelay, cli, eventually, metric_sum
 
 #: SIGKILL of the WAL-capturing relay to its standby (started, standing by) appending: measured
 #: 0.3-2 s, 1.3-3.6 s with other suites loading the 2 cores (docs/capture.md)
@@ -139,22 +138,26 @@ async def test_status_metrics_and_dashboard_show_the_slot_its_lag_and_a_lost_slo
             return {"metrics", "dashboard"} <= relay.relay.addresses.keys()
 
         await eventually(serving, what="the metrics and dashboard servers")
+        metrics = relay.relay.addresses["metrics"]
 
         async def behind() -> bool:
-            return await _metric(relay, "pgferry_wal_lag_seconds") > 0
+            return await metric_sum(metrics, "pgferry_wal_lag_seconds") > 0
 
         await eventually(behind, what="the lag in seconds while nobody captures")
-        assert await _metric(relay, "pgferry_wal_lag_bytes") > 1_000_000
+        assert await metric_sum(metrics, "pgferry_wal_lag_bytes") > 1_000_000
         await holder.close()  # the relay takes the lock and captures
         await conn.execute("insert into t select generate_series(1, 10)")
 
         async def caught_up() -> bool:
-            events = await _metric(relay, "pgferry_wal_captured_events_total")
-            lagging = await _metric(relay, "pgferry_wal_lag_bytes"), await _metric(relay, "pgferry_wal_lag_seconds")
+            events = await metric_sum(metrics, "pgferry_wal_captured_events_total")
+            lagging = (
+                await metric_sum(metrics, "pgferry_wal_lag_bytes"),
+                await metric_sum(metrics, "pgferry_wal_lag_seconds"),
+            )
             return events == 10 and lagging[0] < 65_536 and lagging[1] == 0
 
         await eventually(caught_up, timeout=15, what="the relay caught up, as the metrics say")
-        assert await _metric(relay, "pgferry_wal_slot_lost") == 0
+        assert await metric_sum(metrics, "pgferry_wal_slot_lost") == 0
         async with aiohttp.ClientSession() as session, session.get(relay.relay.addresses["dashboard"]) as page:
             html = await page.text()
         assert "<h2>Capture from the WAL</h2>" in html and 'data-slot="pgferry_' in html
@@ -172,8 +175,8 @@ async def test_status_metrics_and_dashboard_show_the_slot_its_lag_and_a_lost_slo
         async def lost() -> bool:
             return (
                 "metrics" in relay.relay.addresses
-                and await _metric(relay, "pgferry_wal_slot_lost") == 1
-                and await _metric(relay, "pgferry_consumer_wal_gaps") == 1
+                and await metric_sum(relay.relay.addresses["metrics"], "pgferry_wal_slot_lost") == 1
+                and await metric_sum(relay.relay.addresses["metrics"], "pgferry_consumer_wal_gaps") == 1
             )
 
         await eventually(lost, what="the lost slot in the metrics, and the reader's gap")
@@ -186,9 +189,3 @@ async def test_status_metrics_and_dashboard_show_the_slot_its_lag_and_a_lost_slo
     stopped = next(ln for ln in status.stdout.splitlines() if ln.startswith("WAL capture"))
     assert stopped.startswith("WAL capture stopped: the replication slot") and "reset_wal_slot" in stopped, stopped
     assert any(ln.startswith("reader") and "changes from the WAL" in ln for ln in status.stdout.splitlines())
-
-
-async def _metric(relay: RunningRelay, name: str) -> float:
-    async with aiohttp.ClientSession() as session, session.get(relay.relay.addresses["metrics"]) as response:
-        text = await response.text()
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)

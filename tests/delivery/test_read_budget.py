@@ -1,13 +1,20 @@
-"""The relay's read budget on its own (delivery/budget.py): who may read, with what bound, and when."""
+"""The relay's read budget (delivery/budget.py): who may read, with what bound, and when; and the
+Stepper's reads (delivery/steps.py) giving back what they hold."""
 
 from __future__ import annotations
 
 import asyncio
 
+import asyncpg
 import pytest
 
+from pgferry import db
 from pgferry.delivery.budget import MIN_READ_BOUND, ReadBudget
+from pgferry.delivery.context import DeliveryContext
+from pgferry.delivery.model import consumer_name
+from pgferry.delivery.steps import Step
 from pgferry.relay.process import RelaySettings
+from tests.helpers import tick
 
 MB = 1 << 20
 
@@ -51,3 +58,50 @@ async def test_a_read_with_no_room_waits_until_bytes_are_given_back() -> None:
 def test_a_relay_refuses_a_read_budget_too_small_to_read_with() -> None:
     with pytest.raises(ValueError, match="max_read_bytes must be at least 65536 bytes"):
         RelaySettings(max_read_bytes=1000)
+
+
+async def test_a_read_holds_its_events_bytes_in_the_budget_not_their_characters(
+    conn: asyncpg.Connection, db_url: str
+) -> None:
+    await conn.execute("select ferry.subscribe('s', array['s'], 'http://127.0.0.1:9/')")
+    for text in ["ascii", "é" * 1000, "漢字" * 500, "🚢" * 250]:
+        await conn.execute("select ferry.publish('s', jsonb_build_object('p', $1::text), null, '{\"h\": \"ü\"}')", text)
+    await tick(conn)
+    octets, chars = await conn.fetchrow(
+        """select sum(octet_length(payload::text) + octet_length(headers::text)),
+                  sum(length(payload::text) + length(headers::text)) from ferry.events"""
+    )
+    pool = await db.create_pool(db_url, max_size=2)
+    try:
+        ctx = DeliveryContext(pool=pool, http=None, global_limit=None)  # type: ignore[arg-type]
+        assert ctx.budget is not None
+        step = Step("s", consumer_name("s"), None, False, None, True, None)
+        rows = await ctx.steps.step(step)
+        assert len([r for r in rows if r["id"] is not None]) == 4
+        assert step.held == ctx.budget.used == octets == chars + 1000 + 2 * 1000 + 3 * 250 + 4
+    finally:
+        await pool.close()
+
+
+async def test_a_read_whose_worker_is_cancelled_once_it_is_answered_gives_its_bytes_back(
+    conn: asyncpg.Connection, db_url: str
+) -> None:
+    await conn.execute("select ferry.subscribe('s', array['s'], 'http://127.0.0.1:9/')")
+    await conn.execute("select ferry.publish_many(array['s', 's', 's'], array_fill('{\"p\": 1}'::jsonb, array[3]))")
+    await tick(conn)
+    pool = await db.create_pool(db_url, max_size=2)
+    try:
+        ctx = DeliveryContext(pool=pool, http=None, global_limit=None)  # type: ignore[arg-type]
+        assert ctx.budget is not None
+        step = Step("s", consumer_name("s"), None, False, None, True, None)
+        worker = asyncio.create_task(ctx.steps.step(step))
+        # Called before the worker's own wake-up: its owner stops it (run()'s finally cancels its
+        # loops) after the read's result is set and before the worker takes its events off.
+        step.result.add_done_callback(lambda _: worker.cancel())
+        with pytest.raises(asyncio.CancelledError):
+            await worker
+        assert len([r for r in step.result.result() if r["id"] is not None]) == 3  # the read was answered
+        assert ctx.budget.peak > 0
+        assert ctx.budget.used == 0, "the read's bytes are given back"
+    finally:
+        await pool.close()

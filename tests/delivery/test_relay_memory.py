@@ -111,7 +111,7 @@ async def test_a_relay_under_an_address_space_limit_delivers_a_backlog_larger_th
         ids = {r["id"] for r in await conn.fetch("select id from ferry.events")}
         async with running_relay(db_url, max_seconds=120) as proc:
             await asyncio.sleep(0.5)  # idle after its first rounds
-            peak = int(_status(proc.pid)["VmPeak"].split()[0]) << 10
+            peak = int(memory_mb(proc.pid)["VmPeak"] * (1 << 20))
             _, hard = resource.prlimit(proc.pid, resource.RLIMIT_AS)
             resource.prlimit(proc.pid, resource.RLIMIT_AS, (peak + LIMITED_HEADROOM, hard))
             await conn.execute("select ferry.resume_subscription('docs')")
@@ -165,8 +165,3 @@ async def test_subscriptions_with_large_backlogs_share_the_relays_read_budget_an
     assert set(seen) == {f"evt_{i}" for i in ids}
     assert all(n == 1 for n in seen.values()), "each event delivered exactly once"
     assert peak_mb - start_mb < BUDGET_HEADROOM_MB, f"peak {peak_mb:.0f} MB, {start_mb:.0f} MB idle"
-
-
-def _status(pid: int) -> dict[str, str]:
-    with open(f"/proc/{pid}/status") as status:
-        return {k: v.strip() for k, _, v in (line.partition(":") for line in status)}

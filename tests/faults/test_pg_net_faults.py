@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 
 import asyncpg
 
+from pgferry.embedded import free_port
 from pgferry.receiver import CutBody, Drop, Garbage, Hang
 from tests.delivery.conformance.scripted import Close, Request, Reset, ScriptedServer, Step
-from tests.delivery.conformance.servers import free_port
 from tests.faults.conftest import MakeReceiver
 from tests.helpers import RunningRelay, net_responses, redirect_to_self
 from tests.pg_net.conftest import net_conn, net_db, net_relay  # noqa: F401 - fixtures

@@ -2,29 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
 
 from pgferry.streams.settings import ApiSettings
-from tests.helpers import FAST, RunningRelay, eventually
-
-
-class ApiRelay(RunningRelay):
-    @property
-    def base(self) -> str:
-        return self.relay.addresses["api"]
-
-    async def started(self) -> str:
-        async def up() -> bool:
-            return "api" in self.relay.addresses
-
-        await eventually(up, what="the streams API to listen")
-        return self.base
-
-
-StartApi = Callable[..., Awaitable[ApiRelay]]
+from tests.helpers import FAST, ApiRelay, StartApi
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import asyncpg
 import orjson
 
 import pgferry
-from tests.streams.conftest import StartApi
+from tests.helpers import StartApi
 from tests.streams.sse import sse_events
 
 ROWS = 5

@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from pgferry import Offset
+from pgferry.embedded import free_port
 from tests.helpers import cli, eventually, pgferry_env
 from tests.operator.test_dashboard import CHROMIUM, CHROMIUM_ARGS
 
@@ -43,12 +44,6 @@ es.addEventListener("end", (e) => {
 });
 </script>
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class RelayProcess:

@@ -5,8 +5,6 @@ relay's memory while four of them read one of 100 MB."""
 from __future__ import annotations
 
 import asyncio
-import signal
-import socket
 import sys
 from typing import Any
 
@@ -15,8 +13,8 @@ import asyncpg
 import orjson
 
 import pgferry
-from tests.helpers import eventually, pgferry_env, tick
-from tests.streams.conftest import StartApi
+from pgferry.bench.procstat import memory_mb
+from tests.helpers import StartApi, api_relay_process, tick
 
 
 async def poll(session: aiohttp.ClientSession, url: str, **params: Any) -> tuple[dict[str, Any], int]:
@@ -110,21 +108,10 @@ async def test_clients_catching_up_on_big_transactions_at_once_share_a_few_conne
     assert held and most <= 2 and len(held) <= 2, (most, held)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def reset_peak(pid: int) -> None:
     """The process's peak resident memory (VmHWM) starts again from now."""
     with open(f"/proc/{pid}/clear_refs", "w") as refs:
         refs.write("5")
-
-
-def memory_kb(pid: int, field: str) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
 
 
 async def test_four_clients_catching_up_on_one_100_mb_transaction_keep_the_relays_memory_bounded(
@@ -138,46 +125,22 @@ async def test_four_clients_catching_up_on_one_100_mb_transaction_keep_the_relay
     ids += await ferry.publish_many([{"stream": "huge", "payload": "h" * 50_000} for _ in range(2000)])
     await ferry.close_stream("huge")
     await tick(conn)
-    port = free_port()
-    relay = await asyncio.create_subprocess_exec(
-        *pgferry_cmd, "run", "--database-url", db_url, "--api-port", str(port), "--api-allow-loopback",
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, env=pgferry_env(db_url),
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}/v1/streams/huge"
-    try:
-        async with aiohttp.ClientSession() as session:
+    async with api_relay_process(pgferry_cmd, db_url) as (relay, api), aiohttp.ClientSession() as session:
+        before = memory_mb(relay.pid)["VmRSS"]
+        reset_peak(relay.pid)
 
-            async def serving() -> bool:
-                assert relay.returncode is None
-                try:
-                    async with session.get(f"{base}-probe/events") as r:
-                        return r.status == 200
-                except aiohttp.ClientConnectionError:
-                    return False
+        async def catch_up() -> int:
+            frames, carry = 0, b""
+            async with session.get(f"{api}/huge") as response:
+                async for chunk in response.content.iter_any():  # counted, not kept
+                    data = carry + chunk
+                    frames += data.count(b"\nid: ")
+                    carry = data[-4:]  # (a line split between two chunks)
+            return frames
 
-            await eventually(serving, timeout=20, what="the relay's streams API")
-            before = memory_kb(relay.pid, "VmRSS")
-            reset_peak(relay.pid)
-
-            async def catch_up() -> int:
-                frames, carry = 0, b""
-                async with session.get(base) as response:
-                    async for chunk in response.content.iter_any():  # counted, not kept
-                        data = carry + chunk
-                        frames += data.count(b"\nid: ")
-                        carry = data[-4:]  # (a line split between two chunks)
-                return frames
-
-            counts = await asyncio.wait_for(asyncio.gather(*(catch_up() for _ in range(4))), 120)
-            peak = memory_kb(relay.pid, "VmHWM")
-    finally:
-        relay.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(relay.wait(), 20)
-        except TimeoutError:
-            relay.kill()
-            await relay.wait()
+        counts = await asyncio.wait_for(asyncio.gather(*(catch_up() for _ in range(4))), 120)
+        peak = memory_mb(relay.pid)["VmHWM"]
     assert counts == [len(ids) + 1] * 4  # every event and the end, to each
-    grown = (peak - before) / 1024
-    assert grown < 100, f"the relay grew {grown:.0f} MB reading 4 x 100 MB ({before / 1024:.0f} MB before)"
-    print(f"relay memory: {before / 1024:.0f} MB, peak {peak / 1024:.0f} MB", file=sys.stderr)
+    grown = peak - before
+    assert grown < 100, f"the relay grew {grown:.0f} MB reading 4 x 100 MB ({before:.0f} MB before)"
+    print(f"relay memory: {before:.0f} MB, peak {peak:.0f} MB", file=sys.stderr)

@@ -10,7 +10,7 @@ import asyncpg
 
 import pgferry
 from pgferry import api_tokens
-from tests.streams.conftest import StartApi
+from tests.helpers import StartApi
 from tests.streams.sse import SseEvent, sse_events
 
 

@@ -15,8 +15,7 @@ import yarl
 
 import pgferry
 from pgferry import db
-from tests.helpers import eventually
-from tests.streams.conftest import StartApi
+from tests.helpers import StartApi, eventually
 from tests.streams.sse import SseEvent, sse_events
 
 

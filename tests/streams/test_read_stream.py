@@ -301,3 +301,16 @@ async def test_a_reader_registers_nothing_and_holds_no_event_back_from_retention
             await asyncio.wait_for(anext(reader), 10)
     finally:
         await reader.aclose()  # type: ignore[attr-defined]
+
+
+async def test_a_reader_gets_a_payload_nested_deeper_than_orjson_decodes_as_its_json_text(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    text = "[" * 2_000 + "]" * 2_000
+    await conn.execute("select ferry.publish('deep', $1::text::jsonb)", text)
+    await ferry.publish("deep", {"after": True})
+    await ferry.close_stream("deep")
+    await tick(conn)
+    got = await drain(ferry.read_stream("deep", poll_interval=0.05))
+    assert isinstance(got[0].payload, pgferry.RawJSON) and got[0].payload == text
+    assert got[1].payload == {"after": True}

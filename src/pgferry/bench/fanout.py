@@ -28,7 +28,6 @@ from typing import Any
 import aiohttp
 import click
 import orjson
-from prometheus_client.parser import text_string_to_metric_families
 
 from pgferry import db
 from pgferry.bench.brokers import free_port
@@ -37,6 +36,7 @@ from pgferry.bench.procstat import children, memory_mb, tree_cpu_seconds
 from pgferry.bench.relay import running_relay
 from pgferry.bench.report import num, table
 from pgferry.bench.sqlfiles import named, query
+from pgferry.ops.metrics import parse_samples, series_sum
 
 TARGET_P99_MS = 1000.0
 LAYOUTS = ("shared", "own")
@@ -155,7 +155,7 @@ async def _metric_sum(port: int, name: str) -> float:
     """A series of the relay's metrics, summed over its labels (and processes)."""
     async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as response:
         text = await response.text()
-    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == name)
+    return series_sum(parse_samples(text), name)
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -64,13 +64,14 @@ def reaped_cpu_seconds() -> float:
 
 
 def memory_mb(pid: int) -> dict[str, float]:
-    """VmRSS (now) and VmHWM (the peak so far) in MiB; empty when the process is gone."""
+    """VmRSS (now), VmHWM (its peak so far) and VmPeak (the peak of the address space, virtual)
+    in MiB; empty when the process is gone."""
     found: dict[str, float] = {}
     try:
         with open(f"/proc/{pid}/status") as status:
             for line in status:
                 key, _, value = line.partition(":")
-                if key in ("VmRSS", "VmHWM"):
+                if key in ("VmRSS", "VmHWM", "VmPeak"):
                     found[key] = int(value.split()[0]) / 1024
     except OSError:
         pass

@@ -26,6 +26,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Sequence
+
+import asyncpg
+
+from pgferry.delivery.model import utf8_length
 
 #: The least bound a read of a crowded statement gets: 1,000 subscriptions reading one tick
 #: at once share a 64 MB budget at 64 KB each, in ONE statement (Stepper.MAX_STEPS is 1,000).
@@ -76,6 +81,19 @@ class ReadBudget:
             self._largest.append(largest)
         self._take(held - reserved)
 
+    def settle_rows(self, reserved: int, reads: Sequence[Sequence[asyncpg.Record]]) -> list[int]:
+        """A statement answered, with ``reads`` (each read's rows, with payload and headers as
+        text): of its ``reserved`` bytes, each read holds its events' bytes (``held_bytes``; a row
+        without an event, none) until it is released. Returns what each read holds."""
+        held: list[int] = []
+        largest = 0
+        for rows in reads:
+            sizes = [held_bytes(r["payload"], r["headers"]) for r in rows]
+            held.append(sum(sizes))
+            largest = max(largest, *sizes, 0)
+        self.settle(reserved, sum(held), largest)
+        return held
+
     def release(self, held: int) -> None:
         """A read's events are delivered: its bytes are free again."""
         if held:
@@ -110,6 +128,6 @@ class ReadBudget:
 
 
 def held_bytes(payload: str | None, headers: str | None) -> int:
-    """What one event read counts against the budget: its payload and headers as text (the
-    measure ferry.webhook_steps bounds reads by)."""
-    return len(payload or "") + len(headers or "")
+    """What one event read counts against the budget: its payload and headers in bytes of
+    their text (octet_length, the measure ferry.webhook_steps bounds reads by)."""
+    return utf8_length(payload or "") + utf8_length(headers or "")

@@ -88,6 +88,8 @@ class DeliveryContext:
     def __post_init__(self) -> None:
         if self.max_batch_bytes is not None and self.max_batch_bytes < PIPELINE_DEPTH + 1:
             raise ValueError(f"max_batch_bytes must be at least {PIPELINE_DEPTH + 1}, got {self.max_batch_bytes}")
+        # No read budget without a byte bound on each read (what a read reserves is its bound):
+        # without max_batch_bytes there is none (the Stepper and the retry loop take it as given).
         budget = self.max_read_bytes if self.read_bytes is not None else None
         self.budget = ReadBudget(budget) if budget is not None else None
         self.steps = Stepper(self.pool, self.max_batch_events, self.read_bytes, self.budget)

@@ -10,6 +10,12 @@ import asyncpg
 import orjson
 
 
+def utf8_length(text: str) -> int:
+    """``text``'s length in UTF-8 bytes (PostgreSQL's octet_length, what Redis stores): no copy for
+    ASCII text (``isascii`` is O(1)). Counted in characters, non-ASCII text counts up to 4x short."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
 def consumer_name(subscription: str, part: int = 0, parts: int = 1) -> str:
     """Each subscription reads the log through its own consumer, one per partition (as
     ferry._partition_consumer names them, migration 0018)."""

@@ -13,7 +13,8 @@ With a read budget (``delivery.budget``), a statement's reads share the
 relay's free bytes: each gets the statement's bound (``max_bytes``), at most
 the subscription's share, and reads that do not fit wait for the next
 statement, once a delivered batch gives its bytes back. A read's step then
-holds what it returned (``Step.held``) until its worker releases it.
+holds what it returned (``Step.held``) until its worker releases it (a worker
+cancelled before it took its answer gives it back in ``Stepper.step``).
 
 A step the database refuses for one subscription (its cursor moved, another
 relay claimed it, its tick is gone) fails only that worker's call, with
@@ -30,7 +31,7 @@ from typing import Any
 import asyncpg
 
 from pgferry import sql
-from pgferry.delivery.budget import ReadBudget, held_bytes
+from pgferry.delivery.budget import ReadBudget
 
 #: Steps per statement at most (a statement's arrays grow with it).
 MAX_STEPS = 1000
@@ -93,8 +94,9 @@ class Stepper:
         self.max_batch_events = max_batch_events
         #: the byte bound of each read (DeliveryContext.read_bytes; None: unbounded)
         self.max_bytes = max_bytes
-        #: the relay's read budget, shared by every read (None: none; unused when max_bytes is None)
-        self.budget = budget if max_bytes is not None else None
+        #: the relay's read budget, shared by every read (None: none; DeliveryContext gives one only
+        #: with max_bytes)
+        self.budget = budget
         self._queue: list[Step] = []
         self._running = 0
         #: set when a step joins the queue (the drain loop may be waiting for the budget)
@@ -110,7 +112,19 @@ class Stepper:
         if self._running < PARALLEL:
             self._running += 1
             asyncio.get_running_loop().create_task(self._drain())
-        return await step.result
+        try:
+            return await step.result
+        except asyncio.CancelledError:
+            # Cancelled once the read was answered (its result set, its caller not resumed yet:
+            # a worker stopped by its owner): nobody takes its events off, so its bytes go back now.
+            self._give_back(step)
+            raise
+
+    def _give_back(self, step: Step) -> None:
+        """Returns a read's bytes to the read budget (once: its caller will not release them)."""
+        if self.budget is not None and step.held:
+            held, step.held = step.held, 0
+            self.budget.release(held)
 
     async def _drain(self) -> None:
         try:
@@ -136,9 +150,10 @@ class Stepper:
         """The next statement's steps, its reads' byte bound, and the bytes reserved for them;
         reads the budget has no room for stay queued, in order."""
         queue = [s for s in self._queue if not s.result.done()]
-        if self.budget is None or self.max_bytes is None:
+        if self.budget is None:
             self._queue = queue[MAX_STEPS:]
             return queue[:MAX_STEPS], self.max_bytes, 0
+        assert self.max_bytes is not None
         head = queue[:MAX_STEPS]
         reads = [s for s in head if s.peek]
         # One statement's reads share one bound: reads after one the byte bound cut (a backlog)
@@ -206,18 +221,17 @@ class Stepper:
                 continue
             for i in row["reqs"]:
                 results[i - 1].append(row)
-        held = largest = 0
+        answered: list[int] = []
         for i, s in enumerate(batch):
             if s.result.done():
                 continue
             if i in refused:
                 s.result.set_exception(StepRefused(s.subscription, refused[i]))
                 continue
-            if self.budget is not None and s.peek:
-                sizes = [held_bytes(r["payload"], r["headers"]) for r in results[i] if r["id"] is not None]
-                s.held = sum(sizes)
-                held += s.held
-                largest = max(largest, *sizes, 0)
-            s.result.set_result(results[i])
+            answered.append(i)
         if self.budget is not None:
-            self.budget.settle(reserved, held, largest)
+            reads = [i for i in answered if batch[i].peek]
+            for i, held in zip(reads, self.budget.settle_rows(reserved, [results[i] for i in reads]), strict=True):
+                batch[i].held = held
+        for i in answered:
+            batch[i].result.set_result(results[i])

@@ -51,7 +51,6 @@ import asyncpg
 from pgferry import db, sql
 from pgferry.aio import wait_for_event
 from pgferry.delivery.bookkeeping import Bookkeeper, Books
-from pgferry.delivery.budget import held_bytes
 from pgferry.delivery.context import (
     PIPELINE_DEPTH,
     DeliveryContext,
@@ -59,7 +58,7 @@ from pgferry.delivery.context import (
 )
 from pgferry.delivery.health import Admission, Endpoint
 from pgferry.delivery.http import HttpResult
-from pgferry.delivery.model import OutEvent, Subscription
+from pgferry.delivery.model import OutEvent, Subscription, utf8_length
 from pgferry.delivery.sending import Sender
 from pgferry.delivery.sink import Sink
 from pgferry.delivery.steps import Step, StepRefused
@@ -436,7 +435,7 @@ class SubscriptionWorker:
         every event of a range before the bound stops the read, and a 5,000-event range of 1 MB
         rows costs it 5 GB a read. None otherwise (max_batch_events)."""
         read_bytes = self.ctx.read_bytes
-        if not cut or read_bytes is None or 2 * sum(len(e.payload) for e in events) < read_bytes:
+        if not cut or read_bytes is None or 2 * sum(utf8_length(e.payload) for e in events) < read_bytes:
             return None
         return min(max(2 * len(events), READ_SPAN_MIN), self.ctx.max_batch_events or READ_SPAN_MAX)
 
@@ -561,11 +560,7 @@ class SubscriptionWorker:
             if budget is not None:
                 budget.settle(reserved, 0)
             raise
-        held = 0
-        if budget is not None and reserved:
-            sizes = [held_bytes(r["payload"], r["headers"]) for r in rows]
-            held = sum(sizes)
-            budget.settle(reserved, held, max(sizes, default=0))
+        held = budget.settle_rows(reserved, [rows])[0] if budget is not None and reserved else 0
         return rows, next_at, held
 
     async def _expire_held(self) -> None:

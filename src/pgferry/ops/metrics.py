@@ -325,3 +325,22 @@ def gather_processes(texts: Mapping[str, str], counts: Mapping[str, float]) -> b
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Gathered([*families.values(), processes, restarts]))
     return generate_latest(registry)
+
+
+#: Prometheus samples by (name, sorted labels), as ``parse_samples`` reads them.
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse_samples(text: str) -> Samples:
+    """The samples of a Prometheus text exposition (a relay's /metrics), by name and labels: what
+    the benchmarks and the tests read back."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def series_sum(samples: Samples, name: str) -> float:
+    """A series summed over its labels (and a supervisor's processes)."""
+    return sum(v for (sample, _labels), v in samples.items() if sample == name)

@@ -602,12 +602,8 @@ select ferry._batch_end($1, $2)
 select t.id, t.snapshot::text as snapshot from ferry.ticks t where t.id > $1 and t.id <= $2 order by t.id
 
 -- name: stream_events
--- One stream's events committed in the range ($1, $2].
-select id, txid::text::bigint as txid, stream, key, payload, headers, created_at
-from ferry.batch_events($1, $2, array[$3::text])
-
--- name: stream_events_text
--- The same with each payload as its JSON text (the HTTP API writes it out as it is).
+-- One stream's events committed in the range ($1, $2], each payload as its JSON text (the HTTP API
+-- writes it out as it is; read_stream decodes it, as fast as the jsonb codec).
 select id, txid::text::bigint as txid, stream, key, payload::text as payload, headers, created_at
 from ferry.batch_events($1, $2, array[$3::text])
 
@@ -629,11 +625,20 @@ order by id
 -- name: close_stream
 select ferry.close_stream($1)
 
--- name: stream_capture
--- The table whose capture writes stream $1 now, or NULL: the HTTP API publishes into no such stream.
-select format('%I.%I', c.schema_name, c.table_name) from ferry.captures c
-where c.stream = $1 and c.uncaptured_at is null
-limit 1
+-- name: stream_publish
+-- The HTTP API's publish of payloads $2 (keys $3, headers $4) to stream $1, in one statement:
+-- their ids, or none and the table whose capture writes the stream now (`captured`): the API
+-- publishes into no such stream, whose events would look like the table's changes (ferry.publish
+-- itself refuses none: its SQL callers may).
+with captured as (
+    select format('%I.%I', c.schema_name, c.table_name) as tbl from ferry.captures c
+    where c.stream = $1 and c.uncaptured_at is null
+    limit 1
+)
+select (select tbl from captured) as captured,
+       array(select ferry.publish_many(array_fill($1::text, array[cardinality($2::text[])]), $2::text[]::jsonb[],
+                                       $3, $4::text[]::jsonb[])
+             where not exists (select from captured)) as ids
 
 -- name: streams_events
 -- The events of several streams committed in the range ($1, $2] (the stream hub's live feed),

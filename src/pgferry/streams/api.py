@@ -304,16 +304,15 @@ class StreamsApi:
         assert self.pool is not None
         try:
             async with self.pool.acquire() as conn:
-                # A token for public.* could write events that look like the table's changes.
-                if captured := await conn.fetchval(sql.query("stream_capture"), stream):
-                    raise _error(409, f"stream {stream!r} is written by the capture of table {captured}; the "
-                                 "API publishes into no captured table's stream: publish to another name")  # fmt: skip
-                rows = await conn.fetch(sql.query("publish_many"), [stream] * len(items), payloads, keys,
-                                        headers if any(h is not None for h in headers) else None)  # fmt: skip
+                row = await conn.fetchrow(sql.query("stream_publish"), stream, payloads, keys,
+                                          headers if any(h is not None for h in headers) else None)  # fmt: skip
         except asyncpg.PostgresError as exc:
             raise _error(409 if exc.sqlstate == "55000" else 400, str(exc)) from None
-        return web.Response(status=201, body=orjson.dumps({"ids": [r[0] for r in rows]}),
-                            content_type="application/json")  # fmt: skip
+        assert row is not None
+        if row["captured"] is not None:  # a token for public.* could write events that look like the table's changes
+            raise _error(409, f"stream {stream!r} is written by the capture of table {row['captured']}; the "
+                         "API publishes into no captured table's stream: publish to another name")  # fmt: skip
+        return web.Response(status=201, body=orjson.dumps({"ids": row["ids"]}), content_type="application/json")
 
     async def close(self, request: web.Request) -> web.Response:
         stream, _ = await self._admit(request, "write", sse=False)
@@ -588,31 +587,25 @@ class StreamsApi:
         size = 0
         last = position.floor
         pace = Pace(self.settings.range_events)
-        assert self.hub.lower is not None
-        while len(pieces) < limit and size < history.HISTORY_BYTES and position.lower < self.hub.lower:
-            moved: Position | None = None
-            try:
-                async with contextlib.aclosing(
-                    self.history.pages(stream, position, pace, limit - len(pieces))
-                ) as pages:
-                    async for page, moved in pages:  # noqa: B007 - used after
-                        framed = 0
-                        for event in page:
-                            if is_end(event.headers):  # closed: nothing after it is the stream's
-                                return pieces, event.offset, True, position
-                            piece = _event_bytes(event)
-                            pieces.append(piece)
-                            framed += len(piece)
-                            last = event.offset
-                            if len(pieces) >= limit or size + framed >= history.HISTORY_BYTES:
-                                return pieces, last, False, position  # (may end inside a tick: resumed from last)
-                        size += framed
-                        pace.framed(len(page), framed)
-            except OffsetExpired as exc:
-                raise _error(410, str(exc)) from None
-            if moved is None:
-                break  # no newer tick
-            position = moved
+        reading = self.history.read_on(stream, position, pace, lambda: self.hub.lower or 0, rows=limit, prefetch=False)
+        try:
+            async with contextlib.aclosing(reading) as pages:
+                async for page, moved in pages:
+                    framed = 0
+                    for event in page:
+                        if is_end(event.headers):  # closed: nothing after it is the stream's
+                            return pieces, event.offset, True, position
+                        piece = _event_bytes(event)
+                        pieces.append(piece)
+                        framed += len(piece)
+                        last = event.offset
+                        if len(pieces) >= limit or size + framed >= history.HISTORY_BYTES:
+                            return pieces, last, False, position  # (may end inside a tick: resumed from last)
+                    size += framed
+                    pace.framed(len(page), framed)
+                    position = moved
+        except OffsetExpired as exc:
+            raise _error(410, str(exc)) from None
         return pieces, last, False, position
 
 

@@ -29,7 +29,8 @@ up to that number (it writes its answer only once it has read it), so that a pol
 of a 10,000-event tick reads 1,000 (it read the whole tick, ten times over for the ten polls);
 and an answer stops at about HISTORY_BYTES.
 
-An SSE client's next range is read while it is written the one before (``read_on``).
+An SSE client's next range is read while it is written the one before (``read_on``'s prefetch;
+a long-poll reads each range once the one before is framed).
 Payloads are read as their JSON text and written out as they are (``reader.JsonText``).
 
 What stays bounded by estimate only: a range of several ticks is read whole, sized from the
@@ -137,46 +138,45 @@ class History:
         if self.paging is not None:
             await self.paging.close()
 
-    async def pages(
-        self, stream: str, position: Position, pace: Pace, rows: int | None = None
-    ) -> AsyncGenerator[tuple[list[StreamEvent], Position], None]:
-        """The stream's events in the next range of history, in offset order, in one piece or in
-        pages, each with the position after it (a page of a tick: after its last event); nothing
-        when no newer tick exists. ``rows``: the reader wants no more than that many events (a
-        long-poll), it stops at them. A caller frames what it is given (``pace.framed``) before it
-        asks for more, and may stop between pages (``contextlib.aclosing``: a page read holds a
-        connection). OffsetExpired when retention has dropped the range."""
-        read = await self._read(stream, position, pace, rows)
-        if read is None:
-            return
-        if read.complete:
-            yield read.take(), read.after
-            pace.ranged(read.log_events)
-            return
-        async for page in self._rest(stream, position, pace, read, rows):
-            yield page
-
     async def read_on(
-        self, stream: str, position: Position, pace: Pace, until: Callable[[], int]
+        self,
+        stream: str,
+        position: Position,
+        pace: Pace,
+        until: Callable[[], int],
+        *,
+        rows: int | None = None,
+        prefetch: bool = True,
     ) -> AsyncGenerator[tuple[list[StreamEvent], Position], None]:
-        """As ``pages``, range after range, while ranges start before tick ``until()`` (where the
-        live feed is), and reading each range that is read whole while the caller writes the one
-        before: one after the other, the relay framed while the database waited and the other way
-        round (a range more is held in memory for it)."""
+        """The stream's events range after range, while ranges start before tick ``until()`` (where
+        the live feed is), in offset order, each range in one piece or in pages, each with the
+        position after it (a page of a tick: after its last event); it ends when no newer tick
+        exists. ``rows``: the reader wants no more than that many events in all (a long-poll),
+        it stops at them. ``prefetch``: each range that is read whole is read while the caller
+        writes the one before: one after the other, the relay framed while the database waited and
+        the other way round (a range more is held in memory for it). A caller frames what it is
+        given (``pace.framed``) before it asks for more, and may stop between pages
+        (``contextlib.aclosing``: a page read holds a connection). OffsetExpired when retention
+        has dropped a range."""
         ahead: asyncio.Task[_Range | None] | None = None
+        left = rows
         try:
-            while position.lower < until():
-                read = await (ahead if ahead is not None else self._read(stream, position, pace))
+            while position.lower < until() and (left is None or left > 0):
+                read = await (ahead if ahead is not None else self._read(stream, position, pace, left))
                 ahead = None
                 if read is None:
                     return
                 if not read.complete:
-                    async for page in self._rest(stream, position, pace, read):
+                    async for page in self._rest(stream, position, pace, read, left):
+                        if left is not None:
+                            left -= len(page[0])
                         yield page
                     position = read.after
                     continue
-                if read.after.lower < until():
-                    ahead = asyncio.create_task(self._read(stream, read.after, pace))
+                if left is not None:
+                    left -= len(read.events)
+                if prefetch and read.after.lower < until():
+                    ahead = asyncio.create_task(self._read(stream, read.after, pace, left))
                 yield read.take(), read.after
                 pace.ranged(read.log_events)
                 position = read.after
@@ -198,7 +198,7 @@ class History:
             log_events = int(size["events"] or 0)
             complete = True
             if size["ticks"] > 1:
-                events = await read_range_to(conn, stream, position, end, raw=True)
+                events = await read_range_to(conn, stream, position, end)
             elif rows is None and pace.paged(log_events):  # (a long-poll reads what it wants on the pool)
                 events, complete = [], False
             else:

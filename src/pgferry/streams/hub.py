@@ -163,7 +163,7 @@ class StreamHub:
         events: dict[str, list[StreamEvent]] = defaultdict(list)
         if rows:
             assert ticks is not None
-            for event in events_of(rows, ticks, end, raw=True):
+            for event in events_of(rows, ticks, end):
                 events[event.stream].append(event)
         self.stats.ranges_read += 1
         self.stats.events_read += len(rows)

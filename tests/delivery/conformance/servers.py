@@ -28,6 +28,7 @@ from aiohttp import web
 
 from pgferry.delivery.fasthttp import FastSender
 from pgferry.delivery.http import HttpResult
+from pgferry.embedded import free_port
 
 #: what each server answers per path: status, body
 ANSWERS = {"/ok": (200, b"ok"), "/fail": (500, b"boom")}
@@ -61,12 +62,6 @@ async def post(sender: FastSender, url: str, body: bytes = b'{"a": 1}', *, timeo
         sender.send(url, body, {"content-type": "application/json"}, timeout=timeout, connect_timeout=1.0),
         timeout + 1.0,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for_port(port: int, timeout: float = 10.0, alive: Callable[[], bool] = lambda: True) -> None:

@@ -1,10 +1,19 @@
--- ferry._check_headers_map(headers jsonb) returns void
+-- ferry._check_headers_map(headers jsonb, strict boolean default false) returns void
 --
 -- Refuses subscription or request headers that are not a JSON object of
 -- string values with valid HTTP header names and no line break (CR or LF:
 -- it would end the header; PostgreSQL text holds no NUL). What any request
--- must meet, the pg_net API's too; ferry.subscribe also calls
--- ferry._check_header_values, which refuses the other control characters.
+-- must meet, the pg_net API's too (net._enqueue, lenient: pg_net's libcurl
+-- sends other control bytes as they are).
+-- strict (ferry.subscribe): also refuses a control character other than HTAB
+-- in a value (bytes 0x01-0x08, 0x0A-0x1F and DEL, 0x7F), which RFC 9110 does
+-- not allow in a field value: strict servers (llhttp, so Node and aiohttp;
+-- h11 for VT and FF) answer such a request 400, and every event of the
+-- subscription would end in dead letters. Spaces, tabs and non-ASCII text
+-- (sent as UTF-8, obs-text on the wire) are allowed. The message names the
+-- header and the byte, never the value (it may be a credential).
+-- One loop over the map for both (migration 0026: the strict rule was
+-- ferry._check_header_values, a second loop).
 --
 -- Calls:   -
 -- Reads:   -
@@ -13,11 +22,13 @@
 -- Runs as: the caller (SECURITY INVOKER)
 -- Callers: PUBLIC (the default)
 
-create or replace function ferry._check_headers_map(headers jsonb) returns void
+create or replace function ferry._check_headers_map(headers jsonb, strict boolean default false) returns void
 language plpgsql immutable as $$
 declare
     v_name text;
     v_value jsonb;
+    v_text text;
+    v_bad text;
 begin
     if headers is null then
         return;
@@ -34,10 +45,21 @@ begin
             raise exception 'pgferry: header % must be a string, got a JSON %', quote_literal(v_name), jsonb_typeof(v_value)
                 using errcode = '22023';
         end if;
-        if v_value #>> '{}' ~ '[\r\n]' then
+        v_text := v_value #>> '{}';
+        if v_text ~ '[\r\n]' then
             raise exception 'pgferry: header % contains a line break (0x%), which would end the header',
-                quote_literal(v_name), upper(lpad(to_hex(ascii(substring(v_value #>> '{}' from '[\r\n]'))), 2, '0'))
+                quote_literal(v_name), upper(lpad(to_hex(ascii(substring(v_text from '[\r\n]'))), 2, '0'))
                 using errcode = '22023';
+        end if;
+        if strict then
+            v_bad := substring(v_text from '[\x01-\x08\x0a-\x1f\x7f]');
+            if v_bad is not null then
+                raise exception 'pgferry: header % contains the control character 0x% (character % of its value), which HTTP does not allow in a header value',
+                    quote_literal(v_name), upper(lpad(to_hex(ascii(v_bad)), 2, '0')), strpos(v_text, v_bad)
+                    using errcode = '22023',
+                          hint = 'A header value may hold visible characters, spaces, tabs and non-ASCII text; '
+                                 'encode anything else (e.g. percent-encoding or base64).';
+            end if;
         end if;
     end loop;
 end $$;

@@ -92,7 +92,7 @@ begin
         elsif r.time_pct < 100
               and (cfg.max_retention_bytes is null or r.log_bytes <= cfg.max_retention_bytes or r.held_bytes = 0)
               and not exists (select 1 from ferry.gaps g where g.consumer = r.consumer and g.updated_at >= r.stalled_at
-                                and g.cause <> 'wal slot lost') then
+                                and g.moved_cursor) then
             update ferry.consumers set stalled_at = null, stalled_reason = null, retention_level = 0 where name = r.consumer;
             v_done := v_done || format('consumer %s is back within the retention limit before anything was skipped', r.consumer);
         end if;

@@ -35,7 +35,7 @@ begin
                min(gp.oldest_event_at) as oldest, max(gp.newest_event_at) as newest
         into g from ferry.gaps gp
         where gp.consumer = next_batch.consumer and gp.updated_at >= c.stalled_at
-          and gp.cause <> 'wal slot lost';  -- a WAL loss moved no cursor: nothing to resume from (migration 0025)
+          and gp.moved_cursor;  -- (a WAL loss moved no cursor: nothing to resume from; migration 0027)
         if g.events is not null then
             raise exception 'pgferry: consumer % is stalled: retention dropped % event(s) of its streams it had not read (ticks % to %, written % to %)',
                 quote_literal(consumer), g.events, g.from_tick, g.to_tick,

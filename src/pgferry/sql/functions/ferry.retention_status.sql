@@ -11,7 +11,7 @@
 -- 'ok', from the larger of the two. gaps, gap_events, last_gap_at sum up
 -- its rows in ferry.gaps; wal_gaps counts those of WAL capture's lost
 -- slots (migration 0025: changes that never reached the log, how many is
--- unknown, so not in gap_events). subscription: the subscription a webhook:NAME
+-- unknown, so not in gap_events; the rows that moved no cursor, migration 0027). subscription: the subscription a webhook:NAME
 -- consumer belongs to. `pgferry status`, the metrics, the dashboard and
 -- ferry.maintain read it.
 --
@@ -59,7 +59,7 @@ language sql stable as $$
            pct.stalled_at, pct.stalled_reason, g.n, g.events, g.last_at, g.wal
     from pct
     left join lateral (select count(*) as n, coalesce(sum(gp.events), 0)::bigint as events, max(gp.updated_at) as last_at,
-                              count(*) filter (where gp.cause = 'wal slot lost') as wal
+                              count(*) filter (where not gp.moved_cursor) as wal
                        from ferry.gaps gp where gp.consumer = pct.name) g on true
     order by pct.name
 $$;

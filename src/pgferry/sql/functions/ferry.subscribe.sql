@@ -32,7 +32,7 @@
 --                                 consumer and worker (ferry._subscription_consumers
 --                                 says how a change on a live subscription drains)
 -- Returns:    nothing.
--- Calls:      ferry._check_url, ferry._check_headers_map, ferry._check_header_values, ferry._check_secret,
+-- Calls:      ferry._check_url, ferry._check_headers_map, ferry._check_secret,
 --             ferry._check_filter, ferry._subscription_consumers, ferry._unknown_streams.
 -- Tables:     writes ferry.subscriptions, ferry.consumers; reads those of
 --             ferry._unknown_streams.
@@ -76,8 +76,7 @@ begin
             using errcode = '22023';
     end if;
     perform ferry._check_url(url);
-    perform ferry._check_headers_map(headers);
-    perform ferry._check_header_values(headers);
+    perform ferry._check_headers_map(headers, strict => true);
     perform ferry._check_filter(subscribe.filter);
     if secret is not null then
         perform ferry._check_secret(secret);
