@@ -9,7 +9,7 @@ import struct
 
 import asyncpg
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pgferry.capture.pgoutput import (
@@ -94,6 +94,7 @@ def test_truncates_round_trip(rels: list[int], options: int) -> None:
 
 @settings(max_examples=500)
 @given(st.binary(max_size=64))
+@example(b"R\x00\x00\x00\x00\x80\x00")  # a Relation whose name is not UTF-8 (found by this test, 2026-12-04)
 def test_random_bytes_decode_or_raise_decode_error(data: bytes) -> None:
     with contextlib.suppress(DecodeError):
         decode(data)

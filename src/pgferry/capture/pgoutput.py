@@ -121,7 +121,10 @@ class _Reader:
         end = self.data.find(b"\0", self.pos)
         if end < 0:
             raise DecodeError("string without its terminating zero byte")
-        text = self.data[self.pos : end].decode()
+        try:
+            text = self.data[self.pos : end].decode()
+        except UnicodeDecodeError:
+            raise DecodeError("a name is not UTF-8 (WAL capture needs a UTF8 database)") from None
         self.pos = end + 1
         return text
 
