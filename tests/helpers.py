@@ -255,9 +255,9 @@ async def received(receiver: Receiver, n: int, prefix: str = "") -> bool:
 class RelayProcess:
     """A `pgferry run` subprocess whose log lines are collected as they come."""
 
-    def __init__(self, cmd: list[str], url: str) -> None:
+    def __init__(self, cmd: list[str], url: str, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [*cmd, "run", "--database-url", url],
+            [*cmd, "run", "--database-url", url, *args],
             stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             text=True,

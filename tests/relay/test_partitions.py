@@ -228,6 +228,31 @@ async def test_a_relay_joining_leaves_no_partition_owned_by_nobody(
             relay.stop()
 
 
+async def test_a_hot_subscriptions_partitions_spread_over_relays_even_at_their_fair_share(
+    pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    # Found by `pgferry bench scale --layouts 4`: 4 partitions and one other subscription over 4
+    # relay processes (a fair share of 2): one process held 2 partitions, another nothing, for good.
+    await ferry.subscribe("other", ["t"], "http://127.0.0.1:9/")
+    await ferry.subscribe("hot", ["s"], "http://127.0.0.1:9/", partitions=4)
+    relay = RelayProcess(pgferry_cmd, db_url, "--processes", "4")
+    try:
+
+        async def spread() -> bool:
+            owned = await units(conn)
+            return (
+                len(owned) == 4
+                and all(owned.values())
+                and all(sum(u.startswith("hot#") for u in us) <= 1 for us in owned.values())
+                and sorted(u for us in owned.values() for u in us)
+                == sorted(["other", *(f"hot#{p}/4" for p in range(4))])
+            )
+
+        await eventually(spread, timeout=40, what="each of 4 processes delivering one partition of hot")
+    finally:
+        relay.stop()
+
+
 async def test_each_partition_retries_its_own_parked_events(
     db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry
 ) -> None:

@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 
 #: objid of the shared advisory lock every relay's ownership connection holds.
 PRESENCE_LOCK = 3
+#: Seconds a relay leaves alone a partition it handed over to spread its subscription (so that
+#: the relay with room takes it, not this one again in its next round).
+HANDED_OVER_HOLD = 10.0
 
 
 @dataclass
@@ -79,6 +82,8 @@ class Ownership:
         self.settings = settings or OwnershipSettings()
         self.relay_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.owned: dict[str, _Owned] = {}
+        #: partitions handed over to spread their subscription, and when (see HANDED_OVER_HOLD)
+        self._spread: dict[str, float] = {}
         #: metrics hook: seconds the heartbeat round trip took
         self.observe_round: Callable[[float], None] | None = None
         #: wakes the workers, with one query for all of them (delivery.watch)
@@ -189,10 +194,13 @@ class Ownership:
         # holds its share of that subscription, the others are at their fair share) would wait
         # for a change of relays (an outside probe saw one stay unowned for 7 minutes). The
         # relays' fair shares add up to at least every unit, so one with room takes it here.
+        now = time.monotonic()
+        self._spread = {u: at for u, at in self._spread.items() if now - at < HANDED_OVER_HOLD}
         for name, sub in capped:
             if len(self.owned) >= share:
                 break
-            await self._claim(conn, name, sub)
+            if name not in self._spread:
+                await self._claim(conn, name, sub)
         # Every extra at once: with several relays starting together, the first to claim takes
         # everything, and handing back one per round would take minutes with 1,000 subscriptions.
         # Partitions beyond this relay's share of their subscription go first (that spreads a hot
@@ -200,19 +208,28 @@ class Ownership:
         # the fair share goes: handing over partitions regardless left one owned by nobody when
         # the other relays were at their fair share (grouped in one pass: one scan of the owned
         # per subscription cost an idle relay with 1,000 subscriptions 0.4 s a round).
+        # Above the floor of the fair share, a relay also hands over the partitions it holds beyond
+        # its share of their subscription: the relays' counts add up to every unit, so another relay
+        # is then below its fair share and takes them (5 units over 4 relays, one relay held two
+        # partitions of a 4-partition subscription at its fair share of 2 while another held nothing).
+        floor = len(active) // relays
         extras: list[str] = []
-        if len(self.owned) > share:
+        if len(self.owned) > floor:
             by_generation: defaultdict[tuple[str, int], list[str]] = defaultdict(list)
             for unit, owned in self.owned.items():
                 by_generation[owned.worker.sub.generation].append(unit)
             beyond = [
                 u for (_, parts), units in by_generation.items() for u in sorted(units)[math.ceil(parts / relays) :]
             ]
-            first = set(beyond)
-            # the rest: whole subscriptions before a partition kept at its share (a stable sort)
-            rest = sorted((u for u in sorted(self.owned, reverse=True) if u not in first),
-                          key=lambda u: self.owned[u].worker.sub.parts > 1)  # fmt: skip
-            extras = [*beyond, *rest][: len(self.owned) - share]
+            if len(self.owned) > share:
+                first = set(beyond)
+                # the rest: whole subscriptions before a partition kept at its share (a stable sort)
+                rest = sorted((u for u in sorted(self.owned, reverse=True) if u not in first),
+                              key=lambda u: self.owned[u].worker.sub.parts > 1)  # fmt: skip
+                extras = [*beyond, *rest][: len(self.owned) - share]
+            else:
+                extras = beyond[: len(self.owned) - floor]
+                self._spread.update(dict.fromkeys(extras, now))
         if extras:
             log.info("delivery: handing %d subscription(s) to other relays (fair share %d)", len(extras), share)
             await asyncio.gather(*(self._stop_worker(n, self.owned[n], True) for n in extras))
