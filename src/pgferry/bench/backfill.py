@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 import click
 
 from pgferry.bench.context import BenchContext
+from pgferry.bench.cores import CoreSplit, pinned
 from pgferry.bench.pgbench import run_pgbench
 from pgferry.bench.report import num, pct, table
 from pgferry.bench.sqlfiles import named, pgbench_script
@@ -44,6 +45,8 @@ class BackfillBenchSettings:
     seconds: float = 10.0
     #: the backfills' --max-rate (None: as fast as they go)
     max_rate: float | None = None
+    #: the writers and the backfill on cores of their own (bench/cores.py; None: not pinned)
+    pin: CoreSplit | None = None
 
     def __post_init__(self) -> None:
         if self.rows < 1 or self.chunk < 1 or self.clients < 1 or self.seconds < 1:
@@ -72,6 +75,11 @@ async def _backfill(ctx: BenchContext, chunk: int, max_rate: float | None) -> tu
 
 
 async def run_backfill_bench(ctx: BenchContext, s: BackfillBenchSettings) -> None:
+    async with pinned(s.pin, ctx.url):
+        await _run(ctx, s)
+
+
+async def _run(ctx: BenchContext, s: BackfillBenchSettings) -> None:
     ctx.progress(f"filling bench_orders with {s.rows:,} rows ...")
     async with ctx.connect() as conn:
         await conn.execute(_q("setup"))
@@ -116,6 +124,7 @@ async def run_backfill_bench(ctx: BenchContext, s: BackfillBenchSettings) -> Non
         f"\nBackfill of {s.rows:,} rows ({s.chunk:,} a chunk"
         f"{f', at most {s.max_rate:,.0f} rows/s' if s.max_rate else ''}) and {s.clients} single-row UPDATE writers "
         f"(pgbench) on the same table, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
+        f"{f'; pinned: {s.pin}' if s.pin else ''}"
     )
     click.echo(
         table(

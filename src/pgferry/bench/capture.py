@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from pgferry.bench.context import BenchContext, BenchSettings, scratch_database
+from pgferry.bench.cores import pinned
 from pgferry.bench.e2e import run_e2e
 from pgferry.bench.idle import run_idle
 from pgferry.bench.inserts import run_inserts
@@ -46,8 +47,11 @@ async def run_capture_bench(settings: BenchSettings, admin_url: str, json_out: P
         )
         # Anything else running skews every number: say how busy the machine was.
         click.echo(f"load average before: {_load(load_before)}")
-        for section in settings.sections:
-            await RUNNERS[section](ctx)
+        if settings.pin is not None:
+            click.echo(f"pinned (--pin): {settings.pin}, in every cell")
+        async with pinned(settings.pin, ctx.url):
+            for section in settings.sections:
+                await RUNNERS[section](ctx)
 
     ctx.server["load_before"] = _load(load_before)
     ctx.server["load_after"] = _load(os.getloadavg())

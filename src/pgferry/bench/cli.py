@@ -13,6 +13,7 @@ from pgferry.errors import PgferryError
 
 if TYPE_CHECKING:
     from pgferry.bench.context import BenchContext
+    from pgferry.bench.cores import CoreSplit
 
 SECTION_NAMES = ("inserts", "e2e", "producers", "idle", "wal")
 
@@ -46,6 +47,12 @@ def _run_bench(
         raise click.ClickException(str(exc)) from exc
     if not met:
         raise SystemExit(1)
+
+
+def _split(value: str | None) -> CoreSplit | None:
+    from pgferry.bench.cores import parse_split
+
+    return None if value is None else parse_split(value)
 
 
 def _int_list(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -105,6 +112,11 @@ def _sections(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ..
     help="Inserts: also a table captured with a condition every row meets and a column list "
     "(variant 'filtered'), beside the unfiltered 'capture': what the filter machinery costs the writer.",
 )
+@click.option("--pin", metavar="APP:FERRY", callback=lambda _c, _p, v: _split(v),
+              help="Pin the application's side (pgbench and its backends) to the APP CPUs and pgferry's side "
+                   "(this process, its relay or backfill, their backends) to the FERRY CPUs, e.g. 0:1, in every "
+                   "cell, the baseline too: what pgferry costs the writers when it has cores of its own "
+                   "(bench/cores.py). Default: not pinned.")  # fmt: skip
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), help="Also write raw results here.")
 def capture(
     database_url: str | None,
@@ -121,6 +133,7 @@ def capture(
     idle_subscriptions: int,
     stat_statements: bool,
     filtered: bool,
+    pin: CoreSplit | None,
     json_out: Path | None,
 ) -> None:
     """Measure capture: insert overhead vs outbox and per-row NOTIFY, end-to-end latency, producers, idle cost.
@@ -144,6 +157,7 @@ def capture(
         idle_subscriptions=idle_subscriptions,
         stat_statements=stat_statements,
         filtered=filtered,
+        pin=pin,
     )
     extra = {"shared_preload_libraries": "pg_stat_statements"} if stat_statements else None
     _run_bench(database_url, lambda url: run_capture_bench(settings, url, json_out), extra)
@@ -413,14 +427,27 @@ def stream_writes(
               help="Seconds of the writers-alone cell.")  # fmt: skip
 @click.option("--max-rate", type=click.FloatRange(1), default=None, metavar="ROWS/S",
               help="The backfills' cap on rows per second (default: none).")  # fmt: skip
+@click.option("--pin", metavar="APP:FERRY", callback=lambda _c, _p, v: _split(v),
+              help="Pin the application's side (pgbench and its backends) to the APP CPUs and pgferry's side "
+                   "(this process, its relay or backfill, their backends) to the FERRY CPUs, e.g. 0:1, in every "
+                   "cell, the baseline too: what pgferry costs the writers when it has cores of its own "
+                   "(bench/cores.py). Default: not pinned.")  # fmt: skip
 def backfill(
-    database_url: str | None, rows: int, chunk: int, clients: int, seconds: float, max_rate: float | None
+    database_url: str | None,
+    rows: int,
+    chunk: int,
+    clients: int,
+    seconds: float,
+    max_rate: float | None,
+    pin: CoreSplit | None,
 ) -> None:
     """Backfill rows/s into the log, alone and with single-row writers on the same table, and the
     share of their throughput the writers keep (targets: 100,000 rows/s, 80%)."""
     from pgferry.bench.backfill import BackfillBenchSettings, run_backfill_bench
 
-    settings = BackfillBenchSettings(rows=rows, chunk=chunk, clients=clients, seconds=seconds, max_rate=max_rate)
+    settings = BackfillBenchSettings(
+        rows=rows, chunk=chunk, clients=clients, seconds=seconds, max_rate=max_rate, pin=pin
+    )
     _run_with_targets(database_url, lambda ctx: run_backfill_bench(ctx, settings))
 
 

@@ -14,6 +14,7 @@ import asyncpg
 import click
 
 from pgferry import db
+from pgferry.bench.cores import CoreSplit
 from pgferry.bench.sqlfiles import query, read
 from pgferry.schema import install
 
@@ -42,6 +43,8 @@ class BenchSettings:
     stat_statements: bool = False
     #: also insert into a table captured with a condition and a column list (inserts section)
     filtered: bool = False
+    #: the application's side and pgferry's side on their own cores (bench/cores.py; None: not pinned)
+    pin: CoreSplit | None = None
 
 
 @dataclass
