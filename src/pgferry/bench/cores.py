@@ -98,10 +98,11 @@ async def pinned(split: CoreSplit | None, url: str) -> AsyncIterator[None]:
     if split is None:
         yield
         return
-    before = os.sched_getaffinity(0)
+    before = frozenset(os.sched_getaffinity(0))
     _pin(os.getpid(), split.ferry)
     conn = await db.connect(url)
     stop = asyncio.Event()
+    backends: set[int] = set()
 
     async def keep_pinned() -> None:
         while not stop.is_set():
@@ -110,6 +111,7 @@ async def pinned(split: CoreSplit | None, url: str) -> AsyncIterator[None]:
                 "where backend_type in ('client backend', 'walsender') and datname = current_database()"
             )
             for row in rows:
+                backends.add(row["pid"])
                 _pin(row["pid"], split.app if row["app"] else split.ferry)
             for pid in _pgbench_pids():
                 _pin(pid, split.app)
@@ -123,4 +125,5 @@ async def pinned(split: CoreSplit | None, url: str) -> AsyncIterator[None]:
         stop.set()
         await task
         await conn.close()
-        _pin(os.getpid(), frozenset(before))
+        for pid in {os.getpid(), *backends}:  # the backends still open are the server's to place again
+            _pin(pid, before)
