@@ -2,7 +2,14 @@
 
 from pgferry.api import Ferry, connect
 from pgferry.db import RawJSON
-from pgferry.errors import ConsumerStalled, DatabaseUnreachable, InvalidEvent, PgferryError, SchemaMissing
+from pgferry.errors import (
+    ConsumerStalled,
+    DatabaseUnreachable,
+    EventRefused,
+    InvalidEvent,
+    PgferryError,
+    SchemaMissing,
+)
 from pgferry.log.events import Batch, Event
 from pgferry.streams.offsets import BadOffset, Offset
 from pgferry.streams.reader import OffsetAhead, OffsetExpired, StreamEvent
@@ -13,6 +20,7 @@ __all__ = [
     "ConsumerStalled",
     "DatabaseUnreachable",
     "Event",
+    "EventRefused",
     "Ferry",
     "InvalidEvent",
     "Offset",

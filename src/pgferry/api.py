@@ -18,7 +18,8 @@ import orjson
 
 from pgferry import db, sql
 from pgferry.delivery.signing import redact_secrets
-from pgferry.errors import InvalidEvent, PgferryError, one_line
+from pgferry.errors import EventRefused, InvalidEvent, PgferryError, one_line
+from pgferry.log.group_publish import GroupPublisher, PublishArgs
 from pgferry.log.reader import ReaderSettings, StreamReader
 from pgferry.schema import check_installed
 from pgferry.streams.offsets import Offset
@@ -47,13 +48,20 @@ def _headers(value: Mapping[str, Any] | None, what: str) -> str | None:
 class Ferry:
     """A handle on one pgferry database: a small connection pool plus the API."""
 
-    def __init__(self, url: str | None = None, *, pool_size: int = 10) -> None:
+    def __init__(self, url: str | None = None, *, pool_size: int = 10, group_publishes: bool = True) -> None:
+        """``group_publishes``: ``publish()`` calls without ``conn`` that overlap share one
+        transaction (see ``pgferry.log.group_publish``); False gives each its own."""
         resolved = url or db.url_from_env()
         if not resolved:
             raise ValueError(f"no database URL: pass one or set {db.URL_ENV_VAR}")
         self.url = resolved
         self.pool_size = pool_size
         self._pool: asyncpg.Pool | None = None
+        self._group = (
+            GroupPublisher(self._publish_one, self._publish_batch, max_in_flight=max(1, pool_size // 4),
+                           retry_alone=(InvalidEvent, EventRefused))
+            if group_publishes else None
+        )  # fmt: skip
         #: server pids of pooled connections only Ferry's own calls used since they were acquired
         self._clean: set[int] = set()
 
@@ -91,6 +99,8 @@ class Ferry:
                 self._clean.add(conn.get_server_pid())
 
     async def close(self) -> None:
+        if self._group is not None:
+            await self._group.aclose()
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -126,10 +136,23 @@ class Ferry:
         """Append one event; return its id.
 
         With ``conn`` (a connection inside your transaction) the event commits
-        or rolls back with your transaction; otherwise it commits at once.
+        or rolls back with your transaction; otherwise it is committed when this
+        returns (in one transaction with calls that overlapped it, unless
+        ``group_publishes=False``).
         """
-        args = (stream, _json(payload, "payload"), key, _headers(headers, "headers"))
+        args: PublishArgs = (stream, _json(payload, "payload"), key, _headers(headers, "headers"))
+        if conn is None and self._group is not None:
+            return await self._group.publish(args)
         return int(await self._call(sql.query("publish"), args, conn))
+
+    async def _publish_one(self, args: PublishArgs) -> int:
+        return int(await self._call(sql.query("publish"), args, None))
+
+    async def _publish_batch(self, batch: Sequence[PublishArgs], conn: asyncpg.Connection | None = None) -> list[int]:
+        streams, payloads, keys, headers = (list(column) for column in zip(*batch, strict=True))
+        has_headers = any(h is not None for h in headers)
+        args = (streams, payloads, keys, headers if has_headers else None)
+        return [int(row[0]) for row in await self._call(sql.query("publish_many"), args, conn, many=True)]
 
     async def publish_many(
         self, events: Iterable[Mapping[str, Any]], *, conn: asyncpg.Connection | None = None
@@ -139,23 +162,13 @@ class Ferry:
         Each event is a mapping with ``stream`` and ``payload`` and optionally
         ``key`` and ``headers``.
         """
-        streams: list[Any] = []
-        payloads: list[str] = []
-        keys: list[str | None] = []
-        headers: list[str | None] = []
+        batch: list[PublishArgs] = []
         for i, event in enumerate(events):
             if not isinstance(event, Mapping) or "stream" not in event or "payload" not in event:
                 raise InvalidEvent(f"event #{i} must be a mapping with 'stream' and 'payload' keys, got {event!r:.100}")
-            streams.append(event["stream"])
-            payloads.append(_json(event["payload"], f"payload of event #{i}"))
-            keys.append(event.get("key"))
-            headers.append(_headers(event.get("headers"), f"headers of event #{i}"))
-        if not payloads:
-            return []
-        has_headers = any(h is not None for h in headers)
-        args = (streams, payloads, keys, headers if has_headers else None)
-        ids = await self._call(sql.query("publish_many"), args, conn, many=True)
-        return [int(row[0]) for row in ids]
+            batch.append((event["stream"], _json(event["payload"], f"payload of event #{i}"), event.get("key"),
+                          _headers(event.get("headers"), f"headers of event #{i}")))  # fmt: skip
+        return await self._publish_batch(batch, conn) if batch else []
 
     async def _call(self, query: str, args: Sequence[Any], conn: asyncpg.Connection | None, many: bool = False) -> Any:
         try:
@@ -168,7 +181,7 @@ class Ferry:
             if exc.sqlstate.startswith("22") or exc.sqlstate == "54001":
                 raise InvalidEvent(str(exc)) from exc
             if exc.sqlstate == "55000":  # e.g. a closed stream
-                raise PgferryError(one_line(exc)) from exc
+                raise EventRefused(one_line(exc)) from exc
             raise
         except asyncpg.DataError as exc:  # could not even be encoded, e.g. a lone surrogate in a key
             raise InvalidEvent(str(exc)) from exc
@@ -406,6 +419,6 @@ def _check_destination(url: str) -> None:
             raise PgferryError(f"pgferry: {exc}") from None
 
 
-def connect(url: str | None = None, *, pool_size: int = 10) -> Ferry:
+def connect(url: str | None = None, *, pool_size: int = 10, group_publishes: bool = True) -> Ferry:
     """``async with pgferry.connect(url) as ferry`` or ``ferry = await pgferry.connect(url)``."""
-    return Ferry(url, pool_size=pool_size)
+    return Ferry(url, pool_size=pool_size, group_publishes=group_publishes)

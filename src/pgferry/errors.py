@@ -26,6 +26,10 @@ class InvalidEvent(PgferryError, ValueError):
     """An event given to publish() cannot be stored (e.g. payload is not JSON)."""
 
 
+class EventRefused(PgferryError):
+    """The database refused an event in its current state, e.g. one for a stream closed with close_stream()."""
+
+
 class EmbeddedPostgresError(PgferryError):
     """The throwaway local PostgreSQL could not be started."""
 

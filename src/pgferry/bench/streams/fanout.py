@@ -35,6 +35,9 @@ from pgferry.bench.streams.common import (
     read_result,
 )
 
+#: the publish scenario's second row: Ferry(group_publishes=False), a transaction per publish() call
+SINGLE = "group_publishes=False"
+
 # -- 1. fan-out ----------------------------------------------------------------------------------------
 
 
@@ -54,10 +57,12 @@ class FanoutRow:
     writer_p99_ms: float
 
 
-async def fanout(bench: Bench, settings: StreamsSettings, n: int, *, python_writer: bool = False) -> FanoutRow:
+async def fanout(
+    bench: Bench, settings: StreamsSettings, n: int, *, python_writer: bool = False, grouped: bool = True
+) -> FanoutRow:
     """``n`` clients on ``n`` streams; ``settings.rate`` events/s across them by pgbench (or, for the
-    publish scenario, ``Ferry.publish`` as fast as it goes) for ``settings.seconds``."""
-    prefix = f"{'pub' if python_writer else 'fan'}{n}:"
+    publish scenario, ``Ferry.publish`` as fast as it goes, ``grouped`` or not) for ``settings.seconds``."""
+    prefix = f"{'fan' if not python_writer else 'pub' if grouped else 'one'}{n}:"
     streams = [f"{prefix}{i}" for i in range(n)]
     budget = settings.seconds + 300
     async with api_relay(bench.url, budget) as relay, clients(relay.base, "follow", prefix + "{}", n) as reading:
@@ -68,8 +73,8 @@ async def fanout(bench: Bench, settings: StreamsSettings, n: int, *, python_writ
             before = await bench.snapshot()
             load_at = time.time()
             if python_writer:
-                writer = await _python_writer(bench.writer_url, prefix + "{}", n, settings)
-                sent, writer_p99 = int(writer["published"]), float("nan")
+                writer = await _python_writer(bench.writer_url, prefix + "{}", n, settings, grouped)
+                sent, writer_p99 = int(writer["published"]), float(writer["call_p99_ms"])
             else:
                 script = pgbench_script("streams", prefix=prefix, streams=str(n))
                 run = await run_pgbench(
@@ -99,13 +104,13 @@ async def fanout(bench: Bench, settings: StreamsSettings, n: int, *, python_writ
     )
 
 
-async def _python_writer(url: str, stream: str, count: int, settings: StreamsSettings) -> dict[str, Any]:
+async def _python_writer(url: str, stream: str, count: int, settings: StreamsSettings, grouped: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="pgferry-bench-writer-") as tmp:
         out = Path(tmp) / "result.json"
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "pgferry.bench.streams.writer", "--url", url, "--stream", stream,
             "--count", str(count), "--tasks", str(settings.publish_tasks), "--seconds", str(settings.seconds),
-            "--out", str(out),
+            "--out", str(out), *([] if grouped else ["--single"]),
         )  # fmt: skip
         await asyncio.wait_for(proc.wait(), settings.seconds + 60)
         result = read_result(out, proc.returncode, "the publishing process")
@@ -114,8 +119,9 @@ async def _python_writer(url: str, stream: str, count: int, settings: StreamsSet
     return result
 
 
-def _fanout_table(rows: list[FanoutRow], statements: bool) -> str:
+def _fanout_table(rows: list[FanoutRow], statements: bool, labels: list[str] | None = None) -> str:
     headers = [
+        *(["publish()"] if labels else []),
         "clients",
         "admitted",
         "committed",
@@ -134,11 +140,12 @@ def _fanout_table(rows: list[FanoutRow], statements: bool) -> str:
     ]
     if statements:
         headers += ["ticker", "reads", "other", "relay DB time"]
-    headers += ["CPU relay", "clients", "writer", "postgres"]
+    headers += ["CPU relay", "clients", "writer", "postgres", *(["call p99 ms"] if labels else [])]
     lines = []
-    for r in rows:
+    for i, r in enumerate(rows):
         w = r.window
         line = [
+            *([labels[i]] if labels else []),
             num(r.clients),
             num(r.admitted),
             num(r.committed),
@@ -159,6 +166,8 @@ def _fanout_table(rows: list[FanoutRow], statements: bool) -> str:
             line += [num(w.relay_queries.get(k, 0) / w.seconds, 1) for k in ("ticker", "reads", "other")]
             line.append(f"{w.relay_db_share:.1f}%")
         line += [w.cpu_pct("relay"), w.cpu_pct("clients"), w.cpu_pct("writer"), w.cpu_pct("postgres")]
+        if labels:
+            line.append(ms(r.writer_p99_ms))
         lines.append(line)
     return table(headers, lines)
 
@@ -252,23 +261,31 @@ def _row_json(r: FanoutRow) -> dict[str, Any]:
 
 
 async def run_publish(bench: Bench, settings: StreamsSettings) -> None:
+    """Ferry.publish as it is (overlapping calls share a transaction) and, side by side, with
+    ``group_publishes=False`` (a transaction per call), each on a fresh relay and clients."""
     n = max(settings.clients)
-    progress(
-        f"[publish] Ferry.publish from {settings.publish_tasks} tasks for {settings.seconds:g} s, "
-        f"{n:,} SSE clients reading ..."
-    )
-    row = await fanout(bench, settings, n, python_writer=True)
+    rows = []
+    for grouped in (True, False):
+        progress(
+            f"[publish] Ferry.publish ({'grouped' if grouped else SINGLE}) from {settings.publish_tasks} tasks for "
+            f"{settings.seconds:g} s, {n:,} SSE clients reading ..."
+        )
+        rows.append(await fanout(bench, settings, n, python_writer=True, grouped=grouped))
+    row, single = rows
     click.echo(
         f"\n2. publish() while {n:,} clients read: one process calling Ferry.publish() from {settings.publish_tasks} "
-        f"asyncio tasks (pool of {settings.publish_tasks}; one event per call and transaction) to the {n:,} streams "
-        f"in turn, as fast as they go, for {settings.seconds:g} s"
+        f"asyncio tasks (pool of {settings.publish_tasks}; one event per call) to the {n:,} streams in turn, as "
+        f"fast as they go, for {settings.seconds:g} s; as it is (overlapping calls share a transaction) and with "
+        f"{SINGLE} (a transaction per call)"
     )
-    click.echo(_fanout_table([row], bench.statements))
+    click.echo(_fanout_table(rows, bench.statements, ["grouped", SINGLE]))
     click.echo(
         "   events/s: events committed / window; latency: from the payload's t, stamped in Python just before "
-        "each publish() call (its round trip and commit included); CPU writer: the publishing process"
+        "each publish() call (its round trip and commit included), to its client; call p99: of the publish() "
+        "calls alone; CPU writer: the publishing process"
     )
     bench.results["publish"] = _row_json(row)
+    bench.results["publish_single"] = _row_json(single)
     bench.target(
         "publish",
         f"publish() while {n:,} clients read",
@@ -280,6 +297,6 @@ async def run_publish(bench: Bench, settings: StreamsSettings) -> None:
         "publish",
         "... every event to its client, once",
         "lost 0, dupes 0",
-        f"lost {row.lost}, dupes {row.duplicates}",
-        row.lost == 0 and row.duplicates == 0 and row.ended == n,
+        f"lost {row.lost + single.lost}, dupes {row.duplicates + single.duplicates}",
+        all(r.lost == 0 and r.duplicates == 0 and r.ended == n for r in rows),
     )
