@@ -309,6 +309,14 @@ async def test_capture_from_the_wal_says_what_is_wrong(ferry: pgferry.Ferry, con
             await ferry.capture_table("keyed", method="wal", **option)
         assert "replica identity full" in str(partial.value)
     await ferry.capture_table("keyed", method="wal")  # without them, the key is enough
+    await conn.execute("create table coded (id int primary key, code text not null unique)")
+    await conn.execute("alter table coded replica identity using index coded_code_key")
+    with pytest.raises(
+        pgferry.PgferryError, match=r"USING INDEX coded_code_key.*\(id\).*DELETEs would have no key"
+    ) as keyless:
+        await ferry.capture_table("coded", method="wal")
+    assert "key_columns => that index's columns" in str(keyless.value)
+    assert await ferry.capture_table("coded", method="wal", key_columns=["code"]) == "public.coded"
 
 
 async def test_a_slot_that_went_away_is_reported_with_the_way_out(

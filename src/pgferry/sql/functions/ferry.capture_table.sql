@@ -38,7 +38,8 @@
 -- partitions), so that old_record and unchanged TOASTed values are whole,
 -- as with triggers; one with
 -- REPLICA IDENTITY NOTHING is refused (publishing it would make
--- PostgreSQL refuse the table's UPDATEs and DELETEs).
+-- PostgreSQL refuse the table's UPDATEs and DELETEs), and so is one USING
+-- INDEX an index without all the key columns (its DELETEs would have no key).
 --
 -- Calls:   ferry._capture_condition, ferry._capture_function, ferry._check_columns, ferry._check_stream,
 --          ferry._current_partition, ferry._ensure_wal_slot, ferry._key_expression, ferry._record_expression,
@@ -47,7 +48,7 @@
 -- Writes:  ferry.captures, the publication (method 'wal'), REPLICA IDENTITY of the table and its partitions
 -- Raises:  22023, 42601, 42703, 42809, 42P10, 42883 (changed_columns of a type without equality), 55P03 (the
 --          table held by another transaction for 10 s, ferry._lock_for_capture), 55000
---          (method 'wal': REPLICA IDENTITY NOTHING, wal_level, the slot; ferry._ensure_wal_slot);
+--          (method 'wal': REPLICA IDENTITY NOTHING or an index without the key, wal_level, the slot; ferry._ensure_wal_slot);
 --          what the condition raises (ferry._capture_condition)
 -- Runs as: the caller (SECURITY INVOKER)
 -- Callers: PUBLIC (the default)
@@ -213,6 +214,24 @@ begin
                             'and its REPLICA IDENTITY gives only their key', tbl
                 using errcode = '55000',
                       hint = format('alter table %s replica identity full; or capture it with method => ''trigger''.', tbl);
+        end if;
+        -- A DELETE's old row is only the identity index's columns: without the key columns among
+        -- them, every DELETE would reach readers with a null key (and so out of its key's order).
+        select t into v_part
+        from unnest(v_tree) t join pg_class c on c.oid = t join pg_index i on i.indrelid = t and i.indisreplident
+        where c.relreplident = 'i'
+          and exists (select 1 from unnest(v_keys) k
+                      where k not in (select a.attname from pg_attribute a
+                                      where a.attrelid = t and a.attnum = any(i.indkey)))
+        limit 1;
+        if v_part is not null then
+            raise exception 'pgferry: % has REPLICA IDENTITY USING INDEX %, which holds not all of its key columns (%): '
+                            'its DELETEs would have no key', v_part,
+                            (select i.indexrelid::regclass from pg_index i where i.indrelid = v_part and i.indisreplident),
+                            array_to_string(v_keys, ', ')
+                using errcode = '55000',
+                      hint = format('alter table %s replica identity full (or using index on the key), or capture it '
+                                    'with key_columns => that index''s columns.', v_part);
         end if;
         -- Changes from here on in the WAL are this capture's (migration 0022).
         update ferry.captures c set captured_lsn = pg_current_wal_insert_lsn() where c.id = v_capture;
