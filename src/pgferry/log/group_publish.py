@@ -14,7 +14,8 @@ stream, a bad stream name, PostgreSQL's class 22 and 55000) is written again one
 caller gets its own exact answer and no event pays for another's error. Other
 failures (a lost connection) reach every caller of the batch, as they would
 have reached each single call. A caller cancelled before its batch starts is
-left out of it.
+left out of it; one cancelled later may still have its event committed (as a
+cancelled single publish may have committed before the cancel arrived).
 """
 
 from __future__ import annotations
