@@ -183,8 +183,10 @@ class StreamsApi:
     async def open(self) -> None:
         # stateless: nothing here leaves session state on a connection, so releasing one needs no reset
         # round trip (a connecting client took 7 round trips, 2 of them resets)
-        self.pool = await db.create_pool(self.url, min_size=1, max_size=8, reset=db.rollback_if_open,
-                                         server_settings={"application_name": "pgferry streams api"})  # fmt: skip
+        self.pool = await db.create_pool(
+            self.url, min_size=1, max_size=8, reset=db.rollback_if_open,
+            server_settings={"application_name": "pgferry streams api", **db.LOG_READER_SETTINGS},
+        )  # fmt: skip
         await self.history.open(self.pool)
         if self.authorizer is None:
             store = TokenStore(self.pool)

@@ -130,9 +130,10 @@ class History:
 
     async def open(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
-        self.paging = await db.create_pool(self.url, min_size=0, max_size=self.connections,
-                                           reset=db.rollback_if_open,
-                                           server_settings={"application_name": "pgferry streams history"})  # fmt: skip
+        self.paging = await db.create_pool(
+            self.url, min_size=0, max_size=self.connections, reset=db.rollback_if_open,
+            server_settings={"application_name": "pgferry streams history", **db.LOG_READER_SETTINGS},
+        )  # fmt: skip
 
     async def close(self) -> None:
         if self.paging is not None:

@@ -107,7 +107,9 @@ class StreamHub:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                conn = await db.connect(self.url, server_settings={"application_name": "pgferry stream hub"})
+                conn = await db.connect(
+                    self.url, server_settings={"application_name": "pgferry stream hub", **db.LOG_READER_SETTINGS}
+                )
             except CONNECTION_ERRORS as exc:
                 log.warning("stream hub: cannot connect (%s); retrying", exc)
                 await wait_for_event(stop, self.poll_interval)

@@ -249,7 +249,9 @@ async def read_stream(
     failures = 0
     while True:
         try:
-            conn = await db.connect(url, server_settings={"application_name": "pgferry stream reader"})
+            conn = await db.connect(
+                url, server_settings={"application_name": "pgferry stream reader", **db.LOG_READER_SETTINGS}
+            )
         except DatabaseUnreachable:
             if position is None:
                 raise
