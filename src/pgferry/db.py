@@ -190,12 +190,13 @@ def _explain(url: str, exc: BaseException) -> DatabaseUnreachable:
 #: a backlog (docs/benchmarks.md, "JIT").
 SESSION_DEFAULTS: Mapping[str, str] = {"jit": "off"}
 
-#: For the sessions of stream readers (the hub, the streams API, ``read_stream``), whose
-#: statements read the log by its txid index and are prepared once: PostgreSQL may keep a
-#: generic plan made while the partitions were empty (a fresh install, a partition just
-#: truncated by rotation), and one such plan read the transactions in progress at a tick
-#: with a sequential scan of every partition filtered by 1,000 stream names: the hub's
-#: read took 100 ms a tick, and SSE p50 was 270 ms instead of 10 ms for as long as the
+#: For the sessions of log readers (the stream hub, the streams API, ``read_stream``,
+#: ``Ferry.read``), whose statements read the log by its txid index and are prepared once:
+#: PostgreSQL may keep a generic plan made while the partitions were empty, and after a
+#: partition was analyzed empty (a fresh install, `vacuum analyze` on a quiet database)
+#: that plan scans every partition whole (tests/log/test_read_plans.py). One such plan read
+#: the transactions in progress at a tick filtered by 1,000 stream names: the hub's read
+#: took 100 ms a tick and SSE p50 was 270 ms instead of 10 ms for as long as the
 #: connection lived (`pgferry bench streams --only publish`, the first run on a fresh
 #: database). ``plan_cache_mode = force_custom_plan`` cured it too, but planning the
 #: 1,000-name array each time cost 9-11 ms a read against 0.6 ms.

@@ -118,9 +118,9 @@ class _Session:
         failures = 0
         while True:
             try:
-                conn = await db.connect(
-                    self.url, **self.settings.liveness.connect_kwargs("pgferry reader", holds_locks=True)
-                )
+                kwargs = self.settings.liveness.connect_kwargs("pgferry reader", holds_locks=True)
+                kwargs["server_settings"].update(db.LOG_READER_SETTINGS)
+                conn = await db.connect(self.url, **kwargs)
             except DatabaseUnreachable:
                 if first:
                     raise
