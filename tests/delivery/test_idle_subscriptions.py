@@ -14,6 +14,7 @@ import time
 import asyncpg
 
 import pgferry
+from pgferry.delivery.watch import LogWatch
 from pgferry.receiver import Receiver, Respond
 from pgferry.relay.process import RelaySettings
 from tests.helpers import RunningRelay, eventually, owns, received
@@ -103,3 +104,26 @@ async def test_a_stream_added_to_an_idle_subscription_is_not_skipped_before_the_
     finally:
         await relay.stop()
         await receiver.stop()
+
+
+class _Worker:
+    """What LogWatch.notify looks at of a worker."""
+
+    def __init__(self, idle_at: int | None, hot: bool) -> None:
+        self.idle_at, self.hot, self.wake = idle_at, hot, asyncio.Event()
+
+
+def test_a_tick_wakes_a_busy_subscription_at_once_and_asks_about_the_idle_ones() -> None:
+    """With several idle workers the LogWatch asks which streams moved before waking them; one
+    that read events a moment ago is woken at once, without waiting for that round trip."""
+    hot, cold = _Worker(5, hot=True), _Worker(5, hot=False)
+    watch = LogWatch(None, lambda: [hot, cold])  # type: ignore[arg-type, list-item]
+    watch.known = 5
+    watch.notify(6)
+    assert hot.wake.is_set() and not cold.wake.is_set()
+    assert watch._poke.is_set() and watch.known == 5  # the round decides for the idle one
+    alone = _Worker(6, hot=False)
+    watch = LogWatch(None, lambda: [alone])  # type: ignore[arg-type, list-item]
+    watch.known = 6
+    watch.notify(7)
+    assert alone.wake.is_set() and not watch._poke.is_set() and watch.known == 7

@@ -75,6 +75,8 @@ CURSOR_MOVED = "PF001"
 OWNERSHIP_LOST = "PF002"
 #: ferry.webhook_steps refused a step: the subscription's consumer is gone (it was removed)
 REMOVED = "42704"
+#: A worker that read events this recently is woken on every tick at once (LogWatch.notify).
+HOT_SECONDS = 1.0
 
 
 #: Seconds between checks of held events against their max_age while the endpoint is down.
@@ -181,7 +183,16 @@ class SubscriptionWorker:
         self.start_over = False
         #: whether the retry loop waits for its next parked event (the LogWatch wakes it if one is due)
         self.retries_idle = False
+        #: when a read last had events (time.monotonic()): a worker that had some within HOT_SECONDS
+        #: is woken by the LogWatch on a tick at once, before it asks which streams moved (that
+        #: round trip is then not on a busy subscription's latency)
+        self.read_events_at = float("-inf")
         self._watch(sub)
+
+    @property
+    def hot(self) -> bool:
+        """Whether a read had events within the last HOT_SECONDS."""
+        return time.monotonic() - self.read_events_at < HOT_SECONDS
 
     @property
     def in_flight(self) -> int:
@@ -409,6 +420,8 @@ class SubscriptionWorker:
         events the next read's range is sized for, and whether the next read asks the read
         budget for its whole share (a backlog of large events)."""
         events = [OutEvent.from_row(r) for r in rows if r["id"] is not None]
+        if events:
+            self.read_events_at = time.monotonic()
         blocked = {r["key"] for r in rows if r["blocked"]}
         task = asyncio.create_task(self._deliver_batch(events, blocked))
         self._release_when_sent(task, step.held)
