@@ -23,13 +23,14 @@ from pgferry.bench.sqlfiles import query
 
 STREAM = "bench.publish"
 PUBLISH_GOAL = 5000.0
+#: how the benches label publish() with a transaction per call
 SINGLE = "group_publishes=False"
-#: (label, events per call, concurrent tasks; 0 = the --publish-tasks setting)
-CASES: tuple[tuple[str, int, int], ...] = (
-    ("publish()", 1, 0),
-    (f"publish() {SINGLE}", 1, 0),
-    ("publish_many()", 100, 4),
-    ("publish_many()", 1000, 4),
+#: (label, events per call, concurrent tasks (0 = the --publish-tasks setting), group_publishes)
+CASES: tuple[tuple[str, int, int, bool], ...] = (
+    ("publish()", 1, 0, True),
+    (f"publish() {SINGLE}", 1, 0, False),
+    ("publish_many()", 100, 4, True),
+    ("publish_many()", 1000, 4, True),
 )
 
 
@@ -63,11 +64,11 @@ async def _warm(ferry: pgferry.Ferry, tasks: int) -> None:
         await ferry.pool.release(conn)
 
 
-async def _measure(ctx: BenchContext, label: str, per_call: int, tasks: int) -> ProducerResult:
+async def _measure(ctx: BenchContext, label: str, per_call: int, tasks: int, grouped: bool) -> ProducerResult:
     seconds = ctx.settings.seconds
     latencies: list[float] = []
     counts = [0] * tasks
-    async with pgferry.connect(ctx.url, pool_size=tasks, group_publishes=SINGLE not in label) as ferry:
+    async with pgferry.connect(ctx.url, pool_size=tasks, group_publishes=grouped) as ferry:
         await _warm(ferry, tasks)
         deadline = time.perf_counter() + seconds
 
@@ -94,11 +95,11 @@ async def _measure(ctx: BenchContext, label: str, per_call: int, tasks: int) -> 
 async def run_producers(ctx: BenchContext) -> None:
     results = []
     async with ctx.connect() as conn:
-        for label, per_call, case_tasks in CASES:
+        for label, per_call, case_tasks, grouped in CASES:
             tasks = case_tasks or ctx.settings.publish_tasks
             await conn.execute(query("truncate_events"))
             await ctx.checkpoint(conn)
-            result = await _measure(ctx, label, per_call, tasks)
+            result = await _measure(ctx, label, per_call, tasks, grouped)
             stored = int(await conn.fetchval(query("count_events")))
             if stored != result.events:
                 raise RuntimeError(f"{label}: {result.events} events published but {stored} stored")

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from pgferry.bench.pgbench import run_pgbench
+from pgferry.bench.producers import SINGLE
 from pgferry.bench.report import Latency, ms, num, table
 from pgferry.bench.sqlfiles import pgbench_script
 from pgferry.bench.streams.common import (
@@ -34,9 +35,6 @@ from pgferry.bench.streams.common import (
     published,
     read_result,
 )
-
-#: the publish scenario's second row: Ferry(group_publishes=False), a transaction per publish() call
-SINGLE = "group_publishes=False"
 
 # -- 1. fan-out ----------------------------------------------------------------------------------------
 
