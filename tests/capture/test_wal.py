@@ -348,9 +348,8 @@ async def test_a_trigger_and_a_wal_captured_table_written_in_one_transaction_eac
     ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running
 ) -> None:
     """Both tables on one stream, written interleaved in five transactions: every event once, and
-    each table's events in commit order. The order of one table's events against the other's is
-    not checked: trigger events enter the log at commit, WAL events when the relay appends them
-    (docs/capture.md, "Order")."""
+    each table's events in commit order (their order against each other, with the relay's
+    ticker: test_wal_order.py)."""
     await conn.execute("create table a (id int primary key)")
     await conn.execute("create table b (id int primary key)")
     await ferry.capture_table("a", stream="both")
@@ -615,9 +614,9 @@ async def test_a_transaction_of_large_rows_is_appended_in_chunks_bounded_in_byte
     class Counting(WalCapture):
         appends: list[int] = []  # noqa: RUF012 - one test's record
 
-        async def _append(self, at: int, to: int, committed_at: object, pending: object) -> int:
+        async def _append(self, at: int, to: int, committed_at: object, pending: object, ends: object) -> int:
             self.appends.append(len(pending.ops))  # type: ignore[attr-defined]
-            return await super()._append(at, to, committed_at, pending)  # type: ignore[arg-type]
+            return await super()._append(at, to, committed_at, pending, ends)  # type: ignore[arg-type]
 
     await conn.execute("create table docs (id int primary key, body text)")
     await ferry.capture_table("docs", method="wal")

@@ -11,7 +11,7 @@ and random bytes (tests/capture/test_pgoutput.py).
 Only what WAL capture needs: Begin, Commit, Relation, Insert, Update, Delete and
 Truncate; Origin, Type and logical Message are read and skipped. Column values stay in
 PostgreSQL's text form: the database converts them back with the columns' own input
-functions (``ferry._append_wal``), so records come out equal to ``to_jsonb`` of the row.
+functions (``ferry._append_wal_v2``), so records come out equal to ``to_jsonb`` of the row.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ the slot's changes in ``pgoutput`` form, and capture/pgoutput.py decodes them.
 Exactly once into the log:
 
 * changes are appended in rounds, each one transaction on the lock's connection that
-  ends at a source transaction's commit; ``ferry._append_wal`` moves
+  ends at a source transaction's commit; ``ferry._append_wal_v2`` moves
   ``ferry.wal_slot.lsn`` to the end of that commit in the same transaction;
 * only after the round commits is the position confirmed to the server (the slot's
   ``confirmed_flush_lsn``), so PostgreSQL never forgets a change the log does not hold;
@@ -18,8 +18,14 @@ A source transaction of any size is one round (appended in chunks of ``chunk`` c
 ``chunk_bytes`` bytes, committed once), so the log gets all of it or none. Rounds commit as soon as the stream
 has nothing more right now, or every ``chunk`` changes: low latency while it trickles,
 large transactions while it pours. While the captured tables are idle, the server's
-keepalives (asked for with each feedback) say how far it has read, and the relay confirms
-up to there: an idle capture never holds WAL back.
+keepalives say how far it has read, and the relay confirms up to there: an idle capture
+never holds WAL back.
+
+In commit order with everything else in the log (migration 0028): each change is stored
+under its source transaction's id (``Begin.xid``), so it is in the batch of that
+transaction's commit; the ticker waits for the slot's confirmed position before it records
+a tick that sees the transaction (ferry._tick_fenced), which is why a confirmation is sent
+the moment it is made.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ log = logging.getLogger(__name__)
 #: What ferry._ensure_wal_slot notifies when it creates the slot (a first WAL capture, a reset).
 WAL_CHANNEL = "pgferry_wal"
 
-#: The types written into the row object as to_jsonb writes them (ferry._append_wal's fast path
+#: The types written into the row object as to_jsonb writes them (ferry._append_wal_v2's fast path
 #: lists the same types, with the text ones, as those it may store without converting).
 #: json and jsonb: their text is JSON already, and goes into the row object as JSON.
 JSON_TYPES = frozenset({114, 3802})
@@ -82,9 +88,13 @@ class WalSettings:
     keepalive_interval: float = 10.0
 
 
+#: no new batch this time round (a round's commit ended)
+_NO_BATCH = Batch([], 0)
+
+
 @dataclass
 class _Pending:
-    """Changes decoded and not yet appended, as the arrays ferry._append_wal takes."""
+    """Changes decoded and not yet appended, as the arrays ferry._append_wal_v2 takes."""
 
     relids: list[int] = field(default_factory=list)
     ops: list[str] = field(default_factory=list)
@@ -93,6 +103,8 @@ class _Pending:
     missing: list[bytes | None] = field(default_factory=list)
     times: list[datetime] = field(default_factory=list)
     lsns: list[int] = field(default_factory=list)
+    #: each change's source transaction, as the WAL numbers it (32 bits)
+    xids: list[int] = field(default_factory=list)
     #: bytes of rows, old rows and missing lists held
     size: int = 0
 
@@ -120,6 +132,7 @@ class WalCapture:
         self._reported_lost: str | None = None
         self._tx: asyncpg.transaction.Transaction | None = None  # the open round's
         self._round = 0  # events appended in the open round
+        self._round_xids: set[int] = set()  # the source transactions of the open round
         #: why the last append failed (None: it did not), and the tables its changes were of
         self._failing: str | None = None
         self._failed_relids: list[int] = []
@@ -178,7 +191,7 @@ class WalCapture:
             await stream.close()
 
     async def _report_failing(self, exc: asyncpg.PostgresError) -> None:
-        # ferry._append_wal runs one statement per capture, "/* pgferry capture <id> */ ... where
+        # ferry._append_wal_v2 runs one statement per capture, "/* pgferry capture <id> */ ... where
         # x.relid = <oid>": the one that failed is in the error's context; else every table of the
         # failed append.
         context = getattr(exc, "context", None) or ""
@@ -218,8 +231,10 @@ class WalCapture:
         """Append what the stream brings, a round at a time, until ``stop``.
 
         The database's work overlaps Python's: each append (or a round's final append and
-        commit) runs as a task on the connection while the next batch is decoded; the next
-        one waits for it, so they run one at a time and in order.
+        commit) runs as a task on the connection while the next batches are decoded, and a
+        round starts only when the one before has committed, with every transaction that
+        came meanwhile: appends run one at a time and in order, and commits group themselves
+        under load.
         """
         chunk, chunk_bytes = self.settings.chunk, self.settings.chunk_bytes
         skip_before = self.lsn  # transactions committed before it are in the log already
@@ -227,10 +242,13 @@ class WalCapture:
         dirty = False  # the open round has something to commit (changes, or a position to move)
         skip = open_xact = False
         commit_time: datetime | None = None
+        xid = 0  # the open source transaction's
         last_end = self.lsn
         confirmed = self.lsn
+        idle_end = self.lsn  # the furthest wal_end a keepalive reported
         self._tx = None
         self._round = 0
+        self._round_xids = set()
         tail: asyncio.Task[None] | None = None
         stopper = asyncio.ensure_future(stop.wait())
         batches = aiter(stream.batches())
@@ -256,19 +274,23 @@ class WalCapture:
                     # nothing more until it has it (a fast shutdown waited out pg_ctl's 60 s).
                     finished, tail = tail, None
                     finished.result()
-                if getter not in done:
-                    if stopper in done:
-                        break
-                    continue
-                batch, getter = getter.result(), None
+                if getter in done:
+                    batch, getter = getter.result(), None
+                    if not batch.messages:  # a keepalive: everything committed before wal_end was sent
+                        idle_end = max(idle_end, batch.wal_end)
+                elif stopper in done:
+                    break
+                else:
+                    batch = _NO_BATCH
                 for data, start in zip(batch.messages, batch.starts, strict=True):
                     m = decode(data)
                     if isinstance(m, Change):
                         if not skip:
-                            self._add(pending, m, commit_time, start)
+                            self._add(pending, m, commit_time, start, xid)
                     elif isinstance(m, Begin):
                         open_xact = True
                         skip = m.final_lsn < skip_before
+                        xid = m.xid
                         commit_time = datetime.fromtimestamp(m.commit_time_us / 1e6, UTC)
                     elif isinstance(m, Commit):
                         open_xact = False
@@ -281,30 +303,29 @@ class WalCapture:
                         await self._describe(m)
                     elif isinstance(m, Truncate) and not skip:
                         for rel in m.relations:
-                            _append(pending, rel, "T", b"{}", None, None, commit_time, start)
+                            _append(pending, rel, "T", b"{}", None, None, commit_time, start, xid)
                     if len(pending.ops) >= chunk or pending.size >= chunk_bytes:  # a large round: append what
                         # there is, commit at its end
                         if tail is not None:
                             await tail
                         tail = asyncio.create_task(self._write(pending, None, None, stream))
                         pending, dirty = _Pending(), True
-                if open_xact:
+                if open_xact or tail is not None:
+                    # Mid-transaction; or a round is committing: what comes meanwhile waits for the
+                    # next round, started when it ends (one commit for all of it: at 1,000
+                    # transactions/s a round a batch was a commit every 2 ms, and each transaction
+                    # waited behind the commits before it, 10 ms from its commit to the log).
                     continue
-                # At a transaction boundary with the stream drained for now: commit the round,
-                # then confirm it to the server.
+                # At a transaction boundary with the stream drained for now and no round committing:
+                # commit the round, then confirm it to the server.
                 if dirty or pending.ops:
-                    if tail is not None:
-                        await tail
                     tail = asyncio.create_task(self._write(pending, max(last_end, self.lsn), commit_time, stream))
                     pending, dirty = _Pending(), False
                     confirmed = max(confirmed, last_end)
-                elif not batch.messages and batch.wal_end > confirmed:
+                elif idle_end > confirmed:
                     # Idle: nothing of ours before the server's read position. The slot may move
                     # there; ferry.wal_slot.lsn need not (writing it would make WAL to read).
-                    if tail is not None:
-                        await tail
-                        tail = None
-                    confirmed = batch.wal_end
+                    confirmed = idle_end
                     self.confirm(stream, confirmed)
             if tail is not None:
                 await tail
@@ -329,13 +350,16 @@ class WalCapture:
         if self._tx is None:
             self._tx = self.conn.transaction()
             await self._tx.start()
-        n = await self._append(self.lsn, to if to is not None else self.lsn, committed_at, pending)
+        self._round_xids.update(pending.xids)
+        ends = sorted(self._round_xids) if to is not None else None
+        n = await self._append(self.lsn, to if to is not None else self.lsn, committed_at, pending, ends or None)
         self.events += n
         self._round += n
         if to is None:
             return
         await self._tx.commit()
         self._tx = None
+        self._round_xids.clear()
         if self._failing is not None:
             await self.conn.execute(sql.query("wal_recovered"))
             log.info("WAL capture: appending again")
@@ -360,16 +384,20 @@ class WalCapture:
         note = await self.conn.fetchval(sql.query("wal_slot_lost"), slot["problem"])
         log.error("WAL capture stopped: %s", note)
 
-    async def _append(self, at: int, to: int, committed_at: datetime | None, pending: _Pending) -> int:
+    async def _append(
+        self, at: int, to: int, committed_at: datetime | None, pending: _Pending, round_xids: list[int] | None
+    ) -> int:
+        """``ferry._append_wal_v2``; ``round_xids`` (the round's source transactions) ends the round."""
         p = pending
         self._failed_relids = p.relids  # the tables to name should this fail
         n = await self.conn.fetchval(
             sql.query("wal_append"),
             _lsn_text(at), _lsn_text(to), committed_at, p.relids, p.ops, p.rows, p.olds, p.missing, p.times, p.lsns,
+            p.xids, round_xids,
         )  # fmt: skip
         return int(n)
 
-    def _add(self, pending: _Pending, change: Change, commit_time: datetime | None, lsn: int) -> None:
+    def _add(self, pending: _Pending, change: Change, commit_time: datetime | None, lsn: int, xid: int) -> None:
         rel = self.relations.get(change.relation)
         if rel is None:
             raise ReplicationError(f"pgoutput sent a change of relation {change.relation} before describing it")
@@ -377,17 +405,17 @@ class WalCapture:
         if change.op == "D":
             assert change.old is not None
             row, missing = _row(rel, change.old, None)
-            _append(pending, change.relation, "D", row, None, missing, commit_time, lsn)
+            _append(pending, change.relation, "D", row, None, missing, commit_time, lsn, xid)
             return
         assert change.new is not None
         row, missing = _row(rel, change.new, old)
         old_row = _row(rel, old, None)[0] if old is not None else None
-        _append(pending, change.relation, change.op, row, old_row, missing, commit_time, lsn)
+        _append(pending, change.relation, change.op, row, old_row, missing, commit_time, lsn, xid)
 
 
 def _append(
     pending: _Pending, rel: int, op: str, row: bytes, old: bytes | None, missing: bytes | None, at: datetime | None,
-    lsn: int,
+    lsn: int, xid: int,
 ) -> None:  # fmt: skip
     pending.relids.append(rel)
     pending.ops.append(op)
@@ -396,13 +424,14 @@ def _append(
     pending.missing.append(missing)
     pending.times.append(at or datetime.now(UTC))
     pending.lsns.append(lsn)
+    pending.xids.append(xid)
     pending.size += len(row) + (len(old) if old is not None else 0) + (len(missing) if missing is not None else 0)
 
 
 def _row(rel: Relation, values: list[object], old: list[object] | None) -> tuple[bytes, bytes | None]:
     """The row as a JSON object of column => value, as ``to_jsonb`` writes the types it can
     from their text (numbers, booleans, json) and text otherwise (the database converts those,
-    ferry._append_wal). An unchanged TOASTed value is taken from the old row when the WAL has
+    ferry._append_wal_v2). An unchanged TOASTed value is taken from the old row when the WAL has
     it, and listed as missing if not."""
     names, json_at, number_at, bool_at = _shape(rel)
     missing: list[str] = []

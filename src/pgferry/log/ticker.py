@@ -4,6 +4,13 @@ Writers never notify. The ticker polls ``ferry.tick()``, which records a
 snapshot only when an event committed since the previous tick. Polling is
 fast while events flow and backs off while idle, so an idle relay costs a
 couple of queries per second and a busy one ticks every few milliseconds.
+
+While WAL capture runs, a tick waits until the relay has appended every
+transaction its snapshot sees committed (``ferry._tick_fenced``, migration
+0028): the ticker keeps the *fence* each call returns (the snapshot and the
+WAL position it waits for) and passes it back on the next call, which
+records the tick once WAL capture is past it. So WAL-captured events share
+one commit order with trigger-captured ones and publishes.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
 
@@ -25,9 +33,25 @@ log = logging.getLogger(__name__)
 RETENTION_WARNINGS = ("warning:", "stalled:", "gap:")
 
 
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """A snapshot the next tick will have, once WAL capture has appended what it sees committed."""
+
+    snapshot: str
+    lsn: str
+    #: the newest tick when it was taken: another tick since (a ``ferry.tick()`` by hand) voids it
+    tick: int
+    taken_at: datetime
+
+
 @dataclass
 class TickerSettings:
     busy_interval: float = 0.01
+    #: how soon to look again while a fence waits for WAL capture and events were written since
+    #: the last tick: the wait is the latency every event pays while WAL capture runs (bench
+    #: capture --only wal, "commit to tick"). A fence waiting with nothing written (the cluster's
+    #: WAL moves with other databases' writes too) gets the usual backoff.
+    fence_interval: float = 0.002
     idle_interval: float = 0.5
     backoff: float = 1.5
     maintain_every: float = 5.0
@@ -46,6 +70,8 @@ class Ticker:
         self.conn = conn
         self.settings = settings or TickerSettings()
         self.ticks = 0
+        #: the fence the last call returned, passed back on the next one
+        self.fence: Fence | None = None
         #: metrics hook: (seconds the tick query took, whether it made a tick)
         self.observe = observe
 
@@ -69,18 +95,38 @@ class Ticker:
                     log.info("ticker: %d ticks in the last %.0f s", self.ticks - reported, s.report_every)
                 reported, next_report = self.ticks, now + s.report_every
             started = time.perf_counter()
-            row = await self.conn.fetchrow(sql.query("tick"))
+            ticked, idle, waiting, written = await self.tick()
             if self.observe is not None:
-                self.observe(time.perf_counter() - started, row is not None)
-            if row is not None:
+                self.observe(time.perf_counter() - started, ticked)
+            if ticked:
                 self.ticks += 1
-            # Only a tick that carried news makes the ticker look again soon;
-            # the periodic idle tick does not.
-            if row is not None and not row["idle"]:
+            # Only a tick that carried news makes the ticker look again soon, and
+            # sooner while a fence waits for WAL capture after news or with events
+            # written since; the periodic idle tick does not.
+            if written or (waiting and ticked and not idle):
+                interval = s.fence_interval
+            elif ticked and not idle:
                 interval = s.busy_interval
             else:
-                interval = min(interval * s.backoff, s.idle_interval)
+                interval = min(max(interval, s.busy_interval) * s.backoff, s.idle_interval)
             await wait_for_event(stop, interval)
+
+    async def tick(self) -> tuple[bool, bool, bool, bool]:
+        """One call of ``ferry._tick_fenced``: whether it recorded a tick, whether that tick was
+        only an idle one, whether a fence waits for WAL capture, and whether events were written
+        since the newest tick while it waits."""
+        f = self.fence
+        row = await self.conn.fetchrow(
+            sql.query("tick"),
+            *((f.snapshot, f.lsn, f.tick, f.taken_at) if f is not None else (None, None, None, None)),
+        )
+        assert row is not None  # one row, always
+        self.fence = (
+            Fence(row["next_fence"], row["next_lsn"], row["next_tick"], row["next_at"])
+            if row["next_fence"] is not None
+            else None
+        )
+        return row["tick_id"] is not None, bool(row["idle"]), bool(row["waiting"]), bool(row["written"])
 
     async def maintain(self) -> None:
         """Housekeeping, logging what it did; what the retention limit did to a consumer (a warning

@@ -62,7 +62,11 @@ select hashtext($1)
 select pg_advisory_unlock($1::int, $2::int)
 
 -- name: tick
-select tick_id, idle from ferry._tick()
+-- The relay's ticker: a tick when something committed, after WAL capture appended what it sees
+-- (migration 0028); $1..$4 the fence the previous call returned (NULL at first).
+select tick_id, idle, waiting, written, next_fence::text, next_lsn::text, next_tick, next_at
+from ferry._tick_fenced(force => false, fence => $1::text::pg_snapshot, fence_lsn => $2::text::pg_lsn,
+                        fence_tick => $3, fence_at => $4)
 
 -- name: housekeeping
 select ferry.housekeeping()
@@ -706,7 +710,11 @@ with recursive d(oid, base) as (
 select coalesce(array_agg(d.oid), '{}') from d where d.base in (114, 3802)
 
 -- name: wal_append
-select ferry._append_wal($1::text::pg_lsn, $2::text::pg_lsn, $3, $4::oid[], $5::text[]::"char"[], $6::jsonb[], $7::jsonb[], $8::jsonb[], $9::timestamptz[], $10::bigint[])
+-- Appends decoded changes under their source transactions' ids ($11); $12 ends the round (migration 0028).
+select ferry._append_wal_v2(from_lsn => $1::text::pg_lsn, to_lsn => $2::text::pg_lsn, committed_at => $3,
+                            relids => $4::oid[], ops => $5::text[]::"char"[], rows => $6::jsonb[], olds => $7::jsonb[],
+                            missing => $8::jsonb[], times => $9::timestamptz[], lsns => $10::bigint[],
+                            xids => $11::bigint[], round_xids => $12::bigint[])
 
 -- name: capture_table
 select ferry.capture_table($1::text::regclass, stream => $2, key_columns => $3, condition => $4, columns => $5,

@@ -1,47 +1,26 @@
 -- ferry._tick(force boolean default false, out tick_id bigint, out idle boolean) returns setof record
 --
--- Records a tick when something committed since the last one (or when the
--- last tick is older than idle_tick_interval), and sends one NOTIFY for it.
--- Returns the new tick id and whether it was only an idle tick, or no row.
--- Called only by the elected ticker.
+-- Records a tick with the snapshot of now when something committed since the
+-- last one (or when the last tick is older than idle_tick_interval), and
+-- sends one NOTIFY for it. Returns the new tick id and whether it was only an
+-- idle tick, or no row. Waits for nothing: with WAL capture running, the
+-- relay's ticker calls ferry._tick_fenced instead (migration 0028); a tick
+-- taken here may see a transaction whose WAL-captured changes are not in the
+-- log yet, which the relay then appends in a later batch (never in none).
 --
--- Calls:   -
--- Reads:   ferry.config, ferry.event_id_seq, ferry.events
--- Writes:  ferry.ticks
+-- Calls:   ferry._tick_snapshot
+-- Reads:   -
+-- Writes:  -
 -- Raises:  -
 -- Runs as: the caller (SECURITY INVOKER)
 -- Callers: PUBLIC (the default)
 
 create or replace function ferry._tick(force boolean default false, out tick_id bigint, out idle boolean)
 returns setof record language plpgsql as $$
-declare
-    v_last ferry.ticks;
-    v_seq  bigint;
-    v_new  boolean;
 begin
     -- One tick at a time, even if someone calls ferry.tick() by hand while the
-    -- relay's ticker runs: tick ids must follow snapshot order.
+    -- relay's ticker runs: tick ids must follow snapshot order, so the
+    -- snapshot is taken once the lock is held.
     perform pg_advisory_xact_lock(28774, 4);
-    -- Something may have committed since the last tick when: the event counter
-    -- moved; or a transaction the last tick listed as in progress committed
-    -- with events; or an event of a transaction at or above the last tick's
-    -- xmax became visible (the newest running transaction is not listed in
-    -- xip, yet its events may already be counted in event_seq).
-    select case when is_called then last_value else 0 end into v_seq from ferry.event_id_seq;
-    select * into v_last from ferry.ticks order by id desc limit 1;
-    v_new := v_last.id is null or v_seq <> v_last.event_seq
-        or exists (
-           select 1 from pg_snapshot_xip(v_last.snapshot) x
-           where pg_xact_status(x) = 'committed' and exists (select 1 from ferry.events e where e.txid = x))
-        or exists (
-           select 1 from ferry.events e where e.txid >= pg_snapshot_xmax(v_last.snapshot));
-    if not (v_new or force or v_last.created_at <= now() - (select idle_tick_interval from ferry.config)) then
-        return;
-    end if;
-    insert into ferry.ticks (id, snapshot, event_seq)
-    values (nextval('ferry.tick_id_seq'), pg_current_snapshot(), v_seq)
-    returning id into tick_id;
-    perform pg_notify('pgferry_tick', tick_id::text);
-    idle := not v_new;
-    return next;
+    return query select * from ferry._tick_snapshot(force, pg_current_snapshot());
 end $$;

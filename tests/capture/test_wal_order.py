@@ -1,0 +1,229 @@
+"""WAL-captured events in the same commit order as trigger-captured ones (migration 0028): each
+change is stored under its source transaction's id, and the relay's ticker records a tick only
+once WAL capture has appended what its snapshot sees committed, at most wal_order_wait later."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+import pgferry
+from pgferry import db
+from pgferry.capture.wal import WalCapture, _Pending
+from pgferry.log.ticker import Ticker, TickerSettings
+from tests.capture.conftest import Running
+from tests.helpers import eventually, read_all, tick
+
+#: each event's commit tick: the first tick whose snapshot sees its transaction committed
+COMMIT_TICKS = """
+    select e.id, c.table_name as t, (e.payload->>'id')::int as n,
+           (select min(k.id) from ferry.ticks k where pg_visible_in_snapshot(e.txid, k.snapshot)) as tick
+    from ferry.events e join ferry.captures c on c.id = e.capture order by e.id
+"""
+
+
+class _Ticking:
+    """The relay's ticker (ferry._tick_fenced) on a connection of its own, in the background."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.stop = asyncio.Event()
+
+    async def __aenter__(self) -> Ticker:
+        self.conn = await db.connect(self.url)
+        self.ticker = Ticker(self.conn, TickerSettings(busy_interval=0.005, idle_interval=0.05, maintain_every=3600))
+        self.task = asyncio.create_task(self.ticker.run(self.stop))
+        return self.ticker
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, 10)
+        await self.conn.close()
+
+
+@pytest.fixture
+async def ticking(db_url: str) -> AsyncIterator[Ticker]:
+    async with _Ticking(db_url) as ticker:
+        yield ticker
+
+
+async def _tables(ferry: pgferry.Ferry, conn: asyncpg.Connection) -> None:
+    """a by trigger, b from the WAL, one stream; a consumer of it."""
+    await conn.execute("create table a (id int primary key)")
+    await conn.execute("create table b (id int primary key)")
+    await ferry.capture_table("a", stream="both")
+    await ferry.capture_table("b", stream="both", method="wal")
+    await ferry.register_consumer("c", ["both"])
+
+
+async def test_a_transaction_s_trigger_and_wal_events_share_the_batch_of_its_commit(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running, ticking: Ticker
+) -> None:
+    """Forty transactions, each writing both tables interleaved, a few milliseconds apart, while
+    the relay's ticker runs: every event's commit tick is its transaction's, the same for its
+    trigger and its WAL events, and transactions' ticks follow their commit order. Before 0028
+    the WAL events came in the batch after the relay appended them, behind later transactions."""
+    await _tables(ferry, conn)
+    for n in range(40):
+        async with conn.transaction():
+            await conn.execute("insert into a values ($1)", 2 * n)
+            await conn.execute("insert into b values ($1)", 2 * n)
+            await conn.execute("insert into a values ($1)", 2 * n + 1)
+            await conn.execute("insert into b values ($1)", 2 * n + 1)
+        await asyncio.sleep(random.uniform(0, 0.02))
+    await wal.caught_up(conn)
+
+    async def all_ticked() -> bool:
+        return all(r["tick"] is not None for r in await conn.fetch(COMMIT_TICKS))
+
+    await eventually(all_ticked, what="a tick seeing every event")
+    rows = await conn.fetch(COMMIT_TICKS)
+    assert sorted((r["t"], r["n"]) for r in rows) == sorted((t, n) for t in "ab" for n in range(80))
+    by_transaction = [{r["tick"] for r in rows if r["n"] // 2 == n} for n in range(40)]
+    assert all(len(ticks) == 1 for ticks in by_transaction), by_transaction
+    ticks = [next(iter(t)) for t in by_transaction]
+    assert ticks == sorted(ticks)
+    assert len(set(ticks)) > 5  # the transactions were spread over many ticks
+
+    # A consumer gets each transaction's events in one batch, and the batches in commit order
+    # (within a batch, events are in id order: a WAL event's id is drawn when it is appended).
+    await tick(conn)
+    batch_of: dict[int, set[int]] = {}
+    reader = aiter(ferry.read("c", poll_interval=0.05, max_events=10))
+    try:
+        for k in itertools.count():
+            try:
+                batch = await asyncio.wait_for(anext(reader), 0.5)
+            except TimeoutError:
+                break
+            for e in batch.events:
+                batch_of.setdefault(e.payload["record"]["id"] // 2, set()).add(k)
+            await batch.ack()
+    finally:
+        await reader.aclose()  # type: ignore[attr-defined]
+    assert sorted(batch_of) == list(range(40)) and all(len(b) == 1 for b in batch_of.values()), batch_of
+    order = [next(iter(batch_of[n])) for n in range(40)]
+    assert order == sorted(order) and len(set(order)) > 1
+
+
+class _Held(WalCapture):
+    """WAL capture whose round-ending appends wait for ``go`` (a relay slow to append)."""
+
+    go: asyncio.Event
+    holding: asyncio.Event
+
+    async def _append(
+        self, at: int, to: int, committed_at: object, pending: _Pending, round_xids: list[int] | None
+    ) -> int:
+        if round_xids is not None and not self.go.is_set():
+            self.holding.set()
+            await self.go.wait()
+        return await super()._append(at, to, committed_at, pending, round_xids)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def held(db_url: str) -> AsyncIterator[Running]:
+    _Held.go, _Held.holding = asyncio.Event(), asyncio.Event()
+    async with Running(db_url, _Held) as running:
+        yield running
+
+
+async def test_a_tick_that_saw_a_transaction_before_its_wal_events_were_appended_gets_them_in_a_later_batch(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, held: Running
+) -> None:
+    """The relay appends a transaction of five WAL changes in two calls (chunks of 3); between
+    them a tick taken by hand sees the transaction committed, and the consumer reads that batch.
+    The three changes already stored under the source transaction's id would belong to the batch
+    read: the round's end moves them to the relay's transaction, and they come next, once."""
+    await _tables(ferry, conn)
+    async with conn.transaction():
+        await conn.execute("insert into a values (1)")
+        await conn.execute("insert into b select g from generate_series(1, 5) g")
+    await asyncio.wait_for(_Held.holding.wait(), 15)  # the first 3 stored, the last 2 held
+    await tick(conn)
+    first = await read_all(ferry, conn, "c")
+    assert [(e.payload["table"], e.payload["record"]["id"]) for e in first] == [("a", 1)]
+    _Held.go.set()
+    await held.caught_up(conn)
+    then = await read_all(ferry, conn, "c")
+    assert [(e.payload["table"], e.payload["record"]["id"]) for e in then] == [("b", n) for n in range(1, 6)]
+    txids = await conn.fetchval(
+        "select array_agg(distinct e.txid::text::bigint order by e.txid::text::bigint) "
+        "from ferry.events e join ferry.captures c on c.id = e.capture"
+    )
+    assert len(txids) == 2  # the source transaction's, for a; the relay's, for all of b
+
+
+async def test_the_ticker_waits_for_wal_capture_at_most_wal_order_wait(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, held: Running, ticking: Ticker
+) -> None:
+    """A relay that does not append (held) does not hold up the log for longer than
+    wal_order_wait: the trigger event of the transaction comes after that, its WAL events once
+    the relay appends them, in a later batch, none lost."""
+    await conn.execute("update ferry.config set wal_order_wait = '300 ms'")
+    await _tables(ferry, conn)
+    async with conn.transaction():
+        await conn.execute("insert into a values (1)")
+        await conn.execute("insert into b select g from generate_series(1, 5) g")
+    await asyncio.wait_for(_Held.holding.wait(), 15)
+    started = asyncio.get_running_loop().time()
+    got: list[pgferry.Event] = []
+    async for batch in ferry.read("c", poll_interval=0.05):
+        got.extend(batch.events)
+        await batch.ack()
+        break
+    waited = asyncio.get_running_loop().time() - started
+    assert [(e.payload["table"], e.payload["record"]["id"]) for e in got] == [("a", 1)]
+    assert 0.2 < waited < 3, waited
+    _Held.go.set()
+    await held.caught_up(conn)
+    rest = await read_all(ferry, conn, "c")
+    assert [(e.payload["table"], e.payload["record"]["id"]) for e in rest] == [("b", n) for n in range(1, 6)]
+
+
+async def test_the_ticker_does_not_wait_for_a_slot_nobody_streams(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, ticking: Ticker
+) -> None:
+    """WAL capture set up, no relay streaming its slot: trigger events are ticked at once."""
+    await _tables(ferry, conn)
+    await conn.execute("insert into a values (1)")
+
+    async def ticked() -> bool:
+        return bool(await conn.fetchval(
+            "select exists (select 1 from ferry.events e, ferry.ticks k "
+            "where pg_visible_in_snapshot(e.txid, k.snapshot))"
+        ))  # fmt: skip
+
+    await eventually(ticked, timeout=0.5, what="a tick seeing the event")
+    assert ticking.fence is None
+
+
+@pytest.mark.parametrize(
+    ("low", "newer", "full"),
+    [
+        (5, 10, 5),
+        (9, 10, 9),
+        (2**32 - 6, 2**32 + 4, 2**32 - 6),  # the epoch before newer's
+        (3, 2**32 + 4, 2**32 + 3),  # newer's epoch
+        (2**32 - 1, 5 * 2**32, 5 * 2**32 - 1),
+    ],
+)
+async def test_a_wal_transaction_id_is_widened_against_a_newer_one(
+    conn: asyncpg.Connection, low: int, newer: int, full: int
+) -> None:
+    """pgoutput gives 32 bits; the source transaction may be newer than the relay's own (a round
+    stays open across many), so it is widened against the next id to be assigned."""
+    assert await conn.fetchval("select ferry._full_xid($1, $2::text::xid8)::text::bigint", low, str(newer)) == full
+
+
+async def test_the_wal_insert_position_is_where_the_next_record_starts_or_its_page_s_start(
+    conn: asyncpg.Connection,
+) -> None:
+    """At most a page header (24 or 40 bytes) before pg_current_wal_insert_lsn(), never after."""
+    behind = await conn.fetchval("select pg_current_wal_insert_lsn() - ferry._wal_insert_position()")
+    assert 0 <= behind <= 40
