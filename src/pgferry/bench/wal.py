@@ -10,6 +10,11 @@
 3. Commit to log: a paced writer at ``--rate`` rows/s with the decoder running; each
    event's commit time (its created_at) against the moment a poller first sees it in
    ``ferry.events``.
+4. Commit to tick: transactions writing a trigger-captured and a WAL-captured table at
+   ``--rate`` rows/s with the decoder and the relay's ticker running, the ticker waiting
+   for WAL capture (``wal_order_wait`` 1 s, migration 0028) and not (0), alternating: how
+   long each kind of event takes to be in a tick, and how many transactions have both their
+   events in the same batch.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import contextlib
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import asyncpg
 import click
@@ -29,12 +35,16 @@ from pgferry.bench.pgbench import PgbenchRun, run_pgbench
 from pgferry.bench.report import Latency, ms, num, pct, table
 from pgferry.bench.sqlfiles import pgbench_script
 from pgferry.capture.wal import WalCapture
+from pgferry.log.ticker import Ticker
+from pgferry.streams.offsets import Snapshot, commit_ticks
 
 VARIANTS = {"plain": "bench_plain", "trigger": "bench_capture", "wal": "bench_wal"}
 WRITER_GOAL = 0.95
 DECODE_GOAL = 50_000
 LATENCY_GOAL_MS = 100.0
 BACKLOG_ROWS = 300_000
+#: section 4's ticker: waiting for WAL capture (the default) and not
+ORDER_MODES = {"waits (1 s)": "1 s", "does not wait": "0"}
 #: backlog shape -> rows per transaction
 BACKLOGS = {"30 transactions of 10,000 rows": 10_000, "one transaction of 300,000 rows": BACKLOG_ROWS}
 
@@ -110,7 +120,17 @@ async def run_wal(ctx: BenchContext) -> None:
         # 3. Commit to log at a steady rate.
         latency = await _commit_to_log(ctx, conn)
 
+        # 4. Commit to tick, with and without the ticker waiting for WAL capture.
+        ordering: dict[str, list[_Ticked]] = defaultdict(list)
+        for round_no in range(s.rounds):
+            modes = list(ORDER_MODES.items())
+            for mode, wait in modes[round_no % 2 :] + modes[: round_no % 2]:
+                ordering[mode].append(await _commit_to_tick(ctx, conn, wait))
+                ctx.progress(f"[wal] commit to tick, the ticker {mode}: done")
+        await conn.execute("update ferry.config set wal_order_wait = default")
+
     _report(ctx, runs, backlogs, latency)
+    _report_ordering(ctx, ordering)
 
 
 async def _backlog(ctx: BenchContext, conn: asyncpg.Connection, per_tx: int) -> tuple[int, float]:
@@ -167,6 +187,86 @@ async def _commit_to_log(ctx: BenchContext, conn: asyncpg.Connection) -> Latency
         stop.set()
         await poller
     return Latency.of(samples)
+
+
+@dataclass
+class _Ticked:
+    """Section 4, one cell: ms from commit to the tick that sees it, per kind; pairs in one tick."""
+
+    trigger_ms: list[float]
+    wal_ms: list[float]
+    same_tick: int
+    pairs: int
+
+
+async def _commit_to_tick(ctx: BenchContext, conn: asyncpg.Connection, wait: str) -> _Ticked:
+    """Mixed transactions (a trigger-captured row and a WAL-captured one each) at --rate rows/s,
+    the decoder and the relay's ticker running; then, from the ticks' snapshots, each event's
+    commit tick and its delay: the tick's created_at less the event's (its transaction's start
+    for the trigger's event; the commit, from the WAL, for the other)."""
+    s = ctx.settings
+    await conn.execute("truncate bench_capture, bench_wal, ferry.events")
+    await conn.execute("update ferry.config set wal_order_wait = $1::text::interval", wait)
+    script = pgbench_script("insert_mixed")
+    stop = asyncio.Event()
+    async with decoding(ctx.url) as capture, ctx.connect() as ticking:
+        ticker = Ticker(ticking)
+        task = asyncio.create_task(ticker.run(stop))
+        try:
+            await conn.execute("insert into bench_wal (account, amount, note) values (0, 0, 'warm-up')")
+            deadline = time.monotonic() + 120
+            while not capture.events:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("WAL capture did not start")
+                await asyncio.sleep(0.01)
+            first_tick = await conn.fetchval("select max(id) from ferry.ticks")
+            await run_pgbench(ctx.url, script, clients=4, seconds=s.seconds, rate=s.rate / 2)
+            await wait_caught_up(conn)
+            await asyncio.sleep(0.5)
+        finally:
+            stop.set()
+            await task
+    ticks = await conn.fetch(
+        "select id, snapshot::text, created_at from ferry.ticks where id >= $1 order by id", first_tick
+    )
+    events = await conn.fetch(
+        "select e.stream, e.txid::text::bigint as txid, e.created_at, e.payload->>'note' as tag "
+        "from ferry.events e where e.stream in ('bench.capture', 'bench.wal') and e.payload->>'note' <> 'warm-up'"
+    )
+    at = {t["id"]: t["created_at"] for t in ticks}
+    found = commit_ticks([e["txid"] for e in events], [(t["id"], Snapshot.parse(t["snapshot"])) for t in ticks])
+    delays: dict[str, list[float]] = defaultdict(list)
+    tick_of: dict[tuple[str, str], int] = {}
+    for e, k in zip(events, found, strict=True):
+        if k is None:
+            continue
+        delays[e["stream"]].append((at[k] - e["created_at"]).total_seconds() * 1000)
+        tick_of[(e["stream"], e["tag"])] = k
+    tags = {tag for stream, tag in tick_of if stream == "bench.capture"}
+    pairs = [tag for tag in tags if ("bench.wal", tag) in tick_of]
+    same = sum(tick_of[("bench.capture", tag)] == tick_of[("bench.wal", tag)] for tag in pairs)
+    return _Ticked(delays["bench.capture"], delays["bench.wal"], same, len(pairs))
+
+
+def _report_ordering(ctx: BenchContext, ordering: dict[str, list[_Ticked]]) -> None:
+    s = ctx.settings
+    click.echo(
+        f"\n   commit to tick: transactions of a trigger-captured and a WAL-captured row at {num(s.rate)} rows/s, "
+        "4 clients, the relay's ticker"
+    )
+    out = []
+    for mode, cells in ordering.items():
+        trigger = Latency.of([x for c in cells for x in c.trigger_ms])
+        wal = Latency.of([x for c in cells for x in c.wal_ms])
+        pairs = sum(c.pairs for c in cells)
+        same = sum(c.same_tick for c in cells)
+        out.append([mode, ms(trigger.p50), ms(trigger.p99), ms(wal.p50), ms(wal.p99),
+                    pct(100 * same / pairs if pairs else 0), f"{pairs:,}"])  # fmt: skip
+    click.echo(table(["ticker", "trigger p50 ms", "p99 ms", "WAL p50 ms", "p99 ms", "same batch", "transactions"], out))
+    ctx.results["wal_order"] = {
+        mode: {"same_tick": sum(c.same_tick for c in cells), "pairs": sum(c.pairs for c in cells)}
+        for mode, cells in ordering.items()
+    }
 
 
 def _report(
