@@ -173,10 +173,11 @@ async def test_without_a_full_replica_identity_an_unchanged_toasted_value_is_lef
 )
 async def test_under_a_key_only_replica_identity_a_delete_has_the_identity_columns_and_an_update_no_old_record(
     ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running, identity: str, old_key: dict[str, object],
-    delete_key: str | None,
+    delete_key: str | None, caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     """docs/capture.md, "Replica identity": the WAL has only the identity's columns of an old row. An
-    index other than the capture's key leaves a DELETE without its key (id is not in the WAL)."""
+    index other than the capture's key leaves a DELETE without its key (id is not in the WAL): the
+    relay says so, with the fix, as soon as the WAL describes the table again (and status does)."""
     await conn.execute("create table docs (id int primary key, code text not null unique, title text)")
     await ferry.capture_table("docs", method="wal")
     await conn.execute(f"alter table docs replica identity {identity}")  # kept: chosen after capture
@@ -192,6 +193,55 @@ async def test_under_a_key_only_replica_identity_a_delete_has_the_identity_colum
         ("1", "UPDATE", None),
         (delete_key, "DELETE", {**nulls, **old_key}),  # the identity's columns, null in the others
     ]
+    problems = [tuple(r) for r in await conn.fetch("select tbl::text, problem from ferry._wal_identity_problems()")]
+    said = [r.getMessage() for r in caplog.records if "replica identity of" in r.getMessage()]
+    if delete_key is not None:
+        assert problems == [] and said == []
+        return
+    assert len(problems) == 1 and problems[0][0] == "docs"
+    assert "USING INDEX docs_code_key holds not all of its key columns (id)" in problems[0][1]
+    assert "null key; alter table docs replica identity full" in problems[0][1]
+    assert said == [f"WAL capture: the replica identity of docs: {problems[0][1]}"]  # once, though it came twice
+
+
+@pytest.mark.parametrize(
+    ("columns", "options", "alter", "problem"),
+    [
+        ("id int primary key", {}, "replica identity nothing", "REPLICA IDENTITY NOTHING: PostgreSQL refuses"),
+        ("id int", {"key_columns": ["id"]}, "replica identity default", "DEFAULT without a primary key"),
+        (
+            "id int primary key, s text",
+            {"condition": "s = 'paid'"},
+            "replica identity default",
+            "REPLICA IDENTITY DEFAULT gives only the key of old rows, and its capture's condition",
+        ),
+        (
+            "id int primary key, code text not null unique",
+            {"key_columns": ["code"]},
+            "replica identity default",
+            "REPLICA IDENTITY DEFAULT (the primary key) holds not all of its key columns (code)",
+        ),
+        ("id int primary key, s text", {"condition": "s = 'paid'"}, "replica identity full", None),
+        ("id int primary key", {}, "replica identity using index t_pkey", None),
+    ],
+)
+async def test_a_replica_identity_changed_after_capture_is_named_with_its_fix(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, columns: str, options: dict[str, object], alter: str,
+    problem: str | None,
+) -> None:  # fmt: skip
+    """capture_table refuses these identities; an ALTER TABLE afterwards cannot be refused, so
+    ferry._wal_identity_problems finds it (status, the dashboard, metrics and the relay's log)."""
+    await conn.execute(f"create table t ({columns})")
+    await ferry.capture_table("t", method="wal", **options)
+    await conn.execute(f"alter table t {alter}")
+    found = await conn.fetch("select tbl::text, problem from ferry._wal_identity_problems()")
+    if problem is None:
+        assert found == []
+    else:
+        assert [r["tbl"] for r in found] == ["t"] and problem in found[0]["problem"]
+        assert "alter table t replica identity full" in found[0]["problem"]
+    await ferry.uncapture_table("t")
+    assert await conn.fetch("select * from ferry._wal_identity_problems()") == []
 
 
 async def test_rows_written_under_session_replication_role_replica_are_captured_from_the_wal_only(

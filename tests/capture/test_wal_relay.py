@@ -158,9 +158,22 @@ async def test_status_metrics_and_dashboard_show_the_slot_its_lag_and_a_lost_slo
 
         await eventually(caught_up, timeout=15, what="the relay caught up, as the metrics say")
         assert await metric_sum(metrics, "pgferry_wal_slot_lost") == 0
+        assert await metric_sum(metrics, "pgferry_wal_identity_problems") == 0
+        # An identity changed after capture (capture_table would refuse it): named, with the fix.
+        await conn.execute("alter table t replica identity nothing")
+
+        async def named() -> bool:
+            return await metric_sum(metrics, "pgferry_wal_identity_problems") == 1
+
+        await eventually(named, timeout=15, what="the identity problem in the metrics")
         async with aiohttp.ClientSession() as session, session.get(relay.relay.addresses["dashboard"]) as page:
             html = await page.text()
         assert "<h2>Capture from the WAL</h2>" in html and 'data-slot="pgferry_' in html
+        assert "replica identity of t: REPLICA IDENTITY NOTHING" in html
+        status = await cli(pgferry_cmd, db_url, "status")
+        assert "  replica identity of t: REPLICA IDENTITY NOTHING: PostgreSQL refuses its UPDATEs" in status.stdout
+        assert "alter table t replica identity full" in status.stdout
+        await conn.execute("alter table t replica identity full")
     finally:
         await relay.stop()
         if not holder.is_closed():

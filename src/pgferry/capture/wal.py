@@ -138,6 +138,8 @@ class WalCapture:
         self._failed_relids: list[int] = []
         #: user-defined types met in relations: whether each is a domain over json or jsonb
         self._json_domains: dict[int, bool] = {}
+        #: REPLICA IDENTITY problems logged (ferry._wal_identity_problems), so each is said once
+        self._identity_logged: set[str] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
         # The append must be durable before the slot moves past it: never synchronous_commit off here.
@@ -222,6 +224,14 @@ class WalCapture:
         json_types = JSON_TYPES | {oid for oid, is_json in self._json_domains.items() if is_json}
         _shape(rel, json_types)
         self.relations[rel.oid] = rel
+        # The WAL describes a table again after an ALTER TABLE, REPLICA IDENTITY among them: say
+        # at once if the table's identity no longer gives what its capture needs (DELETEs would
+        # come without a key). capture_table refuses such a table; an ALTER later cannot be.
+        for row in await self.conn.fetch(sql.query("wal_identity_problems")):
+            said = f"{row['tbl']}: {row['problem']}"
+            if said not in self._identity_logged:
+                self._identity_logged.add(said)
+                log.error("WAL capture: the replica identity of %s", said)
 
     def _table_name(self, oid: int) -> str:
         rel = self.relations.get(oid)

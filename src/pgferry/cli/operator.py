@@ -309,6 +309,8 @@ def _wal_line(wal: dict[str, Any]) -> None:
                f"WAL {wal['wal_status']}")  # fmt: skip
     if wal["note"]:
         click.echo(f"  note: {wal['note']}")
+    for problem in wal.get("identity_problems") or ():
+        click.secho(f"  replica identity of {problem}", fg="red")
 
 
 def _retention_table(rows: list[dict[str, Any]]) -> None:

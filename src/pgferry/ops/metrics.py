@@ -175,6 +175,11 @@ class RelayMetrics:
             "pgferry_wal_capture_failing", "1 while WAL capture cannot append the next change and holds every "
             "later one (pgferry status says why).", registry=r,
         )  # fmt: skip
+        self.wal_identity_problems = Gauge(
+            "pgferry_wal_identity_problems", "WAL-captured tables whose REPLICA IDENTITY no longer gives what their "
+            "capture needs (DELETEs without a key, UPDATEs refused; pgferry status names them and the fix).",
+            registry=r,
+        )  # fmt: skip
         self._refreshed = 0.0
 
     # -- fed by the relay ----------------------------------------------------
@@ -260,6 +265,7 @@ class RelayMetrics:
         self.wal_lag_seconds.set(wal["lag_seconds"] if wal is not None else 0)
         self.wal_lost.set(1 if wal is not None and wal["stopped"] else 0)
         self.wal_failing.set(1 if wal is not None and wal["error"] else 0)
+        self.wal_identity_problems.set(len(wal.get("identity_problems") or ()) if wal is not None else 0)
 
     def set_backfills(self, backfills: Sequence[BackfillProgress]) -> None:
         """Replace the backfill gauges with the backfills running or paused now (finished ones vanish)."""

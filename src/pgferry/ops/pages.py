@@ -306,6 +306,7 @@ def _retention_table(rows: Sequence[dict[str, Any]]) -> str:
 
 def _wal_table(wal: dict[str, Any]) -> str:
     """WAL capture's slot: how far behind the WAL the log is, or that it stopped and why."""
+    problems = wal.get("identity_problems") or ()
     ok = f'<span class="ok">{esc(wal["wal_status"])}</span>'
     state = ('<span class="bad">stopped</span>' if wal["stopped"]
              else '<span class="bad">failing</span>' if wal["error"] else ok)  # fmt: skip
@@ -314,6 +315,7 @@ def _wal_table(wal: dict[str, Any]) -> str:
         f'<th>note</th></tr><tr data-slot="{esc(wal["slot_name"])}"><td>{esc(wal["slot_name"])}</td>'
         f"<td>{esc(wal['tables'])}</td><td>{state}</td><td>{wal['lag_bytes']:,}</td>"
         f"<td>{wal['lag_seconds']:.1f}</td><td>{esc(wal['error'] or wal['note'] or '')}</td></tr></table>"
+        + "".join(f'<p class="bad wal-identity">replica identity of {esc(p)}</p>' for p in problems)
     )
 
 

@@ -699,6 +699,10 @@ update ferry.wal_slot set error = $1, error_at = coalesce(error_at, now())
 -- name: wal_recovered
 update ferry.wal_slot set error = null, error_at = null where error is not null
 
+-- name: wal_identity_problems
+-- The WAL-captured tables whose REPLICA IDENTITY no longer gives what their capture needs, with the fix.
+select tbl::text as tbl, problem from ferry._wal_identity_problems()
+
 -- name: wal_json_domains
 -- Of the types $1, the domains over json or jsonb (through domains over domains): WAL capture
 -- writes their values into the row as JSON, as it does json's and jsonb's.
@@ -734,5 +738,6 @@ select w.slot_name, w.lsn::text as lsn_in_log, s.wal_status,
             then extract(epoch from now() - w.caught_up_at)::float8 else 0 end as lag_seconds,
        w.committed_at, w.invalidated_at, w.note, w.error, w.error_at,
        (w.invalidated_at is not null or s.wal_status is null or s.wal_status = 'lost') as stopped,
-       (select count(*) from ferry.captures c where c.method = 'wal' and c.uncaptured_at is null) as tables
+       (select count(*) from ferry.captures c where c.method = 'wal' and c.uncaptured_at is null) as tables,
+       array(select format('%s: %s', p.tbl, p.problem) from ferry._wal_identity_problems() p) as identity_problems
 from ferry.wal_slot w left join pg_replication_slots s on s.slot_name = w.slot_name

@@ -1,0 +1,70 @@
+-- ferry._wal_identity_problems() returns table (tbl regclass, problem text)
+--
+-- The tables captured from the WAL whose REPLICA IDENTITY, as it is now,
+-- keeps their events from being what capture_table promised, each with the
+-- fix in its text. capture_table refuses such a table (and sets DEFAULT to
+-- FULL); this finds the ones changed since by ALTER TABLE ... REPLICA
+-- IDENTITY, which pgferry cannot refuse: NOTHING (PostgreSQL then refuses
+-- the table's UPDATEs and DELETEs), an index or a primary key without all of
+-- the capture's key columns (its DELETEs reach readers with a null key, out
+-- of their key's order), and anything but FULL under a condition or
+-- changed_columns (they are evaluated on whole old rows). A partitioned
+-- table's partitions count, as capture_table checks them. Shown by `pgferry
+-- status`, the dashboard and metrics (pgferry_wal_identity_problems); the
+-- relay logs it when the WAL describes such a table.
+--
+-- Calls:   -
+-- Reads:   ferry.captures, pg_class, pg_index, pg_attribute, pg_partition_tree
+-- Writes:  -
+-- Raises:  -
+-- Runs as: the caller (SECURITY INVOKER)
+-- Callers: PUBLIC (the default); the relay and the operator commands
+
+create or replace function ferry._wal_identity_problems() returns table (tbl regclass, problem text)
+language sql stable as $$
+    with parts as (
+        select c.id, c.relid, c.key_columns, (c.condition is not null or c.changed_columns is not null) as needs_full,
+               p.relid as part
+        from ferry.captures c
+        cross join lateral (select c.relid union select t.relid from pg_partition_tree(c.relid) t
+                            where t.level > 0 and t.relid in (select oid from pg_class where relkind in ('r', 'p'))) p(relid)
+        where c.method = 'wal' and c.uncaptured_at is null
+    ),
+    identity as (
+        select p.*, k.relreplident,
+               case k.relreplident
+                   when 'i' then (select i.indexrelid from pg_index i where i.indrelid = p.part and i.indisreplident)
+                   when 'd' then (select i.indexrelid from pg_index i where i.indrelid = p.part and i.indisprimary)
+               end as index,
+               array(select a.attname::text from pg_index i join pg_attribute a on a.attrelid = p.part
+                                                             and a.attnum = any (i.indkey)
+                     where i.indrelid = p.part
+                       and ((k.relreplident = 'i' and i.indisreplident) or (k.relreplident = 'd' and i.indisprimary)))
+                   as index_columns
+        from parts p join pg_class k on k.oid = p.part
+    )
+    select i.part::regclass,
+           case
+               when i.relreplident = 'n' or (i.relreplident = 'd' and i.index is null) then
+                   format('REPLICA IDENTITY %s: PostgreSQL refuses its UPDATEs and DELETEs while it is captured from '
+                          'the WAL; alter table %s replica identity full',
+                          case when i.relreplident = 'n' then 'NOTHING' else 'DEFAULT without a primary key' end, i.part::regclass)
+               when not (i.key_columns <@ i.index_columns) then
+                   format('REPLICA IDENTITY %s holds not all of its key columns (%s): its DELETEs reach readers with a '
+                          'null key; alter table %s replica identity full (or using index on the key)',
+                          case when i.relreplident = 'i' then 'USING INDEX ' || i.index::regclass::text
+                               else 'DEFAULT (the primary key)' end,
+                          array_to_string(i.key_columns, ', '), i.part::regclass)
+               else
+                   format('REPLICA IDENTITY %s gives only the key of old rows, and its capture''s condition or '
+                          'changed_columns looks at whole old rows (its events differ from what triggers write); '
+                          'alter table %s replica identity full',
+                          case when i.relreplident = 'i' then 'USING INDEX ' || i.index::regclass::text else 'DEFAULT' end,
+                          i.part::regclass)
+           end
+    from identity i
+    where i.relreplident = 'n' or (i.relreplident = 'd' and i.index is null)
+       or (i.relreplident in ('i', 'd') and not (i.key_columns <@ i.index_columns))
+       or (i.relreplident <> 'f' and i.needs_full)
+    order by 1::text
+$$;
