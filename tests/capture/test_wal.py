@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import asyncpg
 import pytest
@@ -226,7 +227,7 @@ async def test_under_a_key_only_replica_identity_a_delete_has_the_identity_colum
     ],
 )
 async def test_a_replica_identity_changed_after_capture_is_named_with_its_fix(
-    ferry: pgferry.Ferry, conn: asyncpg.Connection, columns: str, options: dict[str, object], alter: str,
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, columns: str, options: dict[str, Any], alter: str,
     problem: str | None,
 ) -> None:  # fmt: skip
     """capture_table refuses these identities; an ALTER TABLE afterwards cannot be refused, so

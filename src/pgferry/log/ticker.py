@@ -1,6 +1,6 @@
 """The ticker: turns "something committed" into ticks, at most one NOTIFY each.
 
-Writers never notify. The ticker polls ``ferry.tick()``, which records a
+Writers never notify. The ticker polls ``ferry._tick_fenced()``, which records a
 snapshot only when an event committed since the previous tick. Polling is
 fast while events flow and backs off while idle, so an idle relay costs a
 couple of queries per second and a busy one ticks every few milliseconds.
