@@ -204,21 +204,27 @@ async def test_the_ticker_does_not_wait_for_a_slot_nobody_streams(
 
 
 @pytest.mark.parametrize(
-    ("low", "newer", "full"),
+    ("low", "near", "full"),
     [
         (5, 10, 5),
-        (9, 10, 9),
-        (2**32 - 6, 2**32 + 4, 2**32 - 6),  # the epoch before newer's
-        (3, 2**32 + 4, 2**32 + 3),  # newer's epoch
+        (12, 10, 12),  # newer than near: decoded before the proc array marks it committed
+        (2**32 - 6, 2**32 + 4, 2**32 - 6),  # the epoch before near's
+        (3, 2**32 - 2, 2**32 + 3),  # the epoch after near's
         (2**32 - 1, 5 * 2**32, 5 * 2**32 - 1),
+        (2**31 + 9, 10, 2**31 + 9),  # 2^31 - 1 after: still the nearest
+        (2**31 + 11, 10, 2**31 + 11 - 2**32),  # 2^31 + 1 after: 2^31 - 1 before is nearer, and no id
     ],
 )
-async def test_a_wal_transaction_id_is_widened_against_a_newer_one(
-    conn: asyncpg.Connection, low: int, newer: int, full: int
+async def test_a_wal_transaction_id_is_widened_to_the_nearest_one(
+    conn: asyncpg.Connection, low: int, near: int, full: int
 ) -> None:
     """pgoutput gives 32 bits; the source transaction may be newer than the relay's own (a round
-    stays open across many), so it is widened against the next id to be assigned."""
-    assert await conn.fetchval("select ferry._full_xid($1, $2::text::xid8)::text::bigint", low, str(newer)) == full
+    stays open across many) and than a snapshot's xmax, so it is widened to the nearest id."""
+    if full < 0:
+        with pytest.raises(asyncpg.PostgresError):  # no such id: not one pgoutput sends
+            await conn.fetchval("select ferry._full_xid($1, $2::text::xid8)::text::bigint", low, str(near))
+        return
+    assert await conn.fetchval("select ferry._full_xid($1, $2::text::xid8)::text::bigint", low, str(near)) == full
 
 
 async def test_the_wal_insert_position_is_where_the_next_record_starts_or_its_page_s_start(

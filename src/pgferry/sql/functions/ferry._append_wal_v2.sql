@@ -67,7 +67,7 @@ declare
     v_at    pg_lsn;
     v_ids   bigint[];
     v_txid  xid8;
-    v_newer xid8;
+    v_near  xid8;
     v_seen  pg_snapshot;
     v_txids xid8[];
     v_late  xid8[];
@@ -97,14 +97,14 @@ begin
         v_part := ferry._current_partition();
         -- Each change under its source transaction's id (widened from the WAL's 32 bits), or
         -- this one's when a recorded tick already sees it.
-        v_newer := pg_snapshot_xmax(pg_current_snapshot());
+        v_near := pg_snapshot_xmax(pg_current_snapshot());
         select t.snapshot into v_seen from ferry.ticks t order by t.id desc limit 1;
         if xids is null then
             v_txids := array_fill(v_txid, array[cardinality(ops)]);
         else
             v_txids := array(select case when pg_visible_in_snapshot(f.source, v_seen) then v_txid else f.source end
                              from unnest(xids) with ordinality x(xid, i)
-                             cross join lateral (select ferry._full_xid(x.xid, v_newer) as source) f
+                             cross join lateral (select ferry._full_xid(x.xid, v_near) as source) f
                              order by x.i);
         end if;
         -- Every WAL capture of the tables that may own one of the changes: current, or ended
@@ -191,11 +191,11 @@ begin
         -- batch (readers passed it): they go under this transaction's id, into a later one.
         perform pg_advisory_xact_lock(28774, 4);  -- ferry._tick's
         v_txid := pg_current_xact_id();
-        v_newer := pg_snapshot_xmax(pg_current_snapshot());
+        v_near := pg_snapshot_xmax(pg_current_snapshot());
         select t.snapshot into v_seen from ferry.ticks t order by t.id desc limit 1;
         v_late := array(select f.source
                         from unnest(round_xids) x(xid)
-                        cross join lateral (select ferry._full_xid(x.xid, v_newer) as source) f
+                        cross join lateral (select ferry._full_xid(x.xid, v_near) as source) f
                         where pg_visible_in_snapshot(f.source, v_seen));
         if cardinality(v_late) > 0 then
             update ferry.events e set txid = v_txid where e.txid = any (v_late) and e.xmin = v_txid::xid;

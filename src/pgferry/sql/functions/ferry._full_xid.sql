@@ -1,12 +1,15 @@
--- ferry._full_xid(low bigint, newer xid8) returns xid8
+-- ferry._full_xid(low bigint, near xid8) returns xid8
 --
 -- The 64-bit transaction id whose low 32 bits are low (as the WAL and
--- pgoutput give them), for a transaction that started before newer (e.g.
--- pg_snapshot_xmax(pg_current_snapshot()), which no assigned id reaches) and
--- less than 2^32 ids ago, which PostgreSQL's wraparound protection makes
--- true of any transaction still being decoded. Not the caller's own id: a
--- decoded transaction may have started after the one appending it (a round
--- of WAL capture stays open across many source transactions).
+-- pgoutput give them) nearest to near: less than 2^31 ids before or after
+-- it, which PostgreSQL's wraparound protection makes true of any
+-- transaction still being decoded when near is a recent id. Nearest, not
+-- "at most near": the transaction appended may be newer than the one
+-- appending it (a round of WAL capture stays open across many source
+-- transactions), and newer than a snapshot's xmax (a transaction's commit
+-- record is in the WAL, and can be decoded, a moment before it is marked
+-- committed in the proc array, which snapshots read: seen at 1,000
+-- transactions/s).
 --
 -- Calls:   -
 -- Reads:   -
@@ -15,7 +18,7 @@
 -- Runs as: the caller (SECURITY INVOKER)
 -- Callers: PUBLIC (the default)
 
-create or replace function ferry._full_xid(low bigint, newer xid8) returns xid8
+create or replace function ferry._full_xid(low bigint, near xid8) returns xid8
 language sql immutable as $$
-    select (newer::text::bigint - ((newer::text::bigint - low) & 4294967295))::text::xid8
+    select (near::text::bigint + ((low - near::text::bigint + 2147483648) & 4294967295) - 2147483648)::text::xid8
 $$;
