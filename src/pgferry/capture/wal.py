@@ -227,7 +227,7 @@ class WalCapture:
         # The WAL describes a table again after an ALTER TABLE, REPLICA IDENTITY among them: say
         # at once if the table's identity no longer gives what its capture needs (DELETEs would
         # come without a key). capture_table refuses such a table; an ALTER later cannot be.
-        for row in await self.conn.fetch(sql.query("wal_identity_problems")):
+        for row in await self.conn.fetch(sql.query("wal_identity_problems"), rel.oid):
             said = f"{row['tbl']}: {row['problem']}"
             if said not in self._identity_logged:
                 self._identity_logged.add(said)

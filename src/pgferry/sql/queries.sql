@@ -700,8 +700,9 @@ update ferry.wal_slot set error = $1, error_at = coalesce(error_at, now())
 update ferry.wal_slot set error = null, error_at = null where error is not null
 
 -- name: wal_identity_problems
--- The WAL-captured tables whose REPLICA IDENTITY no longer gives what their capture needs, with the fix.
-select tbl::text as tbl, problem from ferry._wal_identity_problems()
+-- Whether the WAL-captured table $1 (or a partition) has a REPLICA IDENTITY that no longer gives what its
+-- capture needs, with the fix.
+select tbl::text as tbl, problem from ferry._wal_identity_problems(relid => $1::oid::regclass)
 
 -- name: wal_json_domains
 -- Of the types $1, the domains over json or jsonb (through domains over domains): WAL capture

@@ -1,4 +1,4 @@
--- ferry._wal_identity_problems() returns table (tbl regclass, problem text)
+-- ferry._wal_identity_problems(relid regclass default null) returns table (tbl regclass, problem text)
 --
 -- The tables captured from the WAL whose REPLICA IDENTITY, as it is now,
 -- keeps their events from being what capture_table promised, each with the
@@ -9,7 +9,9 @@
 -- the capture's key columns (its DELETEs reach readers with a null key, out
 -- of their key's order), and anything but FULL under a condition or
 -- changed_columns (they are evaluated on whole old rows). A partitioned
--- table's partitions count, as capture_table checks them. Shown by `pgferry
+-- table's partitions count, as capture_table checks them. relid: only the
+-- capture of that table (the relay asks about each table the WAL describes;
+-- a query over all of them for each would grow with their square). Shown by `pgferry
 -- status`, the dashboard and metrics (pgferry_wal_identity_problems); the
 -- relay logs it when the WAL describes such a table.
 --
@@ -20,7 +22,8 @@
 -- Runs as: the caller (SECURITY INVOKER)
 -- Callers: PUBLIC (the default); the relay and the operator commands
 
-create or replace function ferry._wal_identity_problems() returns table (tbl regclass, problem text)
+create or replace function ferry._wal_identity_problems(relid regclass default null)
+returns table (tbl regclass, problem text)
 language sql stable as $$
     with parts as (
         select c.id, c.relid, c.key_columns, (c.condition is not null or c.changed_columns is not null) as needs_full,
@@ -29,6 +32,7 @@ language sql stable as $$
         cross join lateral (select c.relid union select t.relid from pg_partition_tree(c.relid) t
                             where t.level > 0 and t.relid in (select oid from pg_class where relkind in ('r', 'p'))) p(relid)
         where c.method = 'wal' and c.uncaptured_at is null
+          and (_wal_identity_problems.relid is null or c.relid = _wal_identity_problems.relid)
     ),
     identity as (
         select p.*, k.relreplident,
