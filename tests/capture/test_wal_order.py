@@ -159,12 +159,13 @@ async def test_a_tick_that_saw_a_transaction_before_its_wal_events_were_appended
     assert len(txids) == 2  # the source transaction's, for a; the relay's, for all of b
 
 
-async def test_the_ticker_waits_for_wal_capture_at_most_wal_order_wait(
+async def test_the_ticker_waits_for_wal_capture_at_most_wal_order_wait_then_not_until_it_catches_up(
     ferry: pgferry.Ferry, conn: asyncpg.Connection, held: Running, ticking: Ticker
 ) -> None:
     """A relay that does not append (held) does not hold up the log for longer than
-    wal_order_wait: the trigger event of the transaction comes after that, its WAL events once
-    the relay appends them, in a later batch, none lost."""
+    wal_order_wait, once: the trigger event of the transaction comes after that, the next one
+    at once, the WAL events once the relay appends them, in a later batch, none lost; then
+    ticks wait for WAL capture again."""
     await conn.execute("update ferry.config set wal_order_wait = '300 ms'")
     await _tables(ferry, conn)
     async with conn.transaction():
@@ -180,10 +181,24 @@ async def test_the_ticker_waits_for_wal_capture_at_most_wal_order_wait(
     waited = asyncio.get_running_loop().time() - started
     assert [(e.payload["table"], e.payload["record"]["id"]) for e in got] == [("a", 1)]
     assert 0.2 < waited < 3, waited
+    # Behind now: ticks wait for nothing until WAL capture catches up.
+    assert ticking.behind is not None
+    await conn.execute("insert into a values (2)")
+    started = asyncio.get_running_loop().time()
+    async for batch in ferry.read("c", poll_interval=0.05):
+        assert [e.payload["record"]["id"] for e in batch.events] == [2]
+        await batch.ack()
+        break
+    assert asyncio.get_running_loop().time() - started < 0.2
     _Held.go.set()
     await held.caught_up(conn)
     rest = await read_all(ferry, conn, "c")
     assert [(e.payload["table"], e.payload["record"]["id"]) for e in rest] == [("b", n) for n in range(1, 6)]
+
+    async def caught_up() -> bool:
+        return ticking.behind is None
+
+    await eventually(caught_up, what="the ticker waiting for WAL capture again")
 
 
 async def test_the_ticker_does_not_wait_for_a_slot_nobody_streams(

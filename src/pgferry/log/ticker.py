@@ -29,6 +29,10 @@ from pgferry.aio import wait_for_event
 
 log = logging.getLogger(__name__)
 
+#: The longest the log stays silent about WAL capture falling behind the ticker's wait (it may
+#: fall behind and catch up again every few seconds on a loaded machine).
+BEHIND_LOG_EVERY = 60.0
+
 #: How ferry.maintain starts the lines an operator must see (migration 0014).
 RETENTION_WARNINGS = ("warning:", "stalled:", "gap:")
 
@@ -42,6 +46,8 @@ class Fence:
     #: the newest tick when it was taken: another tick since (a ``ferry.tick()`` by hand) voids it
     tick: int
     taken_at: datetime
+    #: when this process first saw it (time.monotonic()): how soon to look again
+    seen_at: float = 0.0
 
 
 @dataclass
@@ -49,8 +55,11 @@ class TickerSettings:
     busy_interval: float = 0.01
     #: how soon to look again while a fence waits for WAL capture and events were written since
     #: the last tick: the wait is the latency every event pays while WAL capture runs (bench
-    #: capture --only wal, "commit to tick"). A fence waiting with nothing written (the cluster's
-    #: WAL moves with other databases' writes too) gets the usual backoff.
+    #: capture --only wal, "commit to tick"); a quarter of the fence's age once that is longer
+    #: (up to busy_interval), so that a decoder that lags is not also polled at 500/s on the
+    #: cores it needs (pinned to one core with the decoder, that doubled its lag). A fence
+    #: waiting with nothing written (the cluster's WAL moves with other databases' writes too)
+    #: gets the usual backoff.
     fence_interval: float = 0.002
     idle_interval: float = 0.5
     backoff: float = 1.5
@@ -72,6 +81,11 @@ class Ticker:
         self.ticks = 0
         #: the fence the last call returned, passed back on the next one
         self.fence: Fence | None = None
+        #: where WAL capture must get to before ticks wait for it again (a fence's wait ran out)
+        self.behind: str | None = None
+        #: times WAL capture fell behind since the log last said so (once a minute at most)
+        self.behind_episodes = 0
+        self._behind_said_at = -BEHIND_LOG_EVERY
         #: metrics hook: (seconds the tick query took, whether it made a tick)
         self.observe = observe
 
@@ -104,7 +118,8 @@ class Ticker:
             # sooner while a fence waits for WAL capture after news or with events
             # written since; the periodic idle tick does not.
             if written or (waiting and ticked and not idle):
-                interval = s.fence_interval
+                waited = time.monotonic() - self.fence.seen_at if self.fence is not None else 0.0
+                interval = min(s.busy_interval, max(s.fence_interval, waited / 4))
             elif ticked and not idle:
                 interval = s.busy_interval
             else:
@@ -119,13 +134,22 @@ class Ticker:
         row = await self.conn.fetchrow(
             sql.query("tick"),
             *((f.snapshot, f.lsn, f.tick, f.taken_at) if f is not None else (None, None, None, None)),
+            self.behind,
         )
         assert row is not None  # one row, always
-        self.fence = (
-            Fence(row["next_fence"], row["next_lsn"], row["next_tick"], row["next_at"])
-            if row["next_fence"] is not None
-            else None
-        )
+        if row["next_behind"] is not None and self.behind is None:
+            self.behind_episodes += 1
+            if time.monotonic() - self._behind_said_at >= BEHIND_LOG_EVERY:
+                self._behind_said_at = time.monotonic()
+                log.info("ticker: WAL capture fell more than wal_order_wait behind (%d time(s) since this was last "
+                         "said); ticks go on without it until it catches up, and its changes meanwhile come a batch "
+                         "later than their commit", self.behind_episodes)  # fmt: skip
+                self.behind_episodes = 0
+        self.behind = row["next_behind"]
+        if row["next_fence"] is None:
+            self.fence = None
+        elif f is None or row["next_at"] != f.taken_at:
+            self.fence = Fence(row["next_fence"], row["next_lsn"], row["next_tick"], row["next_at"], time.monotonic())
         return row["tick_id"] is not None, bool(row["idle"]), bool(row["waiting"]), bool(row["written"])
 
     async def maintain(self) -> None:

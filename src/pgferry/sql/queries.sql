@@ -63,10 +63,10 @@ select pg_advisory_unlock($1::int, $2::int)
 
 -- name: tick
 -- The relay's ticker: a tick when something committed, after WAL capture appended what it sees
--- (migration 0028); $1..$4 the fence the previous call returned (NULL at first).
-select tick_id, idle, waiting, written, next_fence::text, next_lsn::text, next_tick, next_at
+-- (migration 0028); $1..$5 the fence and catch-up position the previous call returned (NULL at first).
+select tick_id, idle, waiting, written, next_fence::text, next_lsn::text, next_tick, next_at, next_behind::text
 from ferry._tick_fenced(force => false, fence => $1::text::pg_snapshot, fence_lsn => $2::text::pg_lsn,
-                        fence_tick => $3, fence_at => $4)
+                        fence_tick => $3, fence_at => $4, behind_lsn => $5::text::pg_lsn)
 
 -- name: housekeeping
 select ferry.housekeeping()

@@ -1,4 +1,4 @@
--- ferry._tick_fenced(force boolean, fence pg_snapshot, fence_lsn pg_lsn, fence_tick bigint, fence_at timestamptz, out tick_id bigint, out idle boolean, out waiting boolean, out written boolean, out next_fence pg_snapshot, out next_lsn pg_lsn, out next_tick bigint, out next_at timestamptz) returns record
+-- ferry._tick_fenced(force boolean, fence pg_snapshot, fence_lsn pg_lsn, fence_tick bigint, fence_at timestamptz, behind_lsn pg_lsn, out tick_id bigint, out idle boolean, out waiting boolean, out written boolean, out next_fence pg_snapshot, out next_lsn pg_lsn, out next_tick bigint, out next_at timestamptz, out next_behind pg_lsn) returns record
 --
 -- The relay's ticker: ferry._tick, except that while WAL capture runs, a
 -- tick is recorded only once WAL capture has appended every transaction its
@@ -11,21 +11,28 @@
 -- the fence this returns (next_*) and passes it back (fence*) on its next
 -- call; the fence's tick is recorded when the slot's confirmed position
 -- reaches fence_lsn (the relay confirms only what it has appended and
--- committed: capture/wal.py) or when config.wal_order_wait has gone by
--- since fence_at. A fence is taken again, not kept, when a tick was
--- recorded since it was (fence_tick is not the newest tick: someone called
--- ferry.tick()), so tick ids follow snapshot order. The next fence is taken
--- before this call records its tick, whose WAL the slot need not read first.
+-- committed: capture/wal.py). A fence is taken again, not kept, when a tick
+-- was recorded since it was (fence_tick is not the newest tick: someone
+-- called ferry.tick()), so tick ids follow snapshot order. The next fence
+-- is taken before this call records its tick, whose WAL the slot need not
+-- read first.
 --
--- Without a WAL capture to wait for (none, nobody streaming the slot, WAL
--- capture failing, the slot lost, wal_order_wait 0) or with force, it is
--- ferry._tick: the snapshot of now, next_* NULL.
+-- Waiting is bounded. A fence not reached within config.wal_order_wait of
+-- fence_at is recorded as it is, and WAL capture is then behind: until the
+-- slot is confirmed past where the WAL was at that moment (behind_lsn,
+-- passed back like the fence), ticks take the snapshot of now and wait for
+-- nothing, so a decoder that lags (a large transaction, too little CPU)
+-- costs every other event one wait, not one per tick. Without a WAL capture
+-- to wait for (none, nobody streaming the slot, WAL capture failing, the
+-- slot lost, wal_order_wait 0) or with force, it is ferry._tick: the
+-- snapshot of now, next_* NULL. A change whose transaction a tick recorded
+-- without it sees committed comes in a later batch (ferry._append_wal_v2).
 --
 -- Returns one row: the tick recorded (tick_id NULL when none) and whether
 -- it was idle, as ferry._tick; waiting: a fence is pending; written: while
 -- waiting, events were written since the newest tick (look again soon; a
 -- fence waits for the cluster's WAL, which other databases move too);
--- next_*: the fence to pass next time.
+-- next_*: the fence and the catch-up position to pass next time.
 --
 -- Calls:   ferry._tick_snapshot, ferry._wal_insert_position, ferry._written_since
 -- Reads:   ferry.captures, ferry.config, ferry.event_id_seq, ferry.ticks, ferry.wal_slot, pg_replication_slots
@@ -35,9 +42,10 @@
 -- Callers: the relay (ferry_relay)
 
 create or replace function ferry._tick_fenced(
-    force boolean, fence pg_snapshot, fence_lsn pg_lsn, fence_tick bigint, fence_at timestamptz,
+    force boolean, fence pg_snapshot, fence_lsn pg_lsn, fence_tick bigint, fence_at timestamptz, behind_lsn pg_lsn,
     out tick_id bigint, out idle boolean, out waiting boolean, out written boolean,
-    out next_fence pg_snapshot, out next_lsn pg_lsn, out next_tick bigint, out next_at timestamptz)
+    out next_fence pg_snapshot, out next_lsn pg_lsn, out next_tick bigint, out next_at timestamptz,
+    out next_behind pg_lsn)
 returns record language plpgsql as $$
 declare
     v_wait      interval;
@@ -53,7 +61,10 @@ begin
     from ferry.wal_slot w join pg_replication_slots s on s.slot_name = w.slot_name
     where s.active and w.error is null and w.invalidated_at is null
       and exists (select 1 from ferry.captures c where c.method = 'wal' and c.uncaptured_at is null);
-    if force or v_confirmed is null or v_wait <= interval '0' then
+    if v_confirmed < behind_lsn then
+        next_behind := behind_lsn;  -- still catching up: wait for nothing
+    end if;
+    if force or v_confirmed is null or v_wait <= interval '0' or next_behind is not null then
         select t.tick_id, t.idle into tick_id, idle from ferry._tick_snapshot(force, pg_current_snapshot()) t;
         return;
     end if;
@@ -69,7 +80,11 @@ begin
     end if;
     select pg_current_snapshot(), ferry._wal_insert_position(), clock_timestamp()
     into next_fence, next_lsn, next_at;
-    if v_snap is null and v_confirmed >= next_lsn then
+    if v_snap is not null and v_confirmed < fence_lsn then
+        -- The wait ran out: WAL capture is behind until it reaches where the WAL is now.
+        next_behind := next_lsn;
+        select null, null, null into next_fence, next_lsn, next_at;
+    elsif v_snap is null and v_confirmed >= next_lsn then
         -- Nothing written since WAL capture's last confirmation: no need to wait.
         v_snap := next_fence;
         select null, null, null into next_fence, next_lsn, next_at;

@@ -15,9 +15,10 @@
 -- after its append committed. Batches then hold every event committed
 -- between their ticks, whichever way it was captured.
 --
--- Waiting is bounded: at most config.wal_order_wait per tick (0 turns the
--- wait off), and not at all while nobody streams the slot, WAL capture is
--- failing or the slot is lost, so a stalled decoder never stalls delivery.
+-- Waiting is bounded: at most config.wal_order_wait (0 turns the wait off),
+-- after which ticks wait for nothing until WAL capture has caught up, and
+-- not at all while nobody streams the slot, WAL capture is failing or the
+-- slot is lost, so a lagging or stalled decoder never stalls delivery.
 -- A change whose transaction a recorded tick already sees (the wait ran
 -- out, a tick taken by hand with ferry.tick()) is appended under the relay's
 -- own transaction id instead, as before: it comes in a later batch, never
@@ -30,8 +31,9 @@
 -- later one.
 
 alter table ferry.config
-    add column wal_order_wait interval not null default '1 second' check (wal_order_wait >= interval '0');
+    add column wal_order_wait interval not null default '250 ms' check (wal_order_wait >= interval '0');
 
 comment on column ferry.config.wal_order_wait is
     'The longest the ticker waits for WAL capture to append what a tick''s snapshot sees committed, so that WAL- and '
-    'trigger-captured events share one commit order (migration 0028); 0: no wait.';
+    'trigger-captured events share one commit order (migration 0028); past it, ticks wait for nothing until WAL '
+    'capture has caught up. 0: no wait.';
