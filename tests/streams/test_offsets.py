@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pgferry.streams.offsets import BadOffset, Offset, Snapshot, commit_ticks
+from pgferry.log.ticks import Snapshot, commit_ticks
+from pgferry.streams.offsets import BadOffset, Offset
 
 
 def test_an_offset_reads_back_from_its_text_and_bad_texts_say_what_offsets_look_like() -> None:

@@ -36,7 +36,7 @@ from pgferry.bench.report import Latency, ms, num, pct, table
 from pgferry.bench.sqlfiles import pgbench_script
 from pgferry.capture.wal import WalCapture
 from pgferry.log.ticker import Ticker
-from pgferry.streams.offsets import Snapshot, commit_ticks
+from pgferry.log.ticks import Snapshot, commit_ticks
 
 VARIANTS = {"plain": "bench_plain", "trigger": "bench_capture", "wal": "bench_wal"}
 WRITER_GOAL = 0.95

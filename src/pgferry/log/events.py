@@ -35,7 +35,8 @@ class Event:
 
 @dataclass(slots=True)
 class Batch:
-    """Every event (of the consumer's streams) committed between two ticks, in id order.
+    """Every event (of the consumer's streams) committed between two ticks, in commit order: by
+    the tick each committed in, then by id.
 
     Acknowledge it with ``await batch.ack()`` once processed; until then the
     consumer is handed the same batch again (also after a crash).

@@ -35,11 +35,22 @@ from pgferry.aio import backoff_delay, wait_for_event
 from pgferry.db import CONNECTION_ERRORS
 from pgferry.errors import ConsumerStalled, DatabaseUnreachable, one_line
 from pgferry.log.events import Batch, Event
+from pgferry.log.ticks import Snapshot, commit_ticks
 from pgferry.schema import CONSUMER_LOCK_CLASS
 
 log = logging.getLogger(__name__)
 
 TICK_CHANNEL = "pgferry_tick"
+
+
+def in_commit_order(events: list[Event], ticks: Sequence[tuple[int, Snapshot]]) -> list[Event]:
+    """A batch of several ticks by commit tick, then id (the order stream readers' offsets give):
+    in id order, a transaction's WAL-captured events, whose ids are drawn when the relay appends
+    them, come after those of transactions that committed just after it (migration 0028)."""
+    found = commit_ticks([e.txid for e in events], ticks)
+    last = ticks[-1][0] if ticks else 0
+    keyed = sorted(zip(found, events, strict=True), key=lambda p: (last if p[0] is None else p[0], p[1].id))
+    return [e for _, e in keyed]
 
 
 def _setter(event: asyncio.Event) -> Callable[..., None]:
@@ -223,12 +234,16 @@ class _Session:
                 rows = await conn.fetch(
                     sql.query("batch_events"), row["start_tick"], row["end_tick"], row["streams"], s.consumer
                 )
+                events = [Event.from_row(r) for r in rows]
+                if len({e.txid for e in events}) > 1 and row["end_tick"] - row["start_tick"] > 1:
+                    ticks = await conn.fetch(sql.query("stream_ticks"), row["start_tick"], row["end_tick"])
+                    events = in_commit_order(events, [(t["id"], Snapshot.parse(t["snapshot"])) for t in ticks])
             batch = Batch(
                 id=row["batch_id"],
                 consumer=s.consumer,
                 start_tick=row["start_tick"],
                 end_tick=row["end_tick"],
-                events=[Event.from_row(r) for r in rows],
+                events=events,
                 _ack=self._ack,
             )
             if batch.events:

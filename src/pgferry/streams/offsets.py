@@ -10,16 +10,14 @@ it reads the log in, so a reader (or a browser's EventSource, across relay
 restarts) can resume after any offset it was given. Offsets are not dense
 and cost writers nothing: nothing is numbered at write time.
 
-The commit tick of an event read in a range of ticks is found here, in
-Python, from the ticks' snapshots (``commit_ticks``): PostgreSQL would test
-each event against each tick.
+The commit tick of an event read in a range of ticks is found in Python,
+from the ticks' snapshots (``pgferry.log.ticks.commit_ticks``): PostgreSQL
+would test each event against each tick.
 """
 
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pgferry.errors import PgferryError
@@ -47,35 +45,3 @@ class Offset:
         if match is None:
             raise BadOffset(f"{str(text)[:60]!r} is not a stream offset (they look like 1234-56789)")
         return cls(int(match[1]), int(match[2]))
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """A tick's pg_snapshot: transactions below xmin, or below xmax and not in xip, had committed."""
-
-    xmin: int
-    xmax: int
-    xip: frozenset[int]
-
-    @classmethod
-    def parse(cls, text: str) -> Snapshot:
-        xmin, xmax, xip = text.split(":")
-        return cls(int(xmin), int(xmax), frozenset(int(x) for x in xip.split(",") if x))
-
-    def sees(self, txid: int) -> bool:
-        return txid < self.xmin or (txid < self.xmax and txid not in self.xip)
-
-
-def commit_ticks(txids: Sequence[int], ticks: Sequence[tuple[int, Snapshot]]) -> list[int | None]:
-    """For each committed transaction id, the first of ``ticks`` (ascending) whose snapshot sees it,
-    or None when none does. Snapshots only ever see more, and their xmax never goes down: a
-    bisection finds the first tick the transaction had started before, and the few ticks it
-    was still running at follow."""
-    xmaxes = [snapshot.xmax for _, snapshot in ticks]
-    found: list[int | None] = []
-    for txid in txids:
-        k = bisect_right(xmaxes, txid)
-        while k < len(ticks) and txid in ticks[k][1].xip:
-            k += 1
-        found.append(ticks[k][0] if k < len(ticks) else None)
-    return found

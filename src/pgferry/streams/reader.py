@@ -34,7 +34,8 @@ from pgferry.aio import backoff_delay, wait_for_event
 from pgferry.db import CONNECTION_ERRORS
 from pgferry.errors import DatabaseUnreachable, PgferryError
 from pgferry.log.reader import TICK_CHANNEL
-from pgferry.streams.offsets import Offset, Snapshot, commit_ticks
+from pgferry.log.ticks import Snapshot, commit_ticks
+from pgferry.streams.offsets import Offset
 
 log = logging.getLogger(__name__)
 
