@@ -5,7 +5,6 @@ once WAL capture has appended what its snapshot sees committed, at most wal_orde
 from __future__ import annotations
 
 import asyncio
-import itertools
 import random
 from collections.abc import AsyncIterator
 
