@@ -5,6 +5,7 @@ Status, metrics and the dashboard show the slot's lag (bytes and seconds) and a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -42,25 +43,44 @@ async def wal_capture_holder(conn: asyncpg.Connection) -> int | None:
 async def test_a_standby_relay_takes_over_wal_capture_after_sigkill_and_the_log_has_each_row_once(
     pgferry_cmd: list[str], db_url: str, ferry: pgferry.Ferry, conn: asyncpg.Connection
 ) -> None:
+    """Each transaction writes 200 rows of t (from the WAL) and one of u (by trigger), and a
+    consumer of both reads all along: whatever the kills did to the ticker's fences and the
+    relay's rounds (migration 0028), it gets every row once."""
     await conn.execute("create table t (id int primary key, v text)")
+    await conn.execute("create table u (id int primary key)")
     await ferry.capture_table("t", method="wal")
+    await ferry.capture_table("u", stream="public.t")
+    await ferry.register_consumer("c", ["public.t"])
     stop_writing = asyncio.Event()
     written: list[int] = []
+    read: list[tuple[str, int]] = []
 
     async def write() -> None:
         writer = await db.connect(db_url)
         try:
             n = 0
             while not stop_writing.is_set():
-                await writer.execute("insert into t select g, 'v' from generate_series($1::int, $1::int + 199) g", n)
+                async with writer.transaction():
+                    await writer.execute(
+                        "insert into t select g, 'v' from generate_series($1::int, $1::int + 199) g", n
+                    )
+                    await writer.execute("insert into u values ($1)", n)
                 written.extend(range(n, n + 200))
                 n += 200
                 await asyncio.sleep(0.005)
         finally:
             await writer.close()
 
+    async def consume() -> None:
+        async for batch in ferry.read("c", poll_interval=0.1):
+            read.extend((e.payload["table"], e.payload["record"]["id"]) for e in batch.events)
+            await batch.ack()
+
     async def in_log() -> list[int]:
-        rows = await conn.fetch("select (payload->>'id')::int as id from ferry.events where stream = 'public.t'")
+        rows = await conn.fetch(
+            "select (e.payload->>'id')::int as id from ferry.events e join ferry.captures c on c.id = e.capture "
+            "where c.table_name = 't'"
+        )
         return [r["id"] for r in rows]
 
     def decoding(before: int):  # type: ignore[no-untyped-def]
@@ -72,6 +92,7 @@ async def test_a_standby_relay_takes_over_wal_capture_after_sigkill_and_the_log_
     relays = [RelayProcess(pgferry_cmd, db_url)]
     takeovers: list[float] = []  # SIGKILL to the standby's first appends, per round
     writer = asyncio.create_task(write())
+    reader = asyncio.create_task(consume())
     try:
         for _ in range(3):
             holder = relays[-1]
@@ -103,9 +124,19 @@ async def test_a_standby_relay_takes_over_wal_capture_after_sigkill_and_the_log_
         ids = await in_log()
         assert len(ids) == len(set(ids)), "a row is in the log twice"
         assert sorted(ids) == written
+        expected = sorted([("t", i) for i in written] + [("u", i) for i in written[::200]])
+
+        async def all_read() -> bool:
+            return len(read) >= len(expected)
+
+        await eventually(all_read, timeout=30, what="the consumer reading every row")
+        assert sorted(read) == expected  # each once, none lost
     finally:
         stop_writing.set()
         await writer
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
         for relay in relays:
             relay.stop()
 
