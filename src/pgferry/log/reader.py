@@ -35,7 +35,7 @@ from pgferry.aio import backoff_delay, wait_for_event
 from pgferry.db import CONNECTION_ERRORS
 from pgferry.errors import ConsumerStalled, DatabaseUnreachable, one_line
 from pgferry.log.events import Batch, Event
-from pgferry.log.ticks import Snapshot, commit_ticks
+from pgferry.log.ticks import Snapshot, commit_ticks, range_ticks
 from pgferry.schema import CONSUMER_LOCK_CLASS
 
 log = logging.getLogger(__name__)
@@ -236,8 +236,8 @@ class _Session:
                 )
                 events = [Event.from_row(r) for r in rows]
                 if len({e.txid for e in events}) > 1 and row["end_tick"] - row["start_tick"] > 1:
-                    ticks = await conn.fetch(sql.query("stream_ticks"), row["start_tick"], row["end_tick"])
-                    events = in_commit_order(events, [(t["id"], Snapshot.parse(t["snapshot"])) for t in ticks])
+                    ticks = await range_ticks(conn, row["start_tick"], row["end_tick"])
+                    events = in_commit_order(events, ticks)
             batch = Batch(
                 id=row["batch_id"],
                 consumer=s.consumer,

@@ -14,6 +14,10 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import asyncpg
+
+from pgferry import sql
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
@@ -45,3 +49,8 @@ def commit_ticks(txids: Sequence[int], ticks: Sequence[tuple[int, Snapshot]]) ->
             k += 1
         found.append(ticks[k][0] if k < len(ticks) else None)
     return found
+
+
+async def range_ticks(conn: asyncpg.Connection, lower: int, end: int) -> list[tuple[int, Snapshot]]:
+    """The ticks of the range (lower, end] with their snapshots, to find each event's commit tick."""
+    return [(t["id"], Snapshot.parse(t["snapshot"])) for t in await conn.fetch(sql.query("stream_ticks"), lower, end)]

@@ -31,9 +31,9 @@ from pgferry import db, sql
 from pgferry.aio import wait_for_event
 from pgferry.db import CONNECTION_ERRORS
 from pgferry.log.reader import TICK_CHANNEL
-from pgferry.log.ticks import Snapshot
+from pgferry.log.ticks import Snapshot, range_ticks
 from pgferry.streams.offsets import Offset
-from pgferry.streams.reader import StreamEvent, events_of, is_end, range_ticks, setter
+from pgferry.streams.reader import StreamEvent, events_of, is_end, setter
 
 log = logging.getLogger(__name__)
 

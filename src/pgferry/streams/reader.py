@@ -34,7 +34,7 @@ from pgferry.aio import backoff_delay, wait_for_event
 from pgferry.db import CONNECTION_ERRORS
 from pgferry.errors import DatabaseUnreachable, PgferryError
 from pgferry.log.reader import TICK_CHANNEL
-from pgferry.log.ticks import Snapshot, commit_ticks
+from pgferry.log.ticks import Snapshot, commit_ticks, range_ticks
 from pgferry.streams.offsets import Offset
 
 log = logging.getLogger(__name__)
@@ -209,11 +209,6 @@ async def tick_cursor(
                                 r["created_at"]) for r in await cursor.fetch(n)]  # fmt: skip
 
         yield fetch
-
-
-async def range_ticks(conn: asyncpg.Connection, lower: int, end: int) -> list[tuple[int, Snapshot]]:
-    """The ticks of the range (lower, end] with their snapshots, to find each event's commit tick."""
-    return [(t["id"], Snapshot.parse(t["snapshot"])) for t in await conn.fetch(sql.query("stream_ticks"), lower, end)]
 
 
 def events_of(
