@@ -166,19 +166,18 @@ begin
                                               from unnest(c.changed_columns) col)) end;
             end if;
             execute format(
-                '/* pgferry capture %4$s */ '  -- names the capture in the context of an error (capture/wal.py)
+                '/* pgferry capture %3$s */ '  -- names the capture in the context of an error (capture/wal.py)
                 'insert into ferry.events_%1$s (id, part, txid, stream, capture, key, payload, op, old_payload, created_at) '
-                'select x.id, %1$s, x.txid, %3$L, %4$s, '
-                '       case when x.op = ''T'' then null else %5$s end, '
-                '       case when x.op = ''T'' then ''{}''::jsonb when x.missing is null then %6$s '
-                '            else %6$s - array(select jsonb_array_elements_text(x.missing)) end, '
-                '       x.op, case when x.op = ''U'' and x.o is not null then %7$s end, x.at '
-                'from unnest($1, $2, $3, $4, $5, $6, $7, $8, $9) x(id, relid, op, n, o, missing, at, lsn, txid) %8$s'
-                'where x.relid = %9$s and x.lsn >= %12$s and x.lsn < %13$s '
-                '  and (x.op = ''T'' or (strpos(%10$L, x.op) > 0 and (%11$s))) '
+                'select x.id, %1$s, x.txid, %2$L, %3$s, '
+                '       case when x.op = ''T'' then null else %4$s end, '
+                '       case when x.op = ''T'' then ''{}''::jsonb when x.missing is null then %5$s '
+                '            else %5$s - array(select jsonb_array_elements_text(x.missing)) end, '
+                '       x.op, case when x.op = ''U'' and x.o is not null then %6$s end, x.at '
+                'from unnest($1, $2, $3, $4, $5, $6, $7, $8, $9) x(id, relid, op, n, o, missing, at, lsn, txid) %7$s'
+                'where x.relid = %8$s and x.lsn >= %11$s and x.lsn < %12$s '
+                '  and (x.op = ''T'' or (strpos(%9$L, x.op) > 0 and (%10$s))) '
                 'order by x.id',
-                -- %2$s is unused (each row's txid is x.txid, migration 0028)
-                v_part, null, c.stream, c.id, v_key, v_record, v_old, v_from, c.relid, v_ops, v_filter,
+                v_part, c.stream, c.id, v_key, v_record, v_old, v_from, c.relid, v_ops, v_filter,
                 coalesce(c.captured_lsn - '0/0'::pg_lsn, 0), coalesce(c.uncaptured_lsn - '0/0'::pg_lsn, 9223372036854775807))
             using v_ids, relids, ops, rows, olds, missing, times, lsns, v_txids;
             get diagnostics v_n = row_count;
