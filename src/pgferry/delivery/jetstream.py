@@ -23,8 +23,9 @@ that must never see one deduplicate by ``webhook-id``.
 
 from __future__ import annotations
 
+import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -48,27 +49,53 @@ MESSAGE_TOO_LARGE_CODES = frozenset((10054,))
 MAX_SUBJECT_BYTES = 3_840
 
 
+#: A header name NATS takes (nats-py's check): an HTTP token.
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: Header names found valid (most are the same few on every message), and the most kept.
+_CHECKED_NAMES: set[str] = set()
+CHECKED_NAMES_MAX = 10_000
+#: What may not be in a subject: it ends the subject, or the line (nats-py refuses it too).
+_SUBJECT_BREAK = re.compile(r"\s")
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     subject: str
     data: bytes
     headers: dict[str, str]
+    #: the headers as sent (header_block)
+    block: bytes
 
     @property
     def size(self) -> int:
-        """What the server counts against max_payload: the payload and the header block, whose
-        "NATS/1.0\r\n" and closing "\r\n" were left out (messages up to 12 bytes over the
-        limit passed here, and the server closed the connection under every request on it)."""
-        if not self.headers:
-            return len(self.data)
-        # In bytes: counted in characters, headers of non-ASCII text passed here over the limit, the
-        # server closed the shared connection under every subscription's publishes, and the event
-        # was retried as a timeout instead of refused (outside probe).
-        return len(self.data) + 12 + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in self.headers.items())
+        """What the server counts against max_payload: the payload and the whole header block
+        (without "NATS/1.0\r\n" and the closing "\r\n", messages up to 12 bytes over the limit
+        passed here, and the server closed the connection under every request on it; counted in
+        characters instead of bytes, non-ASCII headers did, outside probe)."""
+        return len(self.data) + len(self.block)
+
+
+def header_block(headers: Mapping[str, str]) -> bytes:
+    """The NATS/1.0 header block of a message as nats-py's publish writes it (names as they are,
+    values trimmed); ``request.BadRequest`` for what would break the frame instead of what nats-py
+    does (a name that is not a token: refused; CR or LF in a value: turned into spaces)."""
+    lines = ["NATS/1.0\r\n"]
+    for name, value in headers.items():
+        if name not in _CHECKED_NAMES:
+            if not _HEADER_NAME.fullmatch(name):
+                raise request.BadRequest(f"header name {name!r} is not a valid NATS header name")
+            if len(_CHECKED_NAMES) < CHECKED_NAMES_MAX:
+                _CHECKED_NAMES.add(name)
+        text = value.strip()
+        if "\r" in text or "\n" in text:
+            raise request.BadRequest(f"header {name!r} contains a line break, which NATS does not allow in a value")
+        lines.append(f"{name}: {text}\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode()
 
 
 def message_of(sub: Subscription, dest: NatsDestination, event: OutEvent) -> Message:
-    """One event as a JetStream message (``request.BadRequest`` if its headers cannot be sent)."""
+    """One event as a JetStream message (``request.BadRequest`` if its subject or headers cannot be sent)."""
     webhook_id = request.message_id([event])
     headers = {**sub.headers, **request.event_headers(event), "webhook-id": webhook_id, "pgferry-stream": event.stream}
     if event.key is not None:
@@ -76,7 +103,10 @@ def message_of(sub: Subscription, dest: NatsDestination, event: OutEvent) -> Mes
         if encoded:
             headers["pgferry-key-encoding"] = "percent"
     headers["Nats-Msg-Id"] = f"{sub.name}/{webhook_id}"
-    return Message(dest.subject.render(event, subject=True), event.payload.encode(), headers)
+    subject = dest.subject.render(event, subject=True)
+    if not subject or _SUBJECT_BREAK.search(subject):
+        raise request.BadRequest(f"subject {subject!r} is empty or holds white space, which NATS does not allow")
+    return Message(subject, event.payload.encode(), headers, header_block(headers))
 
 
 class JetStreamSink(Sink):
@@ -132,7 +162,7 @@ class JetStreamSink(Sink):
             return HttpResult(None, "withdrawn", "not sent", None, 0.0)
         timeout = self.sub.timeout_ms / 1000
         try:
-            outcomes = await publisher.publish_all([(m.subject, m.data, m.headers) for m in messages], timeout)
+            outcomes = await publisher.publish_all([(m.subject, m.data, m.headers, m.block) for m in messages], timeout)
         except Exception as exc:  # noqa: BLE001 - the connection failed mid-chunk: what the client said
             return _explain(exc, messages[0], dest, max_payload, timeout, started)
         for m, outcome in zip(messages, outcomes, strict=True):

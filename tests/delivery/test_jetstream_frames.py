@@ -1,0 +1,141 @@
+"""The JetStream sink's own HPUB frames and acknowledgement routing, held to nats-py's publish.
+
+``delivery.brokers.AckedPublisher`` writes a chunk's frames itself and takes
+acknowledgements off nats-py's parser (docs/benchmarks.md says why). Here a
+real nats-server relays what it received from both writers to one plain
+subscriber: the same subjects, payloads and headers must come out, whatever
+the payload bytes and header text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import nats
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pgferry.bench.brokers import NatsServer
+from pgferry.delivery import request
+from pgferry.delivery.brokers import AckedPublisher, PublishRefused
+from pgferry.delivery.jetstream import header_block
+
+TOKEN = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-", min_size=1, max_size=12)
+HEADER_NAME = TOKEN.map(lambda name: "x-" + name)  # not one JetStream acts on (Nats-Expected-Stream, ...)
+HEADER_VALUE = st.text(st.characters(codec="utf-8", exclude_characters="\r\n"), max_size=40)
+MESSAGE = st.tuples(
+    st.lists(TOKEN, min_size=1, max_size=3).map(".".join),
+    st.binary(max_size=600) | st.sampled_from([b"", b"\r\n", b"HPUB a b 1 2\r\n", b"\x00\xff" * 40]),
+    st.dictionaries(HEADER_NAME, HEADER_VALUE, min_size=1, max_size=5),
+)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[NatsServer]:
+    nats_server = NatsServer()
+    nats_server.start()
+    yield nats_server
+    nats_server.close()
+
+
+async def _both_ways(url: str, messages: list[tuple[str, bytes, dict[str, str]]], fast: bool) -> tuple[Any, Any]:
+    """What one subscriber receives of ``messages`` published by AckedPublisher (into a stream) and
+    by nats-py's own publish, and AckedPublisher's outcomes."""
+    watcher = await nats.connect(url)
+    ours_client = await nats.connect(url)
+    theirs = await nats.connect(url)
+    try:
+        js = watcher.jetstream()
+        await js.add_stream(name="FRAMES", subjects=["ours.>"])
+        got: dict[str, list[Any]] = {"ours": [], "theirs": []}
+
+        async def received(msg: Any) -> None:
+            got[msg.subject.partition(".")[0]].append(msg)
+
+        await watcher.subscribe(">", cb=received)
+        await watcher.flush()
+        publisher = AckedPublisher(ours_client)
+        await publisher.start()
+        assert publisher.fast, "nats-py's internals changed: the publisher fell back to per-message publish"
+        publisher.fast = fast
+        outcomes = await publisher.publish_all(
+            [(f"ours.{s}", data, headers, header_block(headers)) for s, data, headers in messages], timeout=5
+        )
+        for s, data, headers in messages:
+            await theirs.publish(f"theirs.{s}", data, headers=headers)
+        await theirs.flush()
+        for _ in range(200):
+            if len(got["ours"]) == len(got["theirs"]) == len(messages):
+                break
+            await asyncio.sleep(0.01)
+        await js.delete_stream("FRAMES")
+        return outcomes, got
+    finally:
+        for client in (watcher, ours_client, theirs):
+            await client.close()
+
+
+def _seen(msgs: list[Any]) -> list[tuple[str, bytes, dict[str, str] | None]]:
+    return [(m.subject.partition(".")[2], m.data, m.headers) for m in msgs]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(messages=st.lists(MESSAGE, min_size=1, max_size=30))
+def test_frames_carry_what_nats_pys_publish_carries(
+    server: NatsServer, messages: list[tuple[str, bytes, dict[str, str]]]
+) -> None:
+    outcomes, got = asyncio.run(_both_ways(server.url, messages, fast=True))
+    assert outcomes == [None] * len(messages)  # each acknowledged by JetStream
+    assert _seen(got["ours"]) == _seen(got["theirs"])
+    assert len(got["ours"]) == len(messages)
+
+
+async def test_without_nats_pys_internals_the_public_publish_gives_the_same_messages_and_outcomes(
+    server: NatsServer,
+) -> None:
+    messages = [("a.b", b'{"x": 1}', {"x-id": "1", "x-text": " padded  "}), ("c", b"", {"x-n": "\u00e9t\u00e9"})]
+    for fast in (True, False):
+        outcomes, got = await _both_ways(server.url, messages, fast=fast)
+        assert outcomes == [None, None]
+        assert _seen(got["ours"]) == _seen(got["theirs"])
+
+
+async def test_each_message_of_a_chunk_gets_its_own_outcome(server: NatsServer) -> None:
+    client = await nats.connect(server.url)
+    try:
+        js = client.jetstream()
+        await js.add_stream(name="ONE", subjects=["kept.>"])
+        for fast in (True, False):
+            publisher = AckedPublisher(client)
+            await publisher.start()
+            publisher.fast = publisher.fast and fast
+            headers = {"x-a": "1"}
+            block = header_block(headers)
+            outcomes = await publisher.publish_all(
+                [
+                    ("kept.1", b"1", headers, block),
+                    ("nobody.listens", b"2", headers, block),
+                    ("kept.2", b"3", headers, block),
+                ],
+                timeout=5,
+            )
+            assert outcomes[0] is None and outcomes[2] is None
+            assert isinstance(outcomes[1], PublishRefused) and outcomes[1].no_stream
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    ("headers", "problem"),
+    [
+        ({"bad name": "x"}, "not a valid NATS header name"),
+        ({"x-a": "one\r\ntwo"}, "line break"),
+        ({"x-a": "one\ntwo"}, "line break"),
+    ],
+)
+def test_a_header_that_would_break_the_frame_is_refused(headers: dict[str, str], problem: str) -> None:
+    with pytest.raises(request.BadRequest, match=problem):
+        header_block(headers)
