@@ -214,6 +214,39 @@ async def test_redis_dedup_windows_are_the_servers_so_relays_with_skewed_clocks_
 
 
 @needs_redis
+async def test_redis_chunks_resent_overlapping_or_broken_midway_append_each_event_once(
+    redis_server: RedisServer,
+) -> None:
+    """APPEND_ONCE looks the chunk's marks up and writes them once per chunk: an event seen in an
+    earlier chunk, twice in one chunk, or before a stream that refused it, is appended once."""
+    url = f"{redis_server.url}/0?stream=once:{{key}}"
+    ctx = DeliveryContext(pool=None, http=None, global_limit=None)  # type: ignore[arg-type]
+    sink = RedisStreamsSink(subscription(name="once", url=url), ctx)
+    client = redis_client(redis_server.port)
+
+    def events(*ids: int, key: str = "a") -> list[OutEvent]:
+        return [OutEvent(n, "s", key, orjson.dumps({"n": n}).decode(), None, datetime.now(UTC)) for n in ids]
+
+    async def send(chunk: list[OutEvent]) -> str | None:
+        return (await sink.send(chunk, sink.prepare(chunk), None, fresh=False)).error
+
+    try:
+        assert await send(events(1, 2, 3)) is None
+        assert await send(events(2, 3, 4, 4, 5)) is None  # resent, and one event twice in a chunk
+        await client.set("once:bad", "a string, not a stream")
+        error = await send([*events(6, 7), *events(8, key="bad"), *events(9)])
+        assert error is not None and "'once:bad'" in error and "WRONGTYPE" in error
+        await client.delete("once:bad")
+        assert await send([*events(6, 7), *events(8, key="bad"), *events(9)]) is None
+    finally:
+        await ctx.brokers.close()
+    ids = [f["webhook-id"] for _, f in await client.xrange("once:a")]
+    assert ids == [f"evt_{n}" for n in (1, 2, 3, 4, 5, 6, 7, 9)]
+    assert [f["webhook-id"] for _, f in await client.xrange("once:bad")] == ["evt_8"]
+    await client.aclose()
+
+
+@needs_redis
 async def test_more_appends_at_once_than_connections_wait_for_one_and_fail_none(
     relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, redis_server: RedisServer
 ) -> None:
