@@ -103,6 +103,13 @@ async def test_without_nats_pys_internals_the_public_publish_gives_the_same_mess
         assert _seen(got["ours"]) == _seen(got["theirs"])
 
 
+async def test_a_chunk_larger_than_one_write_goes_out_whole_and_in_order(server: NatsServer) -> None:
+    messages = [(f"big.{n}", bytes([n]) * 150_000, {"x-n": str(n)}) for n in range(6)]  # 900 KB: four writes
+    outcomes, got = await _both_ways(server.url, messages, fast=True)
+    assert outcomes == [None] * 6
+    assert _seen(got["ours"]) == _seen(got["theirs"]) and len(got["ours"]) == 6
+
+
 async def test_each_message_of_a_chunk_gets_its_own_outcome(server: NatsServer) -> None:
     client = await nats.connect(server.url)
     try:

@@ -53,6 +53,9 @@ class PublishRefused(Exception):
         self.description = description
 
 
+#: Bytes of frames joined into one write at most.
+FRAMES_AT_ONCE = 1 << 18
+
 #: What a publish is handed: subject, payload, headers, and the headers as a NATS/1.0 block
 #: (``jetstream.header_block``).
 Publish = tuple[str, bytes, Mapping[str, str], bytes]
@@ -131,12 +134,23 @@ class AckedPublisher:
         reply = self._prefix_bytes + chunk_id + b"-"
         try:
             if self.fast:
-                frames = [
-                    b"HPUB %b %b%d %d %d\r\n%b%b\r\n"
-                    % (subject.encode(), reply, i, len(block), len(block) + len(data), block, data)
-                    for i, (subject, data, _, block) in enumerate(messages)
-                ]
-                await client._send_command(b"".join(frames))
+                frames: list[bytes] = []
+                size = 0
+                for i, (subject, data, _, block) in enumerate(messages):
+                    frame = b"HPUB %b %b%d %d %d\r\n%b%b\r\n" % (
+                        subject.encode(),
+                        reply,
+                        i,
+                        len(block),
+                        len(block) + len(data),
+                        block,
+                        data,
+                    )
+                    frames.append(frame)
+                    size += len(frame)
+                    if size >= FRAMES_AT_ONCE or i == len(messages) - 1:  # large messages: no copy of the whole chunk
+                        await client._send_command(b"".join(frames))
+                        frames, size = [], 0
                 if client._flush_queue is not None and client._flush_queue.empty():
                     await client._flush_pending()  # as nats-py's publish ends
             else:
