@@ -126,6 +126,33 @@ async def test_jetstream_gets_each_event_once_on_its_key_subject(
     assert await conn.fetchval("select count(*) from ferry.attempts where error_class is not null") == 0
 
 
+async def test_many_jetstream_subscriptions_share_one_connection_and_each_message_is_stored_once(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, nats_server: NatsServer, js: Any
+) -> None:
+    """300 subscriptions publish their chunks at once through the relay's one connection to the
+    server: each acknowledgement must reach its own chunk's message."""
+    await js.add_stream(name="FAN", subjects=["fan.>"])
+    for n in range(300):
+        await ferry.subscribe(f"fan{n}", ["s"], f"{nats_server.url}/fan.{n}.{{key}}", batch_size=4)
+    await ferry.publish_many([{"stream": "s", "payload": {"n": n}, "key": str(n)} for n in range(10)])
+
+    async def stored() -> bool:
+        return bool((await js.stream_info("FAN")).state.messages >= 3000)
+
+    await eventually(stored, timeout=60, what="3,000 messages in JetStream")
+    messages = await stream_messages(js, "FAN")
+    assert len(messages) == len({m.headers["Nats-Msg-Id"] for m in messages}) == 3000
+    for m in messages:  # each on its subscription's subject, for its own event
+        sub = m.headers["Nats-Msg-Id"].partition("/")[0].removeprefix("fan")
+        assert m.subject == f"fan.{sub}.{orjson.loads(m.data)['n']}"
+
+    async def acknowledged() -> bool:  # a chunk handed another's acknowledgements waits for its own in vain
+        return bool(await conn.fetchval("select count(*) from ferry.attempts where error_class is null") == 3000)
+
+    await eventually(acknowledged, timeout=60, what="3,000 acknowledged attempts")
+    assert await conn.fetchval("select count(*) from ferry.attempts where error_class is not null") == 0
+
+
 def recorded(conn: asyncpg.Connection, subscription: str, count: int):  # type: ignore[no-untyped-def]
     async def check() -> bool:
         got = await conn.fetchval("select count(*) from ferry.attempts where subscription = $1", subscription)
