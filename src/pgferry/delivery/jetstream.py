@@ -68,10 +68,10 @@ class Message:
 
     @property
     def size(self) -> int:
-        """What the server counts against max_payload: the payload and the whole header block
-        (without "NATS/1.0\r\n" and the closing "\r\n", messages up to 12 bytes over the limit
-        passed here, and the server closed the connection under every request on it; counted in
-        characters instead of bytes, non-ASCII headers did, outside probe)."""
+        """What the server counts against max_payload, in bytes: the payload and the whole header
+        block. (Without the block's "NATS/1.0\r\n" and closing "\r\n", messages up to 12 bytes
+        over the limit passed here; counted in characters, non-ASCII headers did; and the server
+        closed the shared connection under every publish on it: outside probes.)"""
         return len(self.data) + len(self.block)
 
 
