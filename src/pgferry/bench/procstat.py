@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import resource
+from collections.abc import Mapping
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -55,6 +56,25 @@ def tree_cpu_seconds(root: int) -> float:
     """CPU of ``root`` and its children, live or gone (a postmaster and its backends): a backend
     that exits is added to its parent's reaped time, so differences over a window stay right."""
     return cpu_seconds(root, reaped=True) + sum(cpu_seconds(pid) for pid in children(root))
+
+
+def cpu_by_command(markers: Mapping[str, str]) -> dict[str, float]:
+    """CPU so far of the live processes whose command line holds each role's marker, summed per
+    role (``{"relay": "pgferry run"}``): for processes that live through a window, such as a
+    bench's relay and broker, whichever started them."""
+    found = dict.fromkeys(markers, 0.0)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                command = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        for role, marker in markers.items():
+            if marker in command:
+                found[role] += cpu_seconds(int(entry))
+    return found
 
 
 def reaped_cpu_seconds() -> float:

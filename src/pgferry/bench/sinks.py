@@ -29,10 +29,20 @@ import orjson
 from pgferry import db
 from pgferry.bench.brokers import NatsServer, RedisServer
 from pgferry.bench.pgbench import run_pgbench
+from pgferry.bench.procstat import cpu_by_command
 from pgferry.bench.relay import running_relays
 from pgferry.bench.report import Latency, ms, num
 from pgferry.bench.sqlfiles import named
-from pgferry.bench.webhooks import HUNDRED_ROWS, SINGLE_ROW, WARM_UP_ROWS, Scenario, prepare, run_scenario, scenarios
+from pgferry.bench.webhooks import (
+    HUNDRED_ROWS,
+    SINGLE_ROW,
+    WARM_UP_ROWS,
+    WEBHOOK_PARTIES,
+    Scenario,
+    prepare,
+    run_scenario,
+    scenarios,
+)
 from pgferry.errors import PgferryError
 
 SINKS = ("webhook", "nats", "redis")
@@ -51,9 +61,14 @@ class SinkOutcome:
     throughput: float
     latency: Latency
     last_after_commit_s: float
+    #: CPU seconds of the relay and of the receiver or broker, from the first insert to the last delivery
+    cpu: dict[str, float]
 
 
 class Stored(Protocol):
+    #: what the broker's command line holds (its CPU is read by it)
+    marker: str
+
     """What a broker holds for the bench, read with the broker's own client."""
 
     target: str
@@ -69,6 +84,7 @@ class JetStreamStored:
     def __init__(self, server: NatsServer, js: Any) -> None:
         self.target = f"{server.url}/{NATS_SUBJECT}"
         self.js = js
+        self.marker = str(server.dir)  # its config file's path
 
     async def clear(self) -> None:
         with contextlib.suppress(Exception):
@@ -101,6 +117,7 @@ class RedisStored:
     def __init__(self, server: RedisServer, client: Any) -> None:
         self.target = f"{server.url}/0?stream={REDIS_STREAM}"
         self.client = client
+        self.marker = f"127.0.0.1:{server.port}"  # in the title redis-server gives itself
 
     async def clear(self) -> None:
         await self.client.flushdb()
@@ -167,12 +184,15 @@ async def run_broker_scenario(
             warm = await conn.fetchval(named("webhooks.sql", "rows"))
             await _until(lambda: _at_least(stored, warm), time.time() + timeout, f"the {warm} warm-up events")
             await stored.clear()  # scored from here: only what the scenario inserted
+            parties = {"relay": WEBHOOK_PARTIES["relay"], "sink": stored.marker}
             started = time.time()
+            cpu_before = cpu_by_command(parties)
             await run_pgbench(url, script, clients=scenario.clients, transactions=scenario.transactions, rate=rate)
             insert_end = time.time()
             inserted = await conn.fetchval(named("webhooks.sql", "rows")) - warm
             with contextlib.suppress(PgferryError):  # a shortfall is reported, not raised
                 await _until(lambda: _at_least(stored, inserted), insert_end + timeout, "the events")
+            cpu = {role: seconds - cpu_before[role] for role, seconds in cpu_by_command(parties).items()}
             await asyncio.sleep(0.5)  # late duplicates would arrive now
         for row in await conn.fetch(named("webhooks.sql", "failure_classes")):
             click.echo(f"  failed attempts: {row['n']} x {row['error_class']}", err=True)
@@ -191,6 +211,7 @@ async def run_broker_scenario(
         throughput=len(ids) / max(1e-9, last_at - started),
         latency=Latency.of([(m[2] - m[1]) * 1000 for m in messages]),
         last_after_commit_s=last_at - insert_end,
+        cpu=cpu,
     )
 
 
@@ -219,7 +240,7 @@ async def run_sinks_bench(
                 if sink == "webhook":
                     o = await run_scenario(url, scenario, timeout, rate)
                     results.append(SinkOutcome(sink, scenario, o.inserted, o.unique, o.duplicates, o.insert_seconds,
-                                               o.throughput, o.latency, o.last_after_commit_s))  # fmt: skip
+                                               o.throughput, o.latency, o.last_after_commit_s, o.cpu))  # fmt: skip
                 else:
                     results.append(await run_broker_scenario(url, scenario, sink, stored[sink], timeout, rate))
     return results
@@ -228,7 +249,7 @@ async def run_sinks_bench(
 def print_table(results: Sequence[SinkOutcome]) -> None:
     header = (
         f"{'scenario':<28} {'sink':<8} {'rows':>9} {'insert/s':>9} {'ev/s':>9} {'ratio':>6}"
-        f" {'p50 ms':>7} {'p99 ms':>7} {'last+s':>7} {'lost':>5} {'dups':>5}"
+        f" {'p50 ms':>7} {'p99 ms':>7} {'last+s':>7} {'lost':>5} {'dups':>5} {'relay us':>8} {'sink us':>8}"
     )
     click.echo(header)
     click.echo("-" * len(header))
@@ -238,9 +259,16 @@ def print_table(results: Sequence[SinkOutcome]) -> None:
             f"{o.scenario.name[:28]:<28} {o.sink:<8} {num(o.inserted):>9} {num(insert_rate):>9}"
             f" {num(o.throughput):>9} {o.throughput / insert_rate:>6.2f} {ms(o.latency.p50):>7} {ms(o.latency.p99):>7}"
             f" {o.last_after_commit_s:>7.2f} {o.inserted - o.unique:>5} {o.duplicates:>5}"
+            f" {_per_event(o, 'relay'):>8} {_per_event(o, 'sink'):>8}"
         )
     click.echo(
         "insert/s: rows pgbench inserted per second; ev/s: events delivered (received by the webhook, stored by "
         "the broker) / (last one - first insert); ratio: ev/s / insert/s; p50/p99: commit to receipt or store; "
-        "last+s: the last one after the last commit; lost: inserted, never delivered; dups: stored more than once."
+        "last+s: the last one after the last commit; lost: inserted, never delivered; dups: stored more than once; "
+        "relay us, sink us: CPU microseconds per delivered event of the relay and of the receiver or broker, from "
+        "the first insert to the last delivery (/proc)."
     )
+
+
+def _per_event(o: SinkOutcome, role: str) -> str:
+    return f"{o.cpu[role] * 1e6 / o.unique:.1f}" if role in o.cpu and o.unique else "-"

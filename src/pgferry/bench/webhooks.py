@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -30,6 +30,7 @@ import click
 
 from pgferry import db
 from pgferry.bench.pgbench import run_pgbench
+from pgferry.bench.procstat import cpu_by_command
 from pgferry.bench.relay import running_relays
 from pgferry.bench.report import Latency, ms, num
 from pgferry.bench.sqlfiles import named
@@ -104,6 +105,12 @@ class Outcome:
     time_wait_running: int
     time_wait_after: int
     timed_out: bool
+    #: CPU seconds of the relay and the receiver from the first insert to the last receipt
+    cpu: dict[str, float] = field(default_factory=dict)
+
+
+#: The processes whose CPU a scenario reports, by a marker in their command line.
+WEBHOOK_PARTIES = {"relay": "pgferry run", "sink": "pgferry.bench.tracking_receiver"}
 
 
 @contextlib.asynccontextmanager
@@ -254,6 +261,7 @@ async def run_scenario(
                 if backlog:
                     await conn.execute(named("webhooks.sql", "pause"))
                 started = time.time()
+                cpu_before = cpu_by_command(WEBHOOK_PARTIES)
                 await run_pgbench(url, script, clients=scenario.clients, transactions=scenario.transactions, rate=rate)
                 insert_end = time.time()
                 if backlog:
@@ -267,6 +275,7 @@ async def run_scenario(
                     await asyncio.sleep(0.2)
                     stats = await receiver_stats()
                     delivered, last_at = await _delivered(conn, scenario, stats, before)
+                cpu = _spent(cpu_before, cpu_by_command(WEBHOOK_PARTIES))
                 time_wait_running = time_wait_sockets(port)
             time_wait_after = time_wait_sockets(port)
             dead = await conn.fetchval(named("webhooks.sql", "dead")) - before.dead
@@ -292,7 +301,12 @@ async def run_scenario(
         time_wait_running=time_wait_running,
         time_wait_after=time_wait_after,
         timed_out=delivered < inserted,
+        cpu=cpu,
     )
+
+
+def _spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {role: after[role] - before[role] for role in after}
 
 
 def print_table(outcomes: list[Outcome]) -> None:
