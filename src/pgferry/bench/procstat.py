@@ -77,6 +77,11 @@ def cpu_by_command(markers: Mapping[str, str]) -> dict[str, float]:
     return found
 
 
+def cpu_spent(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """Each role's CPU between two readings of ``cpu_by_command``."""
+    return {role: after[role] - before[role] for role in after}
+
+
 def reaped_cpu_seconds() -> float:
     """CPU of this process's children it has waited for (a writer subprocess that has finished)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)

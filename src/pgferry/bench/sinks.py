@@ -29,7 +29,7 @@ import orjson
 from pgferry import db
 from pgferry.bench.brokers import NatsServer, RedisServer
 from pgferry.bench.pgbench import run_pgbench
-from pgferry.bench.procstat import cpu_by_command
+from pgferry.bench.procstat import cpu_by_command, cpu_spent
 from pgferry.bench.relay import running_relays
 from pgferry.bench.report import Latency, ms, num
 from pgferry.bench.sqlfiles import named
@@ -192,7 +192,7 @@ async def run_broker_scenario(
             inserted = await conn.fetchval(named("webhooks.sql", "rows")) - warm
             with contextlib.suppress(PgferryError):  # a shortfall is reported, not raised
                 await _until(lambda: _at_least(stored, inserted), insert_end + timeout, "the events")
-            cpu = {role: seconds - cpu_before[role] for role, seconds in cpu_by_command(parties).items()}
+            cpu = cpu_spent(cpu_before, cpu_by_command(parties))
             await asyncio.sleep(0.5)  # late duplicates would arrive now
         for row in await conn.fetch(named("webhooks.sql", "failure_classes")):
             click.echo(f"  failed attempts: {row['n']} x {row['error_class']}", err=True)

@@ -30,7 +30,7 @@ import click
 
 from pgferry import db
 from pgferry.bench.pgbench import run_pgbench
-from pgferry.bench.procstat import cpu_by_command
+from pgferry.bench.procstat import cpu_by_command, cpu_spent
 from pgferry.bench.relay import running_relays
 from pgferry.bench.report import Latency, ms, num
 from pgferry.bench.sqlfiles import named
@@ -275,7 +275,7 @@ async def run_scenario(
                     await asyncio.sleep(0.2)
                     stats = await receiver_stats()
                     delivered, last_at = await _delivered(conn, scenario, stats, before)
-                cpu = _spent(cpu_before, cpu_by_command(WEBHOOK_PARTIES))
+                cpu = cpu_spent(cpu_before, cpu_by_command(WEBHOOK_PARTIES))
                 time_wait_running = time_wait_sockets(port)
             time_wait_after = time_wait_sockets(port)
             dead = await conn.fetchval(named("webhooks.sql", "dead")) - before.dead
@@ -303,10 +303,6 @@ async def run_scenario(
         timed_out=delivered < inserted,
         cpu=cpu,
     )
-
-
-def _spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {role: after[role] - before[role] for role in after}
 
 
 def print_table(outcomes: list[Outcome]) -> None:
