@@ -125,7 +125,7 @@ class AckedPublisher:
         import nats.errors  # noqa: PLC0415
 
         client = self.client
-        if client.is_closed or not client.is_connected:  # what nats-py's publish checks first
+        if not client.is_connected:  # closed, or not yet reconnected: nats-py's publish refuses too
             raise nats.errors.ConnectionClosedError
         self.sequence += 1
         chunk_id = str(self.sequence).encode()
