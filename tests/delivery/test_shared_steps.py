@@ -71,7 +71,7 @@ async def test_subscriptions_at_one_position_share_one_read_and_the_rest_read_al
         await conn.fetch("select name, tick_id from ferry.consumers where name in ('webhook:a', 'webhook:c')")
     )
     assert cursors == {"webhook:a": end, "webhook:c": start}
-    recorded = await conn.fetch("select subscription, count(*) from ferry.attempts group by 1 order by 1")
+    recorded = await conn.fetch("select subscription, count(*) from ferry.attempt_history() group by 1 order by 1")
     assert [tuple(r) for r in recorded] == [("a", 1), ("b", 2)]
 
 

@@ -123,7 +123,7 @@ async def test_jetstream_gets_each_event_once_on_its_key_subject(
         of_key = [orjson.loads(m.data)["n"] for m in messages if m.subject == f"orders.k%2E{k}"]
         assert of_key == list(range(k, 30, 3))
     await eventually(recorded(conn, "to-nats", 31), what="31 attempts recorded")
-    assert await conn.fetchval("select count(*) from ferry.attempts where error_class is not null") == 0
+    assert await conn.fetchval("select count(*) from ferry.attempt_history() where error_class is not null") == 0
 
 
 async def test_many_jetstream_subscriptions_share_one_connection_and_each_message_is_stored_once(
@@ -147,15 +147,17 @@ async def test_many_jetstream_subscriptions_share_one_connection_and_each_messag
         assert m.subject == f"fan.{sub}.{orjson.loads(m.data)['n']}"
 
     async def acknowledged() -> bool:  # a chunk handed another's acknowledgements waits for its own in vain
-        return bool(await conn.fetchval("select count(*) from ferry.attempts where error_class is null") == 3000)
+        return bool(
+            await conn.fetchval("select count(*) from ferry.attempt_history() where error_class is null") == 3000
+        )
 
     await eventually(acknowledged, timeout=60, what="3,000 acknowledged attempts")
-    assert await conn.fetchval("select count(*) from ferry.attempts where error_class is not null") == 0
+    assert await conn.fetchval("select count(*) from ferry.attempt_history() where error_class is not null") == 0
 
 
 def recorded(conn: asyncpg.Connection, subscription: str, count: int):  # type: ignore[no-untyped-def]
     async def check() -> bool:
-        got = await conn.fetchval("select count(*) from ferry.attempts where subscription = $1", subscription)
+        got = await conn.fetchval("select count(*) from ferry.attempt_history() where subscription = $1", subscription)
         return bool(got == count)
 
     return check
@@ -209,7 +211,7 @@ async def test_a_redis_entry_over_the_limit_in_bytes_is_dead_lettered_with_the_r
     assert letter["event_id"] == big, letter
     assert f"entry of event {big} is 12" in letter["last_error"], letter  # bytes, not ~680 characters
     assert "over the relay's limit of 1000 (ferry.config.max_body_bytes)" in letter["last_error"], letter
-    attempts = await conn.fetch("select error_class from ferry.attempts where event_id = $1", big)
+    attempts = await conn.fetch("select error_class from ferry.attempt_history() where event_id = $1", big)
     assert [r[0] for r in attempts] == ["too_large"]  # dead at once, not retried
     assert (await client.xrange("sized"))[0][1]["webhook-id"] == f"evt_{fine}"
     await client.aclose()
@@ -282,7 +284,7 @@ async def test_more_appends_at_once_than_connections_wait_for_one_and_fail_none(
     await ferry.subscribe("wide", ["s"], f"{redis_server.url}/4?stream=wide:{{key}}", max_in_flight=200)
     await ferry.publish_many([{"stream": "s", "payload": {"n": n}, "key": str(n % 20)} for n in range(2000)])
     await eventually(recorded(conn, "wide", 2000), timeout=60, what="2,000 attempts recorded")
-    failed = await conn.fetchval("select count(*) from ferry.attempts where error_class is not null")
+    failed = await conn.fetchval("select count(*) from ferry.attempt_history() where error_class is not null")
     client = redis_client(redis_server.port, db=4)
     clients = int((await client.info("clients"))["connected_clients"])
     assert sum([await client.xlen(f"wide:{k}") for k in range(20)]) == 2000
@@ -300,12 +302,16 @@ async def test_a_database_the_server_lacks_fails_its_subscription_only(
     await ferry.publish_many([{"stream": "bad", "payload": {"n": n}} for n in range(10)])
 
     async def failing() -> bool:
-        return bool(await conn.fetchval("select count(*) from ferry.attempts where subscription = 'nodb'") >= 10)
+        return bool(
+            await conn.fetchval("select count(*) from ferry.attempt_history() where subscription = 'nodb'") >= 10
+        )
 
     await eventually(failing, what="the bad database's attempts")
     await ferry.publish_many([{"stream": "good", "payload": {"n": n}} for n in range(5)])
     await eventually(recorded(conn, "fine", 5), timeout=5, what="the other subscription's 5 (never held)")
-    classes = await conn.fetch("select distinct error_class, error from ferry.attempts where subscription = 'nodb'")
+    classes = await conn.fetch(
+        "select distinct error_class, error from ferry.attempt_history() where subscription = 'nodb'"
+    )
     assert [r["error_class"] for r in classes] == ["config"] and "DB index is out of range" in classes[0]["error"]
 
 
@@ -539,7 +545,7 @@ async def test_messages_at_the_max_payload_boundary_and_overlong_subjects_are_re
             return bool(dead + (await js.stream_info("EDGE")).state.messages == len(ids))
 
         await eventually(settled, timeout=30, what="each event stored or dead")
-        classes = {r[0] for r in await conn.fetch("select distinct error_class from ferry.attempts")}
+        classes = {r[0] for r in await conn.fetch("select distinct error_class from ferry.attempt_history()")}
         assert classes <= {None, "too_large"}, classes
         reasons = [r[0] for r in await conn.fetch("select last_error from ferry.dead_letters order by event_id")]
         assert reasons[-2].startswith(f"the subject of evt_{ids[-2]} is 5005 bytes") and len(reasons) > 2
@@ -673,21 +679,21 @@ async def test_wrong_or_missing_credentials_are_recorded_as_auth_until_they_are_
         # config (WRONGPASS has no "AUTH" in it: outside probe).
         await conn.execute("""select ferry.set_subscription_credentials('n', '{"token": "t0ken-S3CRET"}')""")
         await conn.execute("""select ferry.set_subscription_credentials('r', '{"password": "wr0ng-S3CRET"}')""")
-        await conn.execute("delete from ferry.attempts")
+        await conn.execute("delete from ferry.attempts; delete from ferry.deliveries")
 
         async def wrong_ones_seen() -> bool:
             return bool(
                 await conn.fetchval(
-                    "select count(distinct subscription) from ferry.attempts where error_class = 'auth'"
+                    "select count(distinct subscription) from ferry.attempt_history() where error_class = 'auth'"
                 )
                 == 2
                 and await conn.fetch(
-                    "select 1 from ferry.attempts where subscription = 'r' and error like '%WRONGPASS%'"
+                    "select 1 from ferry.attempt_history() where subscription = 'r' and error like '%WRONGPASS%'"
                 )
             )
 
         await eventually(wrong_ones_seen, timeout=20, what="failures with the wrong token and password")
-        assert {r[0] for r in await conn.fetch("select error_class from ferry.attempts")} == {"auth"}
+        assert {r[0] for r in await conn.fetch("select error_class from ferry.attempt_history()")} == {"auth"}
         assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
         await conn.execute(
             """select ferry.set_subscription_credentials('n', '{"user": "pf", "password": "s3cret-N4TS"}')"""
@@ -859,11 +865,13 @@ async def test_a_nats_credentials_file_the_relay_cannot_read_is_a_config_error_n
 
     async def refused() -> bool:  # (the relay may try once before it sees the credentials)
         return bool(await conn.fetchval(
-            "select count(*) from ferry.attempts where subscription = 'creds' and error_class = 'config'"
+            "select count(*) from ferry.attempt_history() where subscription = 'creds' and error_class = 'config'"
             " and error like '%cannot read the NATS credentials file ''/nonexistent/u.creds''%'"))  # fmt: skip
 
     await eventually(refused, what="an attempt refused as config, naming the file")
-    classes = {r[0] for r in await conn.fetch("select error_class from ferry.attempts where subscription = 'creds'")}
+    classes = {
+        r[0] for r in await conn.fetch("select error_class from ferry.attempt_history() where subscription = 'creds'")
+    }
     assert "internal" not in classes and "connect" not in classes, classes
     assert importlib.util.find_spec("nkeys") is not None  # installed with nats-py[nkeys]: creds files need it
 
@@ -887,7 +895,10 @@ async def test_a_redis_frozen_before_the_first_connection_is_waited_for_not_an_i
     client = redis_client(redis_server.port)
     await eventually(lambda: _equals(client.xlen("cold"), 5), timeout=30, what="the five events stored")
     classes = {
-        r[0] for r in await conn.fetch("select distinct error_class from ferry.attempts where error_class is not null")
+        r[0]
+        for r in await conn.fetch(
+            "select distinct error_class from ferry.attempt_history() where error_class is not null"
+        )
     }
     assert classes <= {"connect", "timeout"}, classes
     assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0

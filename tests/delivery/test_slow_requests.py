@@ -90,7 +90,7 @@ async def test_a_slow_answer_does_not_hold_back_later_events(
 
     await all_delivered(receiver, {slow})  # the answer comes after SLOW_S: recorded then, not sent again
     await eventually(_no_retries(conn), what="the late answer to be recorded")
-    attempts = await conn.fetch("select attempt, status from ferry.attempts where event_id = $1", slow)
+    attempts = await conn.fetch("select attempt, status from ferry.attempt_history() where event_id = $1", slow)
     assert [(a["attempt"], a["status"]) for a in attempts] == [(1, 200)]
     assert received_ids(receiver).count(slow) == 1
 
@@ -115,7 +115,7 @@ async def test_many_late_answers_are_each_recorded_once_with_their_own_outcome(
     await all_delivered(receiver, set(ids))
     await eventually(_no_retries(conn), what="the late answers and the retries to be recorded")
     rows = await conn.fetch(
-        "select event_id, array_agg(status order by attempt) as statuses from ferry.attempts"
+        "select event_id, array_agg(status order by attempt) as statuses from ferry.attempt_history()"
         " where subscription = 'late' group by event_id"
     )
     by_id = {r["event_id"]: r["statuses"] for r in rows}
@@ -135,7 +135,9 @@ async def test_a_request_that_times_out_after_being_let_go_is_retried(
     assert time.monotonic() - started < 2.3, "later events waited for the hanging request's timeout"
     await all_delivered(receiver, {hung})  # timed out at 2.5 s, parked for a retry, then answered
     await eventually(_no_retries(conn), what="the retry to be recorded")
-    attempts = await conn.fetch("select attempt, error_class from ferry.attempts where event_id = $1 order by 1", hung)
+    attempts = await conn.fetch(
+        "select attempt, error_class from ferry.attempt_history() where event_id = $1 order by 1", hung
+    )
     assert [(a["attempt"], a["error_class"]) for a in attempts] == [(1, "timeout"), (2, None)]
 
 

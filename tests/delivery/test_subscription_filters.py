@@ -54,7 +54,7 @@ async def test_only_captured_rows_the_filter_matches_reach_the_receiver(
         ("INSERT", 2), ("INSERT", 4), ("UPDATE", 2)]  # fmt: skip
     assert sorted(b["record"]["id"] for b in bodies(becoming_paid)) == [1, 2]  # type: ignore[index]
     # Skipped events leave no attempt and no parked row: they were never sent.
-    assert await conn.fetchval("select count(*) from ferry.attempts where subscription = 'big'") == 3
+    assert await conn.fetchval("select count(*) from ferry.attempt_history() where subscription = 'big'") == 3
     assert await conn.fetchval("select count(*) from ferry.retries") == 0
 
 
@@ -67,7 +67,7 @@ async def test_a_batch_whose_every_event_is_filtered_out_still_moves_the_cursor(
                        "from generate_series(1, 500) n")  # fmt: skip
     await _all_caught_up(conn, "rare")
     assert receiver.received == []
-    assert await conn.fetchval("select count(*) from ferry.attempts") == 0
+    assert await conn.fetchval("select count(*) from ferry.attempt_history()") == 0
 
     wanted = await ferry.publish("s", {"wanted": True}, key="k1")
     await eventually(lambda: _some(receiver), what="the one matching event")

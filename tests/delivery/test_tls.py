@@ -118,7 +118,7 @@ async def test_the_relay_delivers_to_a_private_ca_given_with_ca_file(
         await ferry.publish("s", {"n": 1})
 
         async def delivered() -> bool:
-            return bool(await conn.fetchval("select count(*) from ferry.attempts where status = 200") == 1)
+            return bool(await conn.fetchval("select count(*) from ferry.attempt_history() where status = 200") == 1)
 
         await eventually(delivered, what="a delivery over TLS")
     finally:

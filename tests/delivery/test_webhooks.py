@@ -60,10 +60,10 @@ async def test_delivers_payload_with_standard_webhook_headers(
         standardwebhooks.Webhook(new_secret()).verify(first.body, first.headers)
 
     async def recorded() -> bool:  # the relay records attempts right after the answers arrive
-        return bool(await conn.fetchval("select count(*) from ferry.attempts") == 2)
+        return bool(await conn.fetchval("select count(*) from ferry.attempt_history()") == 2)
 
     await eventually(recorded, what="two attempt rows")
-    attempts = await conn.fetch("select * from ferry.attempts order by id")
+    attempts = await conn.fetch("select * from ferry.attempt_history() order by id")
     assert [(a["subscription"], a["status"], a["error_class"]) for a in attempts] == [("orders-hook", 200, None)] * 2
     assert all(a["latency_ms"] > 0 for a in attempts)
 
@@ -98,7 +98,7 @@ async def test_flaky_receiver_gets_everything_and_duplicates_share_a_webhook_id(
         bodies[r.headers["webhook-id"]].add(r.body)
     assert all(len(b) == 1 for b in bodies.values()), "one webhook-id carried different bodies"
     failures = await conn.fetch(
-        "select error_class, count(*) from ferry.attempts where error_class is not null group by 1"
+        "select error_class, count(*) from ferry.attempt_history() where error_class is not null group by 1"
     )
     classes = {r["error_class"] for r in failures}
     assert classes <= {"http_status", "empty_reply", "reset"} and "http_status" in classes
@@ -202,7 +202,7 @@ async def test_dead_letters_after_max_attempts_then_replay(
     letter = await conn.fetchrow("select * from ferry.dead_letters")
     assert (letter["event_id"], letter["attempts"], letter["last_status"]) == (event_id, 3, 500)
     assert letter["last_error"].startswith("HTTP 500") and letter["last_response"] == "database on fire"
-    assert await conn.fetchval("select count(*) from ferry.attempts where event_id = $1", event_id) == 3
+    assert await conn.fetchval("select count(*) from ferry.attempt_history() where event_id = $1", event_id) == 3
 
     healthy = True
     assert await conn.fetchval("select ferry.dlq_replay('dies')") == 1

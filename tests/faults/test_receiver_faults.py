@@ -55,7 +55,8 @@ async def test_receiver_misbehaving_for_a_while_loses_nothing(
         await load.stop()
         tally = await settle(conn, [receiver], acked=load.acked, timeout=30)
         failed = await conn.fetchval(
-            "select count(*) from ferry.attempts where error_class is not null or status not between 200 and 299"
+            "select count(*) from ferry.attempt_history()"
+            " where error_class is not null or status not between 200 and 299"
         )
     finally:
         await load.stop()
@@ -105,7 +106,7 @@ async def test_receiver_broken_for_good_ends_in_dead_letters(
 
         await eventually(all_dead, timeout=10, what="50 dead letters")
         classes = await conn.fetch(
-            "select distinct a.error_class from ferry.attempts a join ferry.dead_letters d using (event_id)"
+            "select distinct a.error_class from ferry.attempt_history() a join ferry.dead_letters d using (event_id)"
         )
         explained = await conn.fetchval("select count(*) from ferry.dead_letters where last_error <> ''")
         exhausted = await conn.fetchval("select count(*) from ferry.dead_letters where attempts = 3")

@@ -52,7 +52,7 @@ async def test_receiver_link_cut_and_blackholed_mid_request(
         recoveries["black hole"] = await _delivered_after(receiver, load, len(load.acked), timeout=20)
         await load.stop()
         tally = await settle(conn, [receiver], acked=load.acked, timeout=30)
-        timeouts = await conn.fetchval("select count(*) from ferry.attempts where error_class = 'timeout'")
+        timeouts = await conn.fetchval("select count(*) from ferry.attempt_history() where error_class = 'timeout'")
     finally:
         await load.stop()
         await relay.stop()

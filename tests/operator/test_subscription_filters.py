@@ -29,7 +29,7 @@ async def test_trace_says_filtered_out_by_the_subscription_that_skipped_the_even
     sent = await ferry.publish("orders", {"order": 2}, headers={"region": "eu"})
 
     async def settled() -> bool:
-        return len(receiver.received) == 3 and await conn.fetchval("select count(*) from ferry.attempts") == 3
+        return len(receiver.received) == 3 and await conn.fetchval("select count(*) from ferry.attempt_history()") == 3
 
     await eventually(settled, what="three deliveries recorded")
     traced = orjson.loads((await cli(pgferry_cmd, db_url, "trace", str(skipped), "--json")).stdout)

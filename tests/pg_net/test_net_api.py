@@ -181,7 +181,7 @@ async def test_failing_receiver_still_ends_with_200_for_every_request(
     rows = await responses(net_conn, 300, timeout=60)
     assert [r["status_code"] for r in rows] == [200] * 300
     assert len({orjson.loads(r.body)["n"] for r in receiver.received}) == 300
-    assert await net_conn.fetchval("select count(*) from ferry.attempts where error_class is not null") > 0
+    assert await net_conn.fetchval("select count(*) from ferry.attempt_history() where error_class is not null") > 0
 
 
 async def test_supabase_database_webhook_trigger(
@@ -336,6 +336,6 @@ async def test_foreign_events_in_the_request_stream_and_long_bodies(
     rows = {r["id"]: r for r in await responses(net_conn, 1)}
     assert rows[good]["content"] == big.decode()  # the whole body, not the first network read
     assert bogus not in rows
-    assert await net_conn.fetchval("select count(*) from ferry.attempts where event_id = $1", bogus) == 0
+    assert await net_conn.fetchval("select count(*) from ferry.attempt_history() where event_id = $1", bogus) == 0
     with pytest.raises(asyncpg.PostgresError, match="timeout_milliseconds must be between 1 and 600000"):
         await net_conn.execute("select net.http_get($1, timeout_milliseconds := 0)", url)

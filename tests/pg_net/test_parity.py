@@ -121,7 +121,9 @@ async def test_delete_and_truncate_cancel_queued_requests(
         relay = RunningRelay(net_db)
         await asyncio.sleep(1.0)  # time to send them, were they still queued
         assert not set(more) & set(await responses(net_conn, 3)) and len(receiver.received) == 3
-        assert await net_conn.fetchval("select count(*) from ferry.attempts where event_id = any($1)", more) == 0
+        assert (
+            await net_conn.fetchval("select count(*) from ferry.attempt_history() where event_id = any($1)", more) == 0
+        )
     finally:
         await relay.stop()
 

@@ -166,7 +166,9 @@ async def test_relay_in_strict_mode_dead_letters_refused_endpoints_and_keeps_del
         letter = await conn.fetchrow(
             "select subscription, attempts, last_error from ferry.dead_letters where subscription = 'tenant-a'"
         )
-        attempt = await conn.fetchrow("select error_class, error from ferry.attempts where subscription = 'tenant-a'")
+        attempt = await conn.fetchrow(
+            "select error_class, error from ferry.attempt_history() where subscription = 'tenant-a'"
+        )
         assert letter["subscription"] == "tenant-a" and letter["attempts"] == 1  # permanent: no retries
         assert attempt["error_class"] == "refused_address"
         assert "127.0.0.1 is a loopback address (refused in strict mode" in letter["last_error"]

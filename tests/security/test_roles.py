@@ -115,6 +115,7 @@ FORBIDDEN_TO_WRITERS = [
     "select secrets from ferry.subscriptions",
     "select * from ferry.subscriptions",
     "select * from ferry.attempts",
+    "select * from ferry.deliveries",
     "select * from ferry.dead_letters",
     "select * from ferry.retries",
     "select * from ferry.events",

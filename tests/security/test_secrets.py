@@ -37,7 +37,14 @@ def echo_everything(request: Received) -> Respond:
 async def stored_text(conn: asyncpg.Connection) -> str:
     """Every row the relay writes, as text."""
     parts = []
-    for table in ("ferry.attempts", "ferry.retries", "ferry.dead_letters", "ferry.relays", "ferry.consumers"):
+    for table in (
+        "ferry.attempts",
+        "ferry.deliveries",
+        "ferry.retries",
+        "ferry.dead_letters",
+        "ferry.relays",
+        "ferry.consumers",
+    ):
         parts += [r[0] for r in await conn.fetch(f"select t::text from {table} t")]
     return "\n".join(parts)
 

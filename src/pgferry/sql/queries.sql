@@ -391,17 +391,27 @@ on conflict (id) do nothing
 
 -- name: endpoint_health
 -- The newest attempt of each subscription, and its newest success, from the
--- attempt history (index attempts_subscription_idx): what "endpoint health" means.
+-- attempt history (indexes attempts_subscription_idx and
+-- deliveries_subscription_idx): what "endpoint health" means.
 select s.name,
        la.created_at as last_attempt_at, la.status as last_status, la.error_class as last_error_class,
        la.error as last_error, ok.created_at as last_success_at
 from ferry.subscriptions s
 left join lateral (
-    select a.created_at, a.status, a.error_class, a.error from ferry.attempts a
-    where a.subscription = s.name order by a.created_at desc limit 1) la on true
+    select x.* from (
+        (select a.created_at, a.status, a.error_class, a.error from ferry.attempts a
+         where a.subscription = s.name order by a.created_at desc limit 1)
+        union all
+        (select d.created_at, d.status, null, null from ferry.deliveries d
+         where d.subscription = s.name order by d.created_at desc limit 1)) x
+    order by x.created_at desc limit 1) la on true
 left join lateral (
-    select a.created_at from ferry.attempts a
-    where a.subscription = s.name and a.error_class is null order by a.created_at desc limit 1) ok on true
+    select max(x.created_at) as created_at from (
+        (select a.created_at from ferry.attempts a
+         where a.subscription = s.name and a.error_class is null order by a.created_at desc limit 1)
+        union all
+        (select d.created_at from ferry.deliveries d
+         where d.subscription = s.name order by d.created_at desc limit 1)) x) ok on true
 order by s.name
 
 -- name: endpoints_down
@@ -474,16 +484,32 @@ left join lateral (  -- the cursor of the partition that delivers it (migration 
 left join ferry.ticks t on t.id = c.tick_id
 left join ferry.retries r on r.subscription = s.name and r.event_id = $1
 left join ferry.dead_letters d on d.subscription = s.name and d.event_id = $1
-left join lateral (
-    select true as attempted, a.error_class from ferry.attempts a
-    where a.subscription = s.name and a.event_id = $1 order by a.id desc limit 1) la on true
+left join lateral (  -- its newest attempt: a failure (ferry.attempts) or a delivery (ferry.deliveries)
+    select true as attempted, x.error_class from (
+        (select a.id, a.error_class from ferry.attempts a
+         where a.subscription = s.name and a.event_id = $1 order by a.id desc limit 1)
+        union all
+        (select d.id, null from ferry.deliveries d
+         where d.subscription = s.name and d.events @> $1::bigint and $1 = any (d.event_ids)
+         order by d.id desc limit 1)) x
+    order by x.id desc limit 1) la on true
 where $2 = any (s.streams) or r.event_id is not null or d.id is not null or la.attempted
 order by s.name
 
 -- name: trace_attempts
-select subscription, attempt, status, error_class, error, left(response, $2) as response, latency_ms, created_at
-from ferry.attempts where event_id = $1 and ($3::text is null or subscription = $3)
-order by id
+-- An event's attempts: its rows of ferry.attempts and the ferry.deliveries rows whose range holds it
+-- (index deliveries_events_idx), in the order they were recorded.
+select x.subscription, x.attempt, x.status, x.error_class, x.error, x.response, x.latency_ms, x.created_at
+from (
+    select a.id, a.subscription, a.attempt, a.status, a.error_class, a.error, left(a.response, $2) as response,
+           a.latency_ms, a.created_at
+    from ferry.attempts a where a.event_id = $1 and ($3::text is null or a.subscription = $3)
+    union all
+    select d.id, d.subscription, d.attempt, d.status, null, null, null, d.latencies_ms[array_position(d.event_ids, $1)],
+           d.created_at
+    from ferry.deliveries d
+    where d.events @> $1::bigint and $1 = any (d.event_ids) and ($3::text is null or d.subscription = $3)) x
+order by x.id
 
 -- name: dlq_show
 select id, subscription, event_id, stream, key, payload, headers, event_created_at, attempts, first_failed_at,

@@ -48,15 +48,15 @@ async def test_a_request_sent_again_on_a_new_connection_leaves_two_attempts(
         ids.append(await ferry.publish("s", {"n": n}))
 
         async def attempted(count: int = n + 1) -> bool:
-            return bool(await conn.fetchval("select count(distinct event_id) from ferry.attempts") == count)
+            return bool(await conn.fetchval("select count(distinct event_id) from ferry.attempt_history()") == count)
 
         await eventually(attempted, what=f"event {n} attempted")
 
     async def settled() -> bool:
-        return bool(await conn.fetchval("select count(*) from ferry.attempts where error_class is null") == 2)
+        return bool(await conn.fetchval("select count(*) from ferry.attempt_history() where error_class is null") == 2)
 
     await eventually(settled, what="both events delivered")
-    rows = await conn.fetch("select event_id, attempt, status, error_class from ferry.attempts order by id")
+    rows = await conn.fetch("select event_id, attempt, status, error_class from ferry.attempt_history() order by id")
     assert [tuple(r) for r in rows] == [
         (ids[0], 1, 200, None), (ids[1], 1, None, "empty_reply"), (ids[1], 2, 200, None),
     ]  # fmt: skip

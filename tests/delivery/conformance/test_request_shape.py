@@ -24,10 +24,10 @@ async def test_a_key_with_control_characters_reaches_a_strict_server_percent_enc
     await conn.execute("insert into items select k, i from unnest($1::text[]) with ordinality as u(k, i)", KEYS)
 
     async def settled() -> bool:
-        return bool(await conn.fetchval("select count(*) from ferry.attempts") == len(KEYS))
+        return bool(await conn.fetchval("select count(*) from ferry.attempt_history()") == len(KEYS))
 
     await eventually(settled, what=f"{len(KEYS)} attempts")
-    statuses = await conn.fetch("select status, error_class from ferry.attempts")
+    statuses = await conn.fetch("select status, error_class from ferry.attempt_history()")
     assert [tuple(s) for s in statuses] == [(200, None)] * len(KEYS)
     got = {orjson.loads(body)["record"]["code"]: headers for headers, body in uvicorn_h11.requests[before:]}
     assert sorted(got) == sorted(KEYS)  # the body keeps each key exact
@@ -75,12 +75,12 @@ async def _header_values_reach(strict: RealServer, db_url: str, conn: asyncpg.Co
     try:
 
         async def settled() -> bool:
-            return bool(await conn.fetchval("select count(*) from ferry.attempts") >= len(ids) + 1)
+            return bool(await conn.fetchval("select count(*) from ferry.attempt_history()") >= len(ids) + 1)
 
         await eventually(settled, what=f"{len(ids) + 1} attempts")
     finally:
         await relay.stop()
-    attempts = {r["event_id"]: r for r in await conn.fetch("select * from ferry.attempts")}
+    attempts = {r["event_id"]: r for r in await conn.fetch("select * from ferry.attempt_history()")}
     for what, value in BAD_VALUES.items():
         a = attempts[ids[what]]
         assert (a["status"], a["error_class"]) == (None, "bad_request"), (what, dict(a))

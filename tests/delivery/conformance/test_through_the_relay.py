@@ -29,7 +29,7 @@ async def test_each_subscription_s_attempts_record_the_status_the_server_gave_it
     ids = await ferry.publish_many([{"stream": "s", "payload": {"n": n}} for n in range(EVENTS)])
 
     async def settled() -> bool:
-        attempts = await conn.fetchval("select count(*) from ferry.attempts")
+        attempts = await conn.fetchval("select count(*) from ferry.attempt_history()")
         letters = await conn.fetchval("select count(*) from ferry.dead_letters")
         return bool(attempts >= 2 * EVENTS and letters >= EVENTS)
 
@@ -37,7 +37,8 @@ async def test_each_subscription_s_attempts_record_the_status_the_server_gave_it
     asked = sorted(requested_status(r) for r in server.requests)
     assert asked == [200] * EVENTS + [500] * EVENTS, "each event was sent once per subscription"
     attempts = await conn.fetch(
-        "select subscription, status, error_class, count(*) as n from ferry.attempts group by 1, 2, 3 order by 1, 2"
+        "select subscription, status, error_class, count(*) as n from ferry.attempt_history()"
+        " group by 1, 2, 3 order by 1, 2"
     )
     recorded = [tuple(a) for a in attempts]
     assert recorded == [("fails", 500, "http_status", EVENTS), ("works", 200, None, EVENTS)], recorded

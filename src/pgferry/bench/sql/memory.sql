@@ -22,4 +22,4 @@ select ferry.tick(true)
 
 -- name: delivered
 -- Events the subscription's cursor has passed (the relay's own count, to wait on).
-select count(*) from ferry.attempts where subscription = 'memory' and status between 200 and 299
+select count(*) from ferry.attempt_history() where subscription = 'memory' and status between 200 and 299

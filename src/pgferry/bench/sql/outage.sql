@@ -21,12 +21,12 @@ select event_id from ferry.dead_letters where subscription = 'outage'
 -- Attempts the relay recorded between $1 and $2 (it stamps them when it records them) for the
 -- events $3 (not the warm-up's, whose last attempts may be recorded after the outage began), by outcome.
 select coalesce(error_class, 'ok ' || status::text) as outcome, count(*) as n
-from ferry.attempts
+from ferry.attempt_history()
 where subscription = 'outage' and created_at >= $1 and created_at < $2 and event_id = any($3::bigint[])
 group by 1 order by 2 desc
 
 -- name: attempts_per_event
 -- The most attempts any outage event took (held events spend none), and events sent more than once.
 select coalesce(max(n), 0) as most, count(*) filter (where n > 1) as retried
-from (select count(*) as n from ferry.attempts where subscription = 'outage' and event_id = any($1::bigint[])
+from (select count(*) as n from ferry.attempt_history() where subscription = 'outage' and event_id = any($1::bigint[])
       group by event_id) as per_event

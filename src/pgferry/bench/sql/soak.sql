@@ -21,7 +21,7 @@ select pg_database_size(current_database()) as db_bytes,
          where datname = current_database() and application_name like 'pgferry %') as relay_sessions,
        (select count(*) from ferry.retries) as parked,
        (select count(*) from ferry.dead_letters) as dead,
-       (select count(*) from ferry.attempts) as attempt_rows,
+       (select count(*) from ferry.attempts) + (select count(*) from ferry.deliveries) as attempt_rows,
        (select extract(epoch from now() - t.created_at)
           from ferry.consumers c join ferry.ticks t on t.id = c.tick_id
          where c.name = 'webhook:soak') as cursor_age_s,

@@ -13,7 +13,7 @@ select ferry.capture_table('spice_harvests');
 truncate spice_harvests;
 delete from ferry.subscriptions where kind = 'webhook';
 delete from ferry.consumers where name <> 'webhook:pg_net';
-truncate ferry.events, ferry.attempts, ferry.retries, ferry.dead_letters;
+truncate ferry.events, ferry.attempts, ferry.deliveries, ferry.retries, ferry.dead_letters;
 
 -- name: subscribe
 select ferry.subscribe('bench', array['public.spice_harvests'], $1, batch_size => $2, max_in_flight => $3,
@@ -59,7 +59,8 @@ create trigger spice_harvests_webhook after insert on spice_harvests_net
   for each row execute function spice_harvests_webhook();
 
 -- name: reset_pg_net
-truncate spice_harvests_net, net._http_response, ferry.events, ferry.attempts, ferry.retries, ferry.dead_letters;
+truncate spice_harvests_net, net._http_response, ferry.events, ferry.attempts, ferry.deliveries, ferry.retries,
+    ferry.dead_letters;
 update ferry.subscriptions set retry_base_ms = 100, retry_max_ms = 2000, max_attempts = 1000 where name = 'pg_net';
 
 -- name: net_responses

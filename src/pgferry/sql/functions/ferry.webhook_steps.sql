@@ -71,7 +71,7 @@
 -- Calls:   ferry._batch_end, ferry._batch_rows, ferry._batch_split, ferry._envelope, ferry._envelope_text,
 --          ferry._filter_match, ferry._partition_of
 -- Reads:   ferry.backfills, ferry.captures, ferry.consumers, ferry.events, ferry.retries, ferry.subscriptions, ferry.ticks
--- Writes:  ferry.attempts, ferry.consumers
+-- Writes:  ferry.consumers, ferry.deliveries
 -- Raises:  22023 (max_bytes not positive; resume_after[i] without peek_after[i] and peek_until[i])
 -- Runs as: the caller (SECURITY INVOKER), with enable_seqscan off and
 --          plan_cache_mode force_generic_plan. Left to choose, PostgreSQL
@@ -153,10 +153,13 @@ begin
     )
     select coalesce(array_agg(m.i), '{}') into v_moved from moved m;
 
-    insert into ferry.attempts (subscription, event_id, attempt, status, latency_ms)
-    select subscriptions[u.r], u.e, u.a, u.s, u.l
+    -- one row per acknowledgement, attempt number and status (migration 0029)
+    insert into ferry.deliveries (subscription, events, event_ids, latencies_ms, attempt, status)
+    select subscriptions[u.r], int8range(min(u.e), max(u.e), '[]'), array_agg(u.e order by u.e),
+           array_agg(u.l order by u.e), u.a, u.s
     from unnest(attempt_req, event_ids, attempt_nos, statuses, latencies) as u(r, e, a, s, l)
-    where u.r = any (v_moved);
+    where u.r = any (v_moved)
+    group by u.r, u.a, u.s;
 
     for g in
         select u.i::integer as i,
