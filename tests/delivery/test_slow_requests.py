@@ -95,6 +95,30 @@ async def test_a_slow_answer_does_not_hold_back_later_events(
     assert received_ids(receiver).count(slow) == 1
 
 
+async def test_a_round_still_getting_answers_is_not_let_go_of(
+    relay: RunningRelay, conn: asyncpg.Connection, receiver_factory: MakeReceiver
+) -> None:
+    """Eight requests one after another, 0.3 s each: the round takes 2.4 s, no request is slow,
+    so none is let go of (parked as in flight, its answer recorded later as a retry's)."""
+    receiver, url = await receiver_factory(lambda request: Slow(0.3, Respond()))
+    await conn.execute(
+        f"select ferry.subscribe('steady', array['s'], $1, batch_size => 1, max_in_flight => 1, {FAST_RETRY})", url
+    )
+    await asyncio.sleep(0.5)
+    ids = await conn.fetchval(
+        "select array_agg(ferry.publish('s', jsonb_build_object('n', g))) from generate_series(1, 8) g"
+    )
+    await all_delivered(receiver, set(ids))
+
+    async def recorded() -> bool:
+        return bool(await conn.fetchval("select count(*) from ferry.attempt_history()") == len(ids))
+
+    await eventually(recorded, what="every attempt recorded")
+    # acknowledged with the batch (ferry.deliveries), not recorded late one request at a time
+    assert await conn.fetchval("select count(*) from ferry.attempts") == 0
+    assert sorted(received_ids(receiver)) == sorted(ids)
+
+
 async def test_many_late_answers_are_each_recorded_once_with_their_own_outcome(
     relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
 ) -> None:

@@ -69,7 +69,7 @@ class DeliveryContext:
     max_read_bytes: int | None = DEFAULT_MAX_READ_BYTES
     retry_fetch: int = 1000
     poll_interval: float = 1.0
-    #: seconds a batch waits for its slowest request before letting go of it (see the module doc)
+    #: seconds a batch waits without any answer before letting go of its requests in flight (delivery.sending)
     detach_after: float = 1.0
     #: metrics hook: (subscription, outcomes, from a log batch?) after each round
     observe: Callable[[str, Sequence[Outcome], bool], None] | None = None

@@ -2,12 +2,15 @@
 subscription's ``max_in_flight`` and the relay's limit, per-key lanes when ``ordered``, the
 endpoint's health (held while down, one probe at a time), and letting go of slow requests.
 
-A round that waits longer than ``detach_after`` for some of its requests lets go of them:
-their events are reported as in flight (parked until their timeout), the rest as answered
-or not sent, and the worker moves on; the answer to a request let go of is handed to
-``answered_late`` once the round's parking is committed (``Round.recorded``). Only a
-request that reached the wire can be in flight: one still waiting for a connection is
-withdrawn, never sent.
+A round that waits ``detach_after`` for an answer and gets none lets go of the requests it
+has in flight: their events are reported as in flight (parked until their timeout), the rest
+as answered or not sent, and the worker moves on; the answer to a request let go of is handed
+to ``answered_late`` once the round's parking is committed (``Round.recorded``). A round that
+is still getting answers goes on: a batch of 50 requests takes longer than a second on busy
+cores without any request being slow, and letting go of it parked up to 4,900 events at a
+time, each copied into ferry.retries and recorded again when its answer came (15 times in one
+`bench sinks` run into JetStream). Only a request that reached the wire can be in flight: one
+still waiting for a connection is withdrawn, never sent.
 """
 
 from __future__ import annotations
@@ -136,14 +139,19 @@ class Sender:
         sending = Round(admission=Admission.PROBE if probe else None)
         work = asyncio.ensure_future(self._send_all(events, blocked, sending))
         patience = self.ctx.detach_after if self.sink.may_let_go(self.ctx.detach_after) else None
+        answered = 0
         try:
-            await asyncio.wait({work}, timeout=patience)
+            while True:
+                await asyncio.wait({work}, timeout=patience)
+                if work.done() or not sending.in_flight:
+                    await work
+                    return sending.outcomes, None
+                if len(sending.outcomes) == answered:
+                    break  # nothing answered for a whole patience: let go
+                answered = len(sending.outcomes)
         except BaseException:
             work.cancel()
             raise
-        if work.done() or not sending.in_flight:
-            await work
-            return sending.outcomes, None
         # Let go: what was answered counts, requests in flight are parked as in flight,
         # events not sent yet are parked as due now; the round's tasks stop after their
         # current request, whose answer _answered_late records.

@@ -12,8 +12,8 @@ letters them), and acknowledges the batch. A crash anywhere before that
 commit re-sends the batch: at-least-once, with stable webhook-ids. The retry
 loop sends parked events when they are due, with the same bookkeeping.
 
-A request still unanswered after ``detach_after`` seconds (when the
-subscription's timeout is longer) no longer holds back its batch: its events
+A request still unanswered once its batch got no answer for ``detach_after``
+seconds (when the subscription's timeout is longer) no longer holds back its batch: its events
 are parked as in flight, due only after the request's timeout, the cursor
 moves on, and the answer, when it comes, is recorded as a retry's would be.
 One hanging request then costs its subscription a second, not its timeout.
