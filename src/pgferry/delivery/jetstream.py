@@ -29,6 +29,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+# Loaded with the first JetStream subscription's sink, not by its first publish: importing
+# nats-py (and aiohttp under it) took ~0.7 s of CPU on a busy relay, in the first events' latency.
+import nats.errors
+
 from pgferry.delivery import request
 from pgferry.delivery.brokers import BrokerUnreachable, PublishRefused
 from pgferry.delivery.destinations import BadDestination, NatsDestination, parse_nats
@@ -178,8 +182,6 @@ class JetStreamSink(Sink):
 def _explain(exc: BaseException, m: Message, dest: NatsDestination, max_payload: int, timeout: float,
              started: float) -> HttpResult:  # fmt: skip
     """What a failed publish of ``m`` is recorded as."""
-    import nats.errors  # noqa: PLC0415
-
     if isinstance(exc, PublishRefused):
         if exc.no_stream:
             return _failed(
