@@ -21,7 +21,10 @@ from hypothesis import strategies as st
 from pgferry.bench.brokers import NatsServer
 from pgferry.delivery import request
 from pgferry.delivery.brokers import AckedPublisher, PublishRefused
-from pgferry.delivery.jetstream import header_block
+from pgferry.delivery.destinations import NatsDestination, Template
+from pgferry.delivery.jetstream import Message, _Messages, header_block, message_of
+from pgferry.delivery.model import OutEvent
+from tests.helpers import NOW, subscription
 
 TOKEN = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-", min_size=1, max_size=12)
 HEADER_NAME = TOKEN.map(lambda name: "x-" + name)  # not one JetStream acts on (Nats-Expected-Stream, ...)
@@ -137,3 +140,45 @@ async def test_each_message_of_a_chunk_gets_its_own_outcome(server: NatsServer) 
 def test_a_header_that_would_break_the_frame_is_refused(headers: dict[str, str], problem: str) -> None:
     with pytest.raises(request.BadRequest, match=problem):
         header_block(headers)
+
+
+TEXT = st.text(st.characters(max_codepoint=0x2FF), max_size=6) | st.sampled_from(["a b", " x", "y ", "c\r\nd", "\t"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=TEXT.filter(bool),
+    sub_headers=st.dictionaries(
+        st.sampled_from(["x-a", "X-B", "webhook-id", "pgferry-key", "Nats-Msg-Id", "bad name"]), TEXT, max_size=3
+    ),
+    template=st.sampled_from(["orders", "orders.{key}", "{stream}.{key}", "{stream}", "two words", ""]),
+    events=st.lists(
+        st.tuples(
+            st.integers(1, 10**15),
+            st.sampled_from(["public.t", " s ", "a\nb", "x.y", ".lead", "é"]),
+            st.none() | TEXT,
+            st.none() | st.sampled_from(['{"x-h": "v"}', "{}", '{"webhook-id": "w"}', '{"bad name": "v"}']),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_messages_made_once_per_subscription_are_those_message_of_makes(
+    name: str, sub_headers: dict[str, str], template: str, events: list[tuple[int, str, str | None, str | None]]
+) -> None:
+    """_Messages works out what every event of a subscription shares once; event by event it
+    must give what message_of gives, or refuse with the same reason."""
+    sub = subscription(name=name, headers=sub_headers)
+    dest = NatsDestination("127.0.0.1", 4222, Template(template))
+    make = _Messages(sub, dest)
+    for event_id, stream, key, headers in events:
+        event = OutEvent(event_id, stream, key, '{"n": 1}', headers, NOW)
+        try:
+            expected: Message | str = message_of(sub, dest, event)
+        except request.BadRequest as exc:
+            expected = str(exc)
+        try:
+            got: Message | str = make(event)
+        except request.BadRequest as exc:
+            got = str(exc)
+        assert got == expected

@@ -6,9 +6,11 @@ from dataclasses import replace
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pgferry.delivery.model import OutEvent
-from pgferry.delivery.request import build, key_header
+from pgferry.delivery.request import PLAIN_KEY, build, key_header
 from pgferry.delivery.signing import Signer
 from tests.helpers import NOW, subscription
 
@@ -29,6 +31,14 @@ def test_a_batch_subscription_sends_a_data_array_even_for_one_event() -> None:
     assert "pgferry-key" not in one.headers and "pgferry-stream" not in one.headers  # per event: in the body
     single = build(SUB, [event(1)], Signer(()), max_body_bytes=1 << 20)
     assert orjson.loads(single.body) == {"n": 1} and single.headers["pgferry-key"] == "k"
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=0x300), max_size=12))
+def test_a_key_goes_as_it_is_exactly_when_it_is_plain(key: str) -> None:
+    if PLAIN_KEY.match(key):
+        assert key_header(key) == (key, False)
+    else:
+        assert key_header(key)[1], "encoded"
 
 
 @pytest.mark.parametrize(
