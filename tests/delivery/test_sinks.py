@@ -183,6 +183,10 @@ async def test_redis_gets_each_event_once_on_its_key_stream(
     first = entries["orders:k 0"][0][1]
     assert first["webhook-id"] == f"evt_{ids[0]}" and first["stream"] == "s" and first["key"] == "k 0"
     assert orjson.loads(first["payload"]) == {"n": 0} and orjson.loads(first["headers"]) == {"trace": "t0"}
+    created = await conn.fetch("select id, created_at from ferry.events where id = any($1)", [ids[0], keyless])
+    stamps = {r["id"]: r["created_at"] for r in created}
+    assert datetime.fromisoformat(first["created_at"]) == stamps[ids[0]]
+    assert datetime.fromisoformat(entries["orders:_"][0][1]["created_at"]) == stamps[keyless]
     assert "key" not in entries["orders:_"][0][1] and entries["orders:_"][0][1]["webhook-id"] == f"evt_{keyless}"
     for k in range(3):  # per-key order, as Redis stored them
         assert [orjson.loads(f["payload"])["n"] for _, f in entries[f"orders:k {k}"]] == list(range(k, 30, 3))

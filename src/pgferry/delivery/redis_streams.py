@@ -39,6 +39,7 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import hiredis
@@ -150,15 +151,21 @@ async def append_once(
     raise RedisError(f"Redis's clock kept moving to another deduplication window ({text}); will try again")
 
 
-def entry_fields(event: OutEvent) -> list[str]:
-    """The entry's field/value pairs, flat."""
-    fields = ["webhook-id", request.message_id([event]), "stream", event.stream]
+def entry_fields(event: OutEvent, created_at: str) -> list[str]:
+    """The entry's field/value pairs, flat; ``created_at``: the event's, as ``timestamp`` writes it."""
+    fields = ["webhook-id", request.message_id((event,)), "stream", event.stream]
     if event.key is not None:
         fields += ["key", event.key]
     fields += ["payload", event.payload]
     if event.headers is not None:
         fields += ["headers", event.headers]
-    return [*fields, "created_at", orjson.dumps(event.created_at).decode().strip('"')]
+    fields += ("created_at", created_at)
+    return fields
+
+
+def timestamp(created_at: datetime) -> str:
+    """An entry's created_at: ISO 8601, as orjson writes it."""
+    return orjson.dumps(created_at)[1:-1].decode()
 
 
 class RedisStreamsSink(Sink):
@@ -180,8 +187,11 @@ class RedisStreamsSink(Sink):
             return HttpResult(None, "config", self.problem, None, 0.0)
         streams: list[str] = []
         entries: list[Any] = []
+        stamped, stamp = None, ""
         for e in chunk:
-            fields = entry_fields(e)
+            if e.created_at != stamped:  # the events of one transaction share it
+                stamped, stamp = e.created_at, timestamp(e.created_at)
+            fields = entry_fields(e, stamp)
             # In bytes, as Redis stores them: counted in characters, an entry of non-ASCII text
             # passed here up to four times over the limit.
             size = sum(map(utf8_length, fields))
