@@ -66,11 +66,10 @@ class SinkOutcome:
 
 
 class Stored(Protocol):
-    #: what the broker's command line holds (its CPU is read by it)
-    marker: str
-
     """What a broker holds for the bench, read with the broker's own client."""
 
+    #: what the broker's command line holds (its CPU is read by it)
+    marker: str
     target: str
 
     async def clear(self) -> None: ...

@@ -109,9 +109,14 @@ def message_of(sub: Subscription, dest: NatsDestination, event: OutEvent) -> Mes
             headers["pgferry-key-encoding"] = "percent"
     headers["Nats-Msg-Id"] = f"{sub.name}/{webhook_id}"
     subject = dest.subject.render(event, subject=True)
-    if not subject or _SUBJECT_BREAK.search(subject):
+    if not _sendable(subject):
         raise request.BadRequest(f"subject {subject!r} is empty or holds white space, which NATS does not allow")
     return Message(subject, event.payload.encode(), headers, header_block(headers))
+
+
+def _sendable(subject: str) -> bool:
+    """Whether NATS takes ``subject`` (not empty, no white space)."""
+    return bool(subject) and not _SUBJECT_BREAK.search(subject)
 
 
 #: The headers message_of sets on every message, over any header of the same name.
@@ -140,16 +145,15 @@ class _Messages:
         self.msg_id_start = f"Nats-Msg-Id: {sub.name.lstrip()}/"  # a value is sent trimmed (header_block)
         self.subject: str | None = None
         if dest.subject.fixed:
-            subject = dest.subject.text
-            if not subject or _SUBJECT_BREAK.search(subject):
+            self.subject = dest.subject.text
+            if not _sendable(self.subject):
                 self.general = True  # message_of refuses it, event by event
-            self.subject = subject
         self.stream_lines: dict[str, str] = {}
 
     def __call__(self, event: OutEvent) -> Message:
         if self.general or event.headers:
             return message_of(self.sub, self.dest, event)
-        webhook_id = f"evt_{event.id}"
+        webhook_id = request.message_id((event,))
         stream_line = self.stream_lines.get(event.stream)
         if stream_line is None:
             stream_line = header_block({"pgferry-stream": event.stream})[10:-2].decode()
@@ -170,7 +174,7 @@ class _Messages:
         subject = self.subject
         if subject is None:
             subject = self.dest.subject.render(event, subject=True)
-            if not subject or _SUBJECT_BREAK.search(subject):
+            if not _sendable(subject):
                 return message_of(self.sub, self.dest, event)  # refused there, with the reason
         return Message(subject, event.payload.encode(), headers, "".join(lines).encode())
 
