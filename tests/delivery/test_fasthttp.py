@@ -10,6 +10,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
+from pgferry.delivery import fasthttp
 from pgferry.delivery.fasthttp import FastSender
 from pgferry.delivery.retry import judge
 from pgferry.receiver import CutBody, Drop, Garbage, Hang, Receiver, Respond
@@ -75,6 +76,20 @@ async def test_a_kept_alive_connection_closed_by_the_server_is_replaced(
     await asyncio.sleep(0.05)
     assert (await post(sender, url)).ok
     assert receiver.stats.connections == 2
+
+
+async def test_connections_a_burst_opened_are_closed_once_idle_past_their_time(
+    sender: FastSender, receiver_factory: MakeReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fasthttp, "IDLE_LIMIT", 0.3)
+    receiver, url = await receiver_factory()  # never closes an idle connection itself
+    assert all(r.ok for r in await asyncio.gather(*(post(sender, url) for _ in range(4))))
+    assert len(receiver.stats.open) == 4
+    for _ in range(8):  # one request at a time: the most recent connection serves them all
+        assert (await post(sender, url)).ok
+        await asyncio.sleep(0.1)
+    assert len(receiver.stats.open) == 1
+    assert receiver.stats.connections == 4
 
 
 @pytest.mark.parametrize(

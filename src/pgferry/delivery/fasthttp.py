@@ -229,8 +229,14 @@ class _Pool:
             # uvicorn: 5 s, gunicorn: 2 s), else for IDLE_LIMIT seconds.
             announced = conn.idle_timeout
             limit = IDLE_LIMIT if announced is None else announced - min(IDLE_MARGIN, announced / 2)
-            conn.idle_until = asyncio.get_running_loop().time() + limit
+            now = asyncio.get_running_loop().time()
+            conn.idle_until = now + limit
             self.idle.append(conn)
+            # The most recent is reused first, so those a burst opened lie under it, unused: closed
+            # once past their time, not kept while the endpoint stays busy (with a server that keeps
+            # idle connections open, 1,000 endpoints held every connection their bursts ever opened).
+            while self.idle and self.idle[0].idle_until <= now:
+                self.idle.pop(0).close()
         else:
             conn.close()
 
