@@ -92,6 +92,21 @@ async def test_connections_a_burst_opened_are_closed_once_idle_past_their_time(
     assert receiver.stats.connections == 4
 
 
+async def test_a_sender_keeps_at_most_max_idle_connections_over_all_endpoints(
+    receiver_factory: MakeReceiver,
+) -> None:
+    sender = FastSender(pool_size=4, max_idle=3)
+    receivers = [await receiver_factory() for _ in range(3)]
+    for _ in range(2):  # a burst of two requests to each of three endpoints: six connections
+        results = await asyncio.gather(*(post(sender, url) for _, url in receivers for _ in range(2)))
+        assert all(r.ok for r in results)
+    await asyncio.sleep(0.05)
+    assert sum(len(r.stats.open) for r, _ in receivers) == 3  # those given back beyond three closed
+    for _, url in receivers:
+        assert (await post(sender, url)).ok
+    await sender.close()
+
+
 @pytest.mark.parametrize(
     "url", ["http://169.254.169.254/latest/meta-data/", "http://[fe80::1]/x", "http://[fd00:ec2::254]/"]
 )
