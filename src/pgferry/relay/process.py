@@ -23,8 +23,9 @@ from pgferry.delivery.addresses import AddressPolicy
 from pgferry.delivery.brokers import Brokers
 from pgferry.delivery.budget import DEFAULT_MAX_READ_BYTES, MIN_READ_BOUND
 from pgferry.delivery.context import DEFAULT_MAX_BATCH_BYTES, PIPELINE_DEPTH, DeliveryContext
-from pgferry.delivery.fasthttp import FastSender, tls_context
+from pgferry.delivery.fasthttp import MAX_IDLE, FastSender, tls_context
 from pgferry.errors import DatabaseUnreachable
+from pgferry.limits import raise_open_files
 from pgferry.log.ticker import Ticker, TickerSettings
 from pgferry.relay.leader import TICKER_LOCK, WAL_CAPTURE_LOCK, lead
 from pgferry.relay.ownership import Ownership, OwnershipSettings
@@ -43,6 +44,11 @@ if TYPE_CHECKING:
     from pgferry.streams.api import StreamsApi
 
 log = logging.getLogger(__name__)
+
+#: Open files kept for what is not a webhook connection: the database pool, brokers, the API.
+FD_RESERVE = 256
+#: Idle webhook connections kept however low the limit of open files is.
+MIN_IDLE = 64
 
 
 @dataclass
@@ -201,6 +207,22 @@ class Relay:
         log.info("connected to %s (schema version %d)", db.redact(self.url), version)
         return int(max_body)
 
+    def _idle_connections(self) -> int:
+        """How many idle webhook connections the sender may keep: MAX_IDLE, unless this process's
+        limit of open files (raised first) leaves room only for fewer beside max_in_flight
+        requests and a reserve for the database, brokers and the API."""
+        busy = self.settings.max_in_flight + FD_RESERVE
+        soft = raise_open_files("delivery", busy + MAX_IDLE)
+        if soft is None or soft >= busy + MAX_IDLE:
+            return MAX_IDLE
+        idle = max(MIN_IDLE, soft - busy)
+        log.warning(
+            "delivery: this process may open %d files: keeping %d idle webhook connections, not %d, beside "
+            "%d requests in flight; raise the limit (ulimit -n, systemd LimitNOFILE=) for more",
+            soft, idle, MAX_IDLE, self.settings.max_in_flight,
+        )  # fmt: skip
+        return idle
+
     async def run(self, stop: asyncio.Event) -> None:
         max_body_bytes = await self.check()
         surface: OperatorSurface | None = self.operator(self.view()) if self.operator is not None else None
@@ -254,7 +276,8 @@ class Relay:
             policy = self.settings.addresses
             log.info("delivery: %s", policy.describe())
             tls = tls_context(self.settings.ca_file)
-            http = FastSender(pool_size=self.settings.pool_size, policy=policy, tls=tls)
+            http = FastSender(pool_size=self.settings.pool_size, policy=policy, tls=tls,
+                              max_idle=self._idle_connections())  # fmt: skip
             brokers = Brokers(policy)
             ctx = DeliveryContext(
                 pool=pool,

@@ -36,7 +36,6 @@ import contextlib
 import json
 import logging
 import re
-import resource
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -53,6 +52,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from pgferry import db, sql
 from pgferry.api_tokens import Decision, TokenStore, bearer_from_header
 from pgferry.errors import PgferryError, TokenStoreUnavailable
+from pgferry.limits import raise_open_files
 from pgferry.relay.surface import is_loopback
 from pgferry.streams import history
 from pgferry.streams.history import History, Pace, resume_point
@@ -678,17 +678,8 @@ def fit_open_files(settings: ApiSettings) -> ApiSettings:
     """Raise this process's soft limit of open files to its hard limit (each reader is a socket,
     and the soft limit is often 1,024: 10,000 clients connecting at once were refused with
     EMFILE), and cap ``max_clients`` at what the limit leaves room for, saying so in the log."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    infinite = resource.RLIM_INFINITY
-    want = hard if hard != infinite else max(soft, settings.max_clients + FD_RESERVE)
-    if soft != infinite and want > soft:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-            log.info("streams API: open files limit raised from %d to %d", soft, want)
-            soft = want
-        except (ValueError, OSError) as exc:
-            log.warning("streams API: cannot raise the open files limit from %d to %d (%s)", soft, want, exc)
-    room = soft - FD_RESERVE if soft != infinite else settings.max_clients
+    soft = raise_open_files("streams API", settings.max_clients + FD_RESERVE)
+    room = soft - FD_RESERVE if soft is not None else settings.max_clients
     if settings.max_clients <= room:
         return settings
     capped = max(1, room)
