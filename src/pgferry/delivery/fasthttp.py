@@ -251,7 +251,7 @@ class _Pool:
             # The most recent is reused first, so those a burst opened lie under it, unused: closed
             # once past their time, not kept while the endpoint stays busy (with a server that keeps
             # idle connections open, 1,000 endpoints held every connection their bursts ever opened).
-            while self.idle and self.idle[0].idle_until <= now:
+            while self.idle and (self.idle[0].idle_until <= now or self.idle[0].closed):
                 self.idle.pop(0).close()
                 self.idle_count.n -= 1
             if self.idle_count.n < self.idle_count.limit:
