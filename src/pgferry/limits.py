@@ -12,6 +12,10 @@ import resource
 
 log = logging.getLogger(__name__)
 
+#: Open files a process keeps beside the sockets it sizes by the limit (the streams API's readers,
+#: delivery's idle webhook connections): database connections, listening sockets, brokers, logs.
+FD_RESERVE = 256
+
 
 def raise_open_files(who: str, want: int) -> int | None:
     """Raise this process's soft limit of open files to its hard limit (to ``want`` when the hard

@@ -25,7 +25,7 @@ from pgferry.delivery.budget import DEFAULT_MAX_READ_BYTES, MIN_READ_BOUND
 from pgferry.delivery.context import DEFAULT_MAX_BATCH_BYTES, PIPELINE_DEPTH, DeliveryContext
 from pgferry.delivery.fasthttp import MAX_IDLE, FastSender, tls_context
 from pgferry.errors import DatabaseUnreachable
-from pgferry.limits import raise_open_files
+from pgferry.limits import FD_RESERVE, raise_open_files
 from pgferry.log.ticker import Ticker, TickerSettings
 from pgferry.relay.leader import TICKER_LOCK, WAL_CAPTURE_LOCK, lead
 from pgferry.relay.ownership import Ownership, OwnershipSettings
@@ -45,8 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Open files kept for what is not a webhook connection: the database pool, brokers, the API.
-FD_RESERVE = 256
 #: Idle webhook connections kept however low the limit of open files is.
 MIN_IDLE = 64
 

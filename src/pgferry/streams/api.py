@@ -52,7 +52,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from pgferry import db, sql
 from pgferry.api_tokens import Decision, TokenStore, bearer_from_header
 from pgferry.errors import PgferryError, TokenStoreUnavailable
-from pgferry.limits import raise_open_files
+from pgferry.limits import FD_RESERVE, raise_open_files
 from pgferry.relay.surface import is_loopback
 from pgferry.streams import history
 from pgferry.streams.history import History, Pace, resume_point
@@ -74,9 +74,6 @@ MAX_BODY = 1 << 20
 WRITE_PIECE = 64 * 1024
 #: The kernel send buffer of an SSE connection (the kernel doubles it).
 SSE_SEND_BUFFER = 128 * 1024
-#: Open files a relay keeps for all but its readers' sockets (database connections, webhooks'
-#: connections, listening sockets, logs): max_clients is capped at the open-files limit less this.
-FD_RESERVE = 256
 
 
 class Authorizer(Protocol):
