@@ -53,10 +53,12 @@ class FanoutSettings:
     processes: int = 1
     #: every subscription's URL on one host:port (each its own path): they share its connections
     one_endpoint: bool = False
+    #: seconds the receiver holds every answer once, 2 s after the first request (0: never)
+    stall: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.subscriptions < 1 or self.events < 1 or self.rate <= 0 or self.processes < 1:
-            raise ValueError("subscriptions, events and processes must be >= 1, rate > 0")
+        if self.subscriptions < 1 or self.events < 1 or self.rate <= 0 or self.processes < 1 or self.stall < 0:
+            raise ValueError("subscriptions, events and processes must be >= 1, rate > 0, stall >= 0")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}")
 
@@ -79,7 +81,7 @@ class _ReceiverProcess:
 async def run_fanout_bench(ctx: BenchContext, s: FanoutSettings) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "pgferry.bench.fanout_receiver", "--ports", str(1 if s.one_endpoint else s.subscriptions),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 30,
+        "--stall", str(s.stall), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 30,
     )  # fmt: skip
     receiver = _ReceiverProcess(proc)
     try:
@@ -90,8 +92,9 @@ async def run_fanout_bench(ctx: BenchContext, s: FanoutSettings) -> None:
         async with ctx.connect() as conn:
             await conn.execute(_q("subscribe"), ports, s.layout == "shared")
         where = "one endpoint" if s.one_endpoint else "each its own endpoint"
+        stall = f", the receiver stalls {s.stall:g} s once" if s.stall else ""
         ctx.progress(f"[fanout] {s.subscriptions:,} subscriptions ({where}), {s.events} events at {s.rate:g}/s "
-                     f"({s.layout})")  # fmt: skip
+                     f"({s.layout}){stall}")  # fmt: skip
         metrics_port = free_port()
         args = ["--processes", str(s.processes), "--metrics-port", str(metrics_port)]
         async with running_relay(ctx.url, max_seconds=s.timeout + s.events / s.rate + 120, args=args) as relay:
@@ -140,6 +143,8 @@ async def _load(ctx: BenchContext, s: FanoutSettings, receiver: _ReceiverProcess
         "delivered": delivered,
         "distinct": distinct,
         "duplicates": delivered - distinct,
+        "connections": got["connections"],
+        "peak_open": got["peak_open"],
         "lost": expected - distinct,
         "p50_ms": _pct(latencies, 0.50),
         "p99_ms": _pct(latencies, 0.99),
@@ -164,13 +169,15 @@ def _pct(values: list[float], q: float) -> float:
 
 def _report(ctx: BenchContext, s: FanoutSettings, r: dict[str, Any]) -> None:
     where = "all on one endpoint (host:port)" if s.one_endpoint else "each its own endpoint"
+    stall = f"; the receiver stalled {s.stall:g} s once" if s.stall else ""
     click.echo(f"\nFan-out: {s.subscriptions:,} subscriptions, {where}; {s.events} events "
-               f"at {s.rate:g}/s, layout {s.layout}; one relay, {s.processes} process(es)")  # fmt: skip
+               f"at {s.rate:g}/s, layout {s.layout}; one relay, {s.processes} process(es){stall}")  # fmt: skip
     click.echo(
         table(
-            ["deliveries", "lost", "dupes", "withdrawn", "p50 ms", "p99 ms", "max ms", "DB tx/s", "relay CPU",
-             "relay peak MB"],
-            [[num(r["delivered"]), num(r["lost"]), num(r["duplicates"]), num(r["withdrawn"]), num(r["p50_ms"], 1),
+            ["deliveries", "lost", "dupes", "withdrawn", "conns", "peak open", "p50 ms", "p99 ms", "max ms",
+             "DB tx/s", "relay CPU", "relay peak MB"],
+            [[num(r["delivered"]), num(r["lost"]), num(r["duplicates"]), num(r["withdrawn"]), num(r["connections"]),
+              num(r["peak_open"]), num(r["p50_ms"], 1),
               num(r["p99_ms"], 1),
               num(r["max_ms"], 1), num(r["db_tps"]), f"{r['relay_cpu_s'] / r['seconds']:.0%}",
               num(r["relay_peak_mb"])]],
@@ -179,7 +186,8 @@ def _report(ctx: BenchContext, s: FanoutSettings, r: dict[str, Any]) -> None:
     click.echo("   latency: receipt minus the publishing statement's clock_timestamp(); DB tx/s: pg_stat_database "
                "transactions over the run, publishing included; relay CPU: share of one core, all its processes; "
                "relay peak MB: the sum of its processes' peaks; withdrawn: requests taken back before the wire "
-               "(waiting for a connection when their round let go; sent later, once)")  # fmt: skip
+               "(waiting for a connection when their round let go; sent later, once); conns: connections the "
+               "receiver accepted; peak open: the most open at once")  # fmt: skip
     ctx.results["fanout"] = r
     ok = r["lost"] == 0 and r["duplicates"] == 0
     ctx.target("fanout", "every event exactly once", "0 lost, 0 dupes", f"{r['lost']} / {r['duplicates']}", ok)
