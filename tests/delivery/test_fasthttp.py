@@ -107,6 +107,22 @@ async def test_a_sender_keeps_at_most_max_idle_connections_over_all_endpoints(
     await sender.close()
 
 
+async def test_a_busy_endpoint_keeps_its_connection_when_quiet_ones_fill_the_idle_bound(
+    receiver_factory: MakeReceiver,
+) -> None:
+    """The connection idle longest goes, not the one just given back: closing that one made every
+    request of a busy endpoint open a new connection (66,231 for 100,000 requests, bench fanout)."""
+    sender = FastSender(pool_size=4, max_idle=3)
+    (quiet, quiet_url), (busy, busy_url) = await receiver_factory(), await receiver_factory()
+    assert all(r.ok for r in await asyncio.gather(*(post(sender, quiet_url) for _ in range(3))))
+    for _ in range(5):
+        assert (await post(sender, busy_url)).ok
+    await asyncio.sleep(0.05)
+    assert busy.stats.connections == 1 and len(busy.stats.open) == 1
+    assert len(quiet.stats.open) == 2  # its longest idle one closed to keep the busy one
+    await sender.close()
+
+
 @pytest.mark.parametrize(
     "url", ["http://169.254.169.254/latest/meta-data/", "http://[fe80::1]/x", "http://[fd00:ec2::254]/"]
 )
