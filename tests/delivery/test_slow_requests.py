@@ -20,6 +20,7 @@ from pgferry import db, sql
 from pgferry.delivery.bookkeeping import IN_FLIGHT_NOTE
 from pgferry.delivery.context import DeliveryContext
 from pgferry.delivery.fasthttp import FastSender
+from pgferry.delivery.in_flight import RelayInFlight
 from pgferry.delivery.model import Subscription
 from pgferry.delivery.worker import SubscriptionWorker
 from pgferry.ops import inspect
@@ -234,7 +235,7 @@ async def test_an_answer_recorded_while_retries_are_fetched_is_not_sent_again(
 
     try:
         ctx = DeliveryContext(pool=_AnsweredDuringFetch(pool, answered), http=http,
-                              global_limit=asyncio.Semaphore(10))  # fmt: skip
+                              global_limit=RelayInFlight(10))  # fmt: skip
         worker = SubscriptionWorker(sub, ctx)
         worker.let_go.add(event)
         retries = asyncio.create_task(worker._retry_loop())
@@ -264,7 +265,7 @@ async def test_with_ordering_a_key_whose_first_event_is_still_in_flight_waits_in
     pool = await db.create_pool(db_url, min_size=1, max_size=2)
     http = FastSender()
     try:
-        ctx = DeliveryContext(pool=pool, http=http, global_limit=asyncio.Semaphore(10))
+        ctx = DeliveryContext(pool=pool, http=http, global_limit=RelayInFlight(10))
         worker = SubscriptionWorker(sub, ctx)
         worker.let_go.add(first)  # its request is still out there
         retries = asyncio.create_task(worker._retry_loop())

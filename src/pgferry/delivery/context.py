@@ -17,6 +17,7 @@ from pgferry.delivery.budget import DEFAULT_MAX_READ_BYTES, ReadBudget
 from pgferry.delivery.fasthttp import FastSender
 from pgferry.delivery.health import EndpointHealth
 from pgferry.delivery.http import HttpResult
+from pgferry.delivery.in_flight import RelayInFlight
 from pgferry.delivery.model import OutEvent
 from pgferry.delivery.steps import Stepper
 
@@ -58,7 +59,8 @@ class DeliveryContext:
 
     pool: asyncpg.Pool
     http: FastSender  # webhook POSTs and pg_net requests
-    global_limit: asyncio.Semaphore
+    #: the relay's max_in_flight, shared fairly among the subscriptions sending (delivery.in_flight)
+    global_limit: RelayInFlight
     #: connections to message brokers (NATS JetStream and Redis sinks)
     brokers: Brokers = field(default_factory=Brokers)
     max_body_bytes: int = 1 << 20

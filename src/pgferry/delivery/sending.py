@@ -26,6 +26,7 @@ from typing import Any
 from pgferry.delivery.context import IN_FLIGHT, DeliveryContext, Held, Outcome
 from pgferry.delivery.health import Admission, Endpoint
 from pgferry.delivery.http import HttpResult
+from pgferry.delivery.in_flight import SubscriptionInFlight
 from pgferry.delivery.model import OutEvent, Subscription
 from pgferry.delivery.sink import Sink
 
@@ -68,7 +69,7 @@ class Sender:
         self.answered_late = answered_late
         #: the endpoint whose health gates the requests (None: not followed, as for pg_net)
         self.endpoint: Endpoint | None = None
-        self.limit = asyncio.Semaphore(sub.max_in_flight)
+        self.limit = SubscriptionInFlight(sub.max_in_flight, ctx.global_limit)
         #: events in requests in flight now
         self.in_flight = 0
         #: requests let go of by their round, and the recording of their answers
@@ -79,7 +80,7 @@ class Sender:
     def follow(self, sub: Subscription, sink: Sink) -> None:
         """New settings: they take effect with the next request."""
         if sub.max_in_flight != self.sub.max_in_flight:
-            self.limit = asyncio.Semaphore(sub.max_in_flight)
+            self.limit = SubscriptionInFlight(sub.max_in_flight, self.ctx.global_limit)
         self.sub, self.sink = sub, sink
 
     async def send(
@@ -109,7 +110,8 @@ class Sender:
                     return False
                 return on_wire() if on_wire is not None else True
 
-        # The subscription's limit covers the batch and the retry loop together.
+        # The subscription's limit (its max_in_flight and its share of the relay's) covers the
+        # batch and the retry loop together.
         async with self.limit, self.ctx.global_limit:
             self.in_flight += len(chunk)
             try:

@@ -24,6 +24,7 @@ from pgferry.delivery.brokers import Brokers
 from pgferry.delivery.budget import DEFAULT_MAX_READ_BYTES, MIN_READ_BOUND
 from pgferry.delivery.context import DEFAULT_MAX_BATCH_BYTES, PIPELINE_DEPTH, DeliveryContext
 from pgferry.delivery.fasthttp import MAX_IDLE, FastSender, tls_context
+from pgferry.delivery.in_flight import RelayInFlight
 from pgferry.errors import DatabaseUnreachable
 from pgferry.limits import FD_RESERVE, raise_open_files
 from pgferry.log.ticker import Ticker, TickerSettings
@@ -281,7 +282,7 @@ class Relay:
                 pool=pool,
                 http=http,
                 brokers=brokers,
-                global_limit=asyncio.Semaphore(self.settings.max_in_flight),
+                global_limit=RelayInFlight(self.settings.max_in_flight),
                 max_body_bytes=max_body_bytes,
                 max_batch_bytes=self.settings.max_batch_bytes,
                 max_read_bytes=self.settings.max_read_bytes,
