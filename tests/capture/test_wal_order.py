@@ -240,3 +240,40 @@ async def test_the_wal_insert_position_is_where_the_next_record_starts_or_its_pa
     """At most a page header (24 or 40 bytes) before pg_current_wal_insert_lsn(), never after."""
     behind = await conn.fetchval("select pg_current_wal_insert_lsn() - ferry._wal_insert_position()")
     assert 0 <= behind <= 40
+
+
+async def test_a_change_moved_to_a_later_batch_takes_the_later_changes_of_its_round_with_it(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    """Found from outside by killing the relay (SIGKILL) under writers: two updates of one row
+    committed while nobody decoded; a tick recorded in between sees the first, so the relay
+    stores it under its own transaction, in a later batch. The ticker, back, took a fence that
+    sees the second but not that transaction: recorded as it was, the second update came in a
+    batch before the first. A round that moves changes so makes the ticker take its fence again."""
+    await conn.execute("create table k (id int primary key, v int)")
+    await ferry.capture_table("k", stream="k", method="wal")
+    await ferry.register_consumer("c", ["k"])
+    await conn.execute("insert into k values (1, 1)")
+    await ferry.publish("other", {})  # something new for the tick to record
+    await tick(conn)  # sees the insert committed: its change will come after this batch
+    await conn.execute("update k set v = 2 where id = 1")
+    _Held.go, _Held.holding = asyncio.Event(), asyncio.Event()
+    async with Running(db_url, _Held) as held:
+        await asyncio.wait_for(_Held.holding.wait(), 15)  # both changes stored, the round's end held
+
+        async def streaming() -> bool:
+            return bool(await conn.fetchval("select bool_or(s.active) from pg_replication_slots s "
+                                            "join ferry.wal_slot w using (slot_name)"))  # fmt: skip
+
+        await eventually(streaming, what="the slot streamed")
+        async with _Ticking(db_url) as ticker:
+            await eventually(lambda: asyncio.sleep(0, ticker.fence is not None), what="a fence taken")
+            _Held.go.set()
+            await held.caught_up(conn)
+
+            async def all_ticked() -> bool:
+                return all(r["tick"] is not None for r in await conn.fetch(COMMIT_TICKS))
+
+            await eventually(all_ticked, what="a tick seeing every event")
+    events = await read_all(ferry, conn, "c")
+    assert [(e.payload["type"], e.payload["record"]["v"]) for e in events] == [("INSERT", 1), ("UPDATE", 2)]

@@ -33,7 +33,12 @@
 -- source transactions of the whole round: under ferry._tick's lock, held
 -- until commit, the events of those a tick has come to see committed since
 -- they were appended move to this transaction's id, so no tick is recorded
--- between that decision and the commit.
+-- between that decision and the commit. A round that stored or moved any
+-- event under its own id records its id in ferry.wal_slot.late_txid
+-- (migration 0030): the ticker's fence, if taken before the round
+-- committed, sees later source transactions of the round (or of the next)
+-- committed but not this one, and would put their changes in a batch
+-- before the moved ones; ferry._tick_fenced takes such a fence again.
 --
 -- Values are converted by the columns' own input functions
 -- (jsonb_populate_record), so records equal to_jsonb of the row; a table
@@ -71,6 +76,7 @@ declare
     v_seen  pg_snapshot;
     v_txids xid8[];
     v_late  xid8[];
+    v_moved boolean := false;
     v_part  smallint;
     c       ferry.captures;
     v_ops    text;
@@ -107,6 +113,7 @@ begin
                              cross join lateral (select ferry._full_xid(x.xid, v_near) as source) f
                              order by x.i);
         end if;
+        v_moved := v_txid = any (v_txids);
         -- Every WAL capture of the tables that may own one of the changes: current, or ended
         -- after the first of them (the statement below keeps each change to its own).
         for c in select * from ferry.captures cc
@@ -198,9 +205,11 @@ begin
                         where pg_visible_in_snapshot(f.source, v_seen));
         if cardinality(v_late) > 0 then
             update ferry.events e set txid = v_txid where e.txid = any (v_late) and e.xmin = v_txid::xid;
+            v_moved := v_moved or found;
         end if;
     end if;
     update ferry.wal_slot w
-    set lsn = greatest(w.lsn, to_lsn), committed_at = coalesce(_append_wal_v2.committed_at, w.committed_at), caught_up_at = now();
+    set lsn = greatest(w.lsn, to_lsn), committed_at = coalesce(_append_wal_v2.committed_at, w.committed_at), caught_up_at = now(),
+        late_txid = case when v_moved then pg_current_xact_id() else w.late_txid end;
     return v_total;
 end $$;

@@ -13,7 +13,11 @@
 -- reaches fence_lsn (the relay confirms only what it has appended and
 -- committed: capture/wal.py). A fence is taken again, not kept, when a tick
 -- was recorded since it was (fence_tick is not the newest tick: someone
--- called ferry.tick()), so tick ids follow snapshot order. The next fence
+-- called ferry.tick()), so tick ids follow snapshot order, and when it does
+-- not see ferry.wal_slot.late_txid committed (migration 0030: a round of WAL
+-- capture moved changes to a later batch after the fence was taken; the
+-- fence sees later source transactions committed but not that round, and
+-- would put their changes first). The next fence
 -- is taken before this call records its tick, whose WAL the slot need not
 -- read first.
 --
@@ -69,7 +73,9 @@ begin
         return;
     end if;
     select max(t.id) into v_last from ferry.ticks t;
-    if fence is not null and fence_tick = v_last then
+    if fence is not null and fence_tick = v_last
+       and not exists (select 1 from ferry.wal_slot w
+                       where w.late_txid is not null and not pg_visible_in_snapshot(w.late_txid, fence)) then
         if v_confirmed < fence_lsn and clock_timestamp() < fence_at + v_wait then
             -- Not appended yet: keep the fence, record nothing.
             select true, fence, fence_lsn, fence_tick, fence_at into waiting, next_fence, next_lsn, next_tick, next_at;
