@@ -9,9 +9,12 @@ from datetime import timedelta
 
 import asyncpg
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pgferry.delivery import fasthttp
 from pgferry.delivery.fasthttp import FastSender
+from pgferry.delivery.http import parse_retry_after
 from pgferry.delivery.retry import judge
 from pgferry.receiver import CutBody, Drop, Garbage, Hang, Receiver, Respond
 from tests.helpers import NOW, subscription
@@ -211,3 +214,27 @@ async def test_answers_whose_text_postgresql_or_python_cannot_take_are_still_rec
     verdict = judge(sub, result, 1, NOW, NOW)
     assert not verdict.dead and verdict.next_attempt_at is not None
     assert verdict.next_attempt_at - NOW <= timedelta(hours=6)
+
+
+async def test_a_retry_after_that_is_not_ascii_digits_is_ignored_not_raised(sender: FastSender) -> None:
+    """ "Retry-After: ²" (the byte 0xB2, read as Latin-1) passed str.isdigit and failed float()
+    inside the sender: each request was recorded as a pgferry internal error (outside probe)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: \xb2\r\ncontent-length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        result = await post(sender, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/x")
+    finally:
+        server.close()
+    assert (result.status, result.error_class, result.retry_after) == (503, "http_status", None)
+
+
+@given(st.text(st.characters(max_codepoint=0xFF)))  # a header is read as Latin-1
+def test_parse_retry_after_never_raises(value: str) -> None:
+    seconds = parse_retry_after(value, now=0.0)
+    assert seconds is None or seconds >= 0

@@ -82,11 +82,13 @@ def header_value_fault(value: str, *, strict: bool = True) -> str | None:
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header (delta-seconds or HTTP date)."""
+    """Seconds to wait from a Retry-After header (delta-seconds or HTTP date); None when it is
+    neither. Delta-seconds are ASCII digits only: ``str.isdigit`` also takes "²" (a header is
+    read as Latin-1), which then failed ``float`` inside the sender (outside probe)."""
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
