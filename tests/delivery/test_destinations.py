@@ -50,6 +50,7 @@ def test_urls_parse_into_host_port_and_templates() -> None:
         ("nats://[::1/x", "Invalid IPv6 URL"),
         ("redis://cache:6379/0?stream=s&maxlen=99999999999999999999", "from 1 to 2147483647"),
         ("redis://cache:6379/0?stream=s&dedup_window=99999999999999999999", "from 1 to 2147483647"),
+        ("redis://cache:6379/0?stream=a&stream=b", "'stream' is given more than once"),
     ],
 )
 def test_bad_urls_are_refused_with_what_is_wrong(url: str, says: str) -> None:
@@ -91,12 +92,25 @@ async def test_subscribe_refuses_bad_broker_urls_in_sql_and_in_python(conn: asyn
         ("nats://127.0.0.1:4222/k..{key}", "not a subject to publish to"),
         ("nats://127.0.0.1:4222/k%20x.{key}", "not a subject to publish to"),
         ("nats://127.0.0.1:4222/k.%3E", "not a subject to publish to"),
+        # Taken by subscribe, then every event failed on the relay (outside probe).
+        ("redis://127.0.0.1:6379/0?stream=s&maxlen=abc", "maxlen='abc': expected a whole number"),
+        ("redis://127.0.0.1:6379/0?stream=s&maxlen=-5", "maxlen='-5': expected a whole number"),
+        ("redis://127.0.0.1:6379/0?stream=s&maxlen=0", "maxlen='0': expected a whole number"),
+        ("redis://127.0.0.1:6379/0?stream=s&dedup_window=0", "dedup_window='0'"),
+        ("redis://127.0.0.1:6379/0?stream=s&maxlen=99999999999999999999", "from 1 to 2147483647"),
+        ("redis://127.0.0.1:6379/0?stream=s&strem=x", "unknown Redis parameter 'strem'"),
+        ("redis://127.0.0.1:6379/0?stream=a&stream=b", "'stream' is given more than once"),
+        ("http://127.0.0.1:9/caf\u00e9", "outside ASCII; percent-encode"),
+        ("http://127.0.0.1:9/x?a=\u00e9", "outside ASCII; percent-encode"),
     ]:
         with pytest.raises(asyncpg.InvalidParameterValueError, match=says):
             await conn.execute("select ferry.subscribe('x', array['s'], $1)", url)
     with pytest.raises(PgferryError, match="maxlen"):
         await ferry.subscribe("x", ["s"], "redis://127.0.0.1:6379/0?stream=s&maxlen=-1")
     assert await conn.fetchval("select count(*) from ferry.subscriptions") == 0
+    for url in ("redis://127.0.0.1:6379/0?stream=s&maxlen=1000&dedup_window=60", "http://127.0.0.1:9/caf%C3%A9"):
+        await conn.execute("select ferry.subscribe('ok', array['s'], $1)", url)  # still taken
+        await conn.execute("select ferry.unsubscribe('ok')")
 
 
 async def test_credentials_are_checked_kept_apart_and_never_listed(

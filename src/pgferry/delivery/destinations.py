@@ -123,6 +123,9 @@ def parse_redis(url: str) -> RedisDestination:
     unknown = sorted(set(query) - {"stream", "maxlen", "dedup_window"})
     if unknown:
         raise BadDestination(f"unknown parameter {unknown[0]!r}; use stream=, maxlen= and dedup_window=")
+    repeated = sorted(name for name, values in query.items() if len(values) > 1)
+    if repeated:
+        raise BadDestination(f"{repeated[0]!r} is given more than once")
     stream = query.get("stream", [""])[-1]
     if not stream:
         raise BadDestination(f"{url!r} names no stream; add ?stream=<name>, e.g. ?stream=orders:{{key}}")

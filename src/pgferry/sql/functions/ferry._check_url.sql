@@ -3,7 +3,11 @@
 -- The scheme chooses the sink: http(s) webhooks, nats:// (JetStream: a
 -- subject template as path) or redis:// (Redis Streams: a stream template
 -- as ?stream=); templates may use {stream} and {key} (delivery/destinations.py
--- parses them fully on the relay). IP literals in always-refused ranges are refused at subscribe, as before,
+-- parses them fully on the relay; its rules for the subject and for
+-- Redis's parameters are checked here too, so that what subscribe takes the
+-- relay can send to). Webhook URLs are ASCII: a path or query with other
+-- characters must be percent-encoded (the relay cannot send it as it is).
+-- IP literals in always-refused ranges are refused at subscribe, as before,
 -- unless the session's pgferry.allow_addresses lists them (e.g.
 -- `alter database app set pgferry.allow_addresses = '169.254.10.0/24'`). This
 -- is only the early error: the relay decides on the address it connects to,
@@ -19,6 +23,7 @@
 create or replace function ferry._check_url(url text) returns void
 language plpgsql stable as $$
 declare
+    v_param   record;
     v_scheme  text;
     v_ip      inet;
     v_subject text;
@@ -62,6 +67,35 @@ begin
     if v_scheme = 'redis' and url !~ '^[A-Za-z]+://[^/?#]+(/[0-9]*)?[?](.*&)?stream=[^&]' then
         raise exception 'pgferry: % names no Redis stream', quote_literal(url)
             using errcode = '22023', hint = 'Use redis://host:6379/<db>?stream=<name>, e.g. ?stream=orders:{key}.';
+    end if;
+    if v_scheme = 'redis' then
+        -- As delivery/destinations.py's parse_redis reads them: these three, once each, the two
+        -- numbers whole from 1 to 2^31 - 1 (subscribe took maxlen=abc, a typo'd name and a second
+        -- stream=, and every event then failed on the relay: outside probe).
+        for v_param in
+            select split_part(p, '=', 1) as name, substr(p, strpos(p, '=') + 1) as value,
+                   count(*) over (partition by split_part(p, '=', 1)) as times
+            from regexp_split_to_table(substring(url from '[?]([^#]*)'), '&') p
+            where p <> ''
+        loop
+            if v_param.name not in ('stream', 'maxlen', 'dedup_window') then
+                raise exception 'pgferry: unknown Redis parameter % in %', quote_literal(v_param.name), quote_literal(url)
+                    using errcode = '22023', hint = 'Use stream=, maxlen= and dedup_window=.';
+            end if;
+            if v_param.times > 1 then
+                raise exception 'pgferry: % is given more than once in %', quote_literal(v_param.name), quote_literal(url)
+                    using errcode = '22023';
+            end if;
+            if v_param.name <> 'stream' and (v_param.value !~ '^[0-9]{1,10}$'
+                                             or v_param.value::bigint not between 1 and 2147483647) then
+                raise exception 'pgferry: %=%: expected a whole number from 1 to 2147483647', v_param.name,
+                    quote_literal(v_param.value) using errcode = '22023';
+            end if;
+        end loop;
+    end if;
+    if v_scheme in ('http', 'https') and url ~ '[^\x01-\x7F]' then
+        raise exception 'pgferry: % has characters outside ASCII; percent-encode them', quote_literal(url)
+            using errcode = '22023', hint = 'e.g. /caf%C3%A9 for /café (UTF-8, as browsers and curl send it).';
     end if;
     if v_scheme in ('nats', 'redis') and regexp_replace(url, '\{(stream|key)\}', '', 'g') ~ '[{}]' then
         raise exception 'pgferry: % has an unknown placeholder or a stray brace', quote_literal(url)
