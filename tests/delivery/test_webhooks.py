@@ -252,6 +252,7 @@ async def test_new_subscription_starts_from_now_unless_asked(
         ("http://127.0.0.1/x", {"X-Bad": "a\r\nInjected: 1"}, "contains a line break"),
         ("http://127.0.0.1/x", {"Bad Name": "v"}, "is not a valid HTTP header name"),
         ("http://127.0.0.1/x", {"X-Num": 5}, "must be a string"),
+        ("http://127.0.0.1/x", {"X-Tenant": "a", "x-tenant": "b"}, "'X-Tenant' is given more than once"),
     ],
 )
 async def test_subscribe_rejects_bad_input(conn: asyncpg.Connection, url: str, headers: object, message: str) -> None:
@@ -266,6 +267,10 @@ async def test_subscribe_rejects_bad_settings(conn: asyncpg.Connection) -> None:
         ("select ferry.subscribe('x', array['s'], 'http://a/', batch_size => 0)", "batch_size must be between"),
         ("select ferry.subscribe('x', array['s'], 'http://a/', secret => 'hunter2')", "whsec_"),
         ("select ferry.subscribe('x', array['s'], 'http://a/', secret => 'whsec_c2hvcnQ=')", "too short"),
+        (
+            "select ferry.subscribe('x', array['s'], 'http://a/', retry_base_ms => 5000, retry_max_ms => 1000)",
+            "retry_base_ms \\(5000\\) is larger than retry_max_ms \\(1000\\)",
+        ),
     ]
     for statement, message in cases:
         with pytest.raises(asyncpg.PostgresError, match=message):

@@ -11,7 +11,9 @@
 -- h11 for VT and FF) answer such a request 400, and every event of the
 -- subscription would end in dead letters. Spaces, tabs and non-ASCII text
 -- (sent as UTF-8, obs-text on the wire) are allowed. The message names the
--- header and the byte, never the value (it may be a credential).
+-- header and the byte, never the value (it may be a credential). strict also
+-- refuses two names differing only in case: one header, of which the relay
+-- sent one value and dropped the other (outside probe).
 -- One loop over the map for both (migration 0026: the strict rule was
 -- ferry._check_header_values, a second loop).
 --
@@ -36,6 +38,13 @@ begin
     if jsonb_typeof(headers) <> 'object' then
         raise exception 'pgferry: headers must be a JSON object of strings, got a JSON %', jsonb_typeof(headers)
             using errcode = '22023', hint = 'Example: ''{"Authorization": "Bearer abc"}''::jsonb';
+    end if;
+    if strict then  -- a subscription's headers go out as one set: names differing in case are one header
+        select min(k) into v_bad from jsonb_object_keys(headers) k group by lower(k) having count(*) > 1 limit 1;
+        if v_bad is not null then
+            raise exception 'pgferry: header % is given more than once (header names ignore case)', quote_literal(v_bad)
+                using errcode = '22023';
+        end if;
     end if;
     for v_name, v_value in select * from jsonb_each(headers) loop
         if v_name !~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]+$' then

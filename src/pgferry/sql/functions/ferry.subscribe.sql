@@ -23,7 +23,7 @@
 --             timeout_ms, connect_timeout_ms   10 ms - 10 min
 --             max_attempts        1-1000
 --             max_age             positive interval
---             retry_base_ms, retry_max_ms      >= 0
+--             retry_base_ms, retry_max_ms      >= 0, base <= max
 --             start_at            'now' or 'beginning' (new consumers only)
 --             filter              jsonpath predicate, e.g. '$.record.amount > 100'
 --                                 (ferry._check_filter); NULL delivers every event
@@ -99,6 +99,11 @@ begin
     end if;
     if retry_base_ms is null or retry_max_ms is null or retry_base_ms < 0 or retry_max_ms < 0 then
         raise exception 'pgferry: retry_base_ms and retry_max_ms must be 0 or more' using errcode = '22023';
+    end if;
+    if retry_base_ms > retry_max_ms then  -- every wait would be retry_max_ms: surely a mistake (outside probe)
+        raise exception 'pgferry: retry_base_ms (%) is larger than retry_max_ms (%)', retry_base_ms, retry_max_ms
+            using errcode = '22023', hint = 'The first retry waits about retry_base_ms, each next one twice as long, '
+                                            'up to retry_max_ms.';
     end if;
     if subscribe.partitions is null or subscribe.partitions not between 1 and 256 then
         raise exception 'pgferry: partitions must be between 1 and 256, got %', coalesce(subscribe.partitions::text, 'NULL')
