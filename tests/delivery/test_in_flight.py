@@ -12,8 +12,7 @@ import orjson
 import pgferry
 from pgferry.delivery.in_flight import MIN_SHARE, RelayInFlight, SubscriptionInFlight
 from pgferry.receiver import Received, Slow
-from tests.delivery.test_webhooks import MakeReceiver
-from tests.helpers import FAST, RunningRelay, eventually
+from tests.helpers import FAST, MakeReceiver, RunningRelay, eventually
 
 
 async def _hold(limit: SubscriptionInFlight, entered: list[int], n: int, release: asyncio.Event) -> None:
