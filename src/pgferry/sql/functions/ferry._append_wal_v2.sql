@@ -210,6 +210,6 @@ begin
     end if;
     update ferry.wal_slot w
     set lsn = greatest(w.lsn, to_lsn), committed_at = coalesce(_append_wal_v2.committed_at, w.committed_at), caught_up_at = now(),
-        late_txid = case when v_moved then pg_current_xact_id() else w.late_txid end;
+        late_txid = case when v_moved then v_txid else w.late_txid end;
     return v_total;
 end $$;
