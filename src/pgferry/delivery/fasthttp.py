@@ -59,10 +59,11 @@ IDLE_LIMIT = 15.0
 #: half of it: Keep-Alive: timeout=1 still allows reuse within half a second).
 IDLE_MARGIN = 1.0
 #: Idle kept-alive connections one sender keeps over all its endpoints; beyond it, the one idle
-#: longest is closed (_IdleConnections). Each endpoint keeps as many as its busiest moment opened (for their idle
-#: time), and 1,000 endpoints busiest at different moments held ~19,000 open connections in
-#: `bench fanout`, the receiver's limit of open files: requests then waited unanswered in its
-#: accept queue until they timed out. In flight are at most the relay's max_in_flight (1,024).
+#: longest is closed (_IdleConnections). Each endpoint keeps as many as its busiest moment
+#: opened (for their idle time), and 1,000 endpoints busiest at different moments held ~19,000
+#: open connections in `bench fanout`, the receiver's limit of open files: requests then waited
+#: unanswered in its accept queue until they timed out. In flight are at most the relay's
+#: max_in_flight (1,024).
 MAX_IDLE = 4096
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
 #: Methods whose request carries no body unless one is given.
