@@ -41,18 +41,45 @@ def test_reads_no_longer_split_below_the_largest_event_seen_and_a_share_is_at_mo
     assert ReadBudget(10 * MB).admit(1000, 5 * MB)[1] >= MIN_READ_BOUND
 
 
+async def test_retry_reads_take_the_least_bound_unless_their_last_one_filled_its_bound() -> None:
+    budget = ReadBudget(64 * MB)
+    # An endpoint's pause over: a hundred retry loops read at once, side by side.
+    bounds = await asyncio.wait_for(asyncio.gather(*(budget.acquire(4 * MB) for _ in range(100))), 1)
+    assert set(bounds) == {MIN_READ_BOUND} and budget.used == 100 * MIN_READ_BOUND
+    assert await budget.acquire(4 * MB, whole=True) == 4 * MB  # a backlog of large parked events
+    budget.settle(0, held=0, largest=1 * MB)
+    assert await budget.acquire(4 * MB) == 1 * MB  # never below the largest event seen
+
+
 async def test_a_read_with_no_room_waits_until_bytes_are_given_back() -> None:
     budget = ReadBudget(4 * MB)
     assert budget.admit(1, 4 * MB, whole=True) == (1, 4 * MB)
     budget.settle(4 * MB, held=3 * MB)  # the read returned 3 MB, held until delivered
-    assert await budget.acquire(4 * MB) == 1 * MB  # a retry round reads what is free
-    budget.settle(1 * MB, held=1 * MB)
-    waiting = asyncio.ensure_future(budget.acquire(4 * MB))
+    assert await budget.acquire(4 * MB) == MIN_READ_BOUND  # what is free is enough for the least
+    waiting = asyncio.ensure_future(budget.acquire(4 * MB, whole=True))
     await asyncio.sleep(0.01)
     assert not waiting.done()
+    budget.release(MIN_READ_BOUND)
+    await asyncio.sleep(0.01)
+    assert not waiting.done()  # its whole share is not free yet
     budget.release(3 * MB)
-    assert await asyncio.wait_for(waiting, 1) == 3 * MB
+    assert await asyncio.wait_for(waiting, 1) == 4 * MB
     assert budget.used == 4 * MB and budget.peak == 4 * MB
+
+
+async def test_a_waiting_read_wakes_only_once_what_it_needs_is_free() -> None:
+    budget = ReadBudget(4 * MB)
+    budget.settle(0, held=4 * MB)  # every byte held
+    whole, small = budget.waiter(2 * MB), budget.waiter(MIN_READ_BOUND)
+    budget.release(1 * MB)
+    assert small.done() and not whole.done()
+    budget.release(1 * MB)
+    assert whole.done()
+    # Waiters given up on (the Stepper's, when a step joins) are dropped while nothing frees.
+    budget.settle(0, held=2 * MB)
+    for _ in range(1000):
+        budget.waiter(1 * MB).cancel()
+    assert len(budget._waiters) <= 128
 
 
 def test_a_relay_refuses_a_read_budget_too_small_to_read_with() -> None:

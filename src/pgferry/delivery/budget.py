@@ -41,6 +41,8 @@ RECENT_READS = 64
 #: times (the events, their request bodies, the bytes on their way to the socket), a relay's
 #: memory stays under 256 MB whatever the backlog (docs/operations.md, "Relay memory").
 DEFAULT_MAX_READ_BYTES = 64 << 20
+#: Waiters kept before the cancelled ones among them are dropped (then twice those left)
+PURGE_AT = 64
 
 
 class ReadBudget:
@@ -55,7 +57,12 @@ class ReadBudget:
         #: the most ``used`` has been (tests, benchmarks)
         self.peak = 0
         self._largest: deque[int] = deque(maxlen=RECENT_READS)
-        self._waiters: list[asyncio.Future[None]] = []
+        #: (bytes it needs free, its future): woken only once that much is free, so that a
+        #: thousand waiting reads do not all wake, and wait again, on every event delivered
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        #: the least any waiter needs (no waking below it), and the length that purges the done
+        self._least_need = 0
+        self._purge_at = PURGE_AT
 
     @property
     def free(self) -> int:
@@ -66,13 +73,18 @@ class ReadBudget:
         how many may go now and the bound each gets, reserved (``admitted * bound`` bytes, see
         ``settle``); (0, 0) when none fits. ``whole``: each needs its whole share (a backlog)."""
         share = min(share, self.total)
-        least = share if whole else min(share, max(MIN_READ_BOUND, max(self._largest, default=0)))
+        least = share if whole else self.least(share)
         admitted = min(reads, max(self.free, 0) // least)
         if not admitted:
             return 0, 0
         bound = min(share, self.free // admitted)
         self._take(admitted * bound)
         return admitted, bound
+
+    def least(self, share: int) -> int:
+        """The least bound a read gets (of at most ``share``): MIN_READ_BOUND, or the largest
+        event of recent reads when larger (a read takes at least one event)."""
+        return min(share, self.total, max(MIN_READ_BOUND, max(self._largest, default=0)))
 
     def settle(self, reserved: int, held: int, largest: int = 0) -> None:
         """A statement answered: of its ``reserved`` bytes its reads hold ``held`` (what they
@@ -99,32 +111,43 @@ class ReadBudget:
         if held:
             self._take(-held)
 
-    async def wait(self) -> None:
-        """Until some bytes are given back."""
-        await self.waiter()
-
-    def waiter(self) -> asyncio.Future[None]:
-        """A future done when some bytes are given back (for waiting on it and something else)."""
+    def waiter(self, need: int) -> asyncio.Future[None]:
+        """A future done when bytes are given back and ``need`` of them are free (for waiting on
+        it and something else; cancel it when done waiting)."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        if len(self._waiters) >= self._purge_at:  # cancelled ones, while too little was ever free
+            self._waiters = [(n, w) for n, w in self._waiters if not w.done()]
+            self._purge_at = max(PURGE_AT, 2 * len(self._waiters))
+        self._least_need = min(self._least_need, need) if self._waiters else need
+        self._waiters.append((need, waiter))
         return waiter
 
-    async def acquire(self, share: int) -> int:
-        """One read's bound (reserved), once it fits: the retry loop's reads."""
+    async def acquire(self, share: int, *, whole: bool = False) -> int:
+        """One read's bound (reserved), once it fits: the retry loop's reads. It is the least
+        bound unless ``whole`` (the reader's last read filled its bound: a backlog), not all that
+        is free up to ``share``: after an endpoint's pause a thousand retry loops read at once,
+        and reads of 4 MB each let 16 go at a time, the rest waking on every one answered."""
         while True:
-            admitted, bound = self.admit(1, share)
+            need = share if whole else self.least(share)
+            admitted, bound = self.admit(1, need, whole=True)
             if admitted:
                 return bound
-            await self.wait()
+            await self.waiter(min(need, self.total))
 
     def _take(self, n: int) -> None:
         self.used += n
         self.peak = max(self.peak, self.used)
-        if n < 0:
-            waiters, self._waiters = self._waiters, []
-            for waiter in waiters:
-                if not waiter.done():
+        if n < 0 and self._waiters and self.free >= self._least_need:
+            waiting: list[tuple[int, asyncio.Future[None]]] = []
+            for need, waiter in self._waiters:
+                if waiter.done():
+                    continue
+                if need <= self.free:
                     waiter.set_result(None)
+                else:
+                    waiting.append((need, waiter))
+            self._waiters = waiting
+            self._least_need = min((need for need, _ in waiting), default=0)
 
 
 def held_bytes(payload: str | None, headers: str | None) -> int:

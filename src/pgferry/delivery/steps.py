@@ -135,8 +135,10 @@ class Stepper:
                 if batch:
                     await self._send(batch, bound, reserved)
                 elif self._queue:  # only reads, and no room for any: until bytes are given back or a step joins
-                    assert self.budget is not None
-                    given_back = self.budget.waiter()
+                    assert self.budget is not None and self.max_bytes is not None
+                    whole = all(s.whole for s in self._queue if s.peek)
+                    need = min(self.max_bytes, self.budget.total) if whole else self.budget.least(self.max_bytes)
+                    given_back = self.budget.waiter(need)
                     joined: asyncio.Future[Any] = asyncio.ensure_future(self._joined.wait())
                     try:
                         await asyncio.wait([given_back, joined], return_when=asyncio.FIRST_COMPLETED)

@@ -183,6 +183,8 @@ class SubscriptionWorker:
         self.start_over = False
         #: whether the retry loop waits for its next parked event (the LogWatch wakes it if one is due)
         self.retries_idle = False
+        #: the retry loop's last read filled half its byte bound or more: the next asks for its whole share
+        self._retry_whole = False
         #: when a read last had events (time.monotonic()): a worker that had some within HOT_SECONDS
         #: is woken by the LogWatch on a tick at once, before it asks which streams moved (that
         #: round trip is then not on a busy subscription's latency)
@@ -556,7 +558,7 @@ class SubscriptionWorker:
         if budget is not None and bound is not None and not probe:
             # Taken before a connection: a read waiting for room must not hold a connection that
             # the reads giving room back need.
-            bound = reserved = await budget.acquire(bound)
+            bound = reserved = await budget.acquire(bound, whole=self._retry_whole)
         try:
             async with self.ctx.pool.acquire() as conn:
                 if probe:  # the due event with the fewest attempts: probes spread over the held events
@@ -574,6 +576,7 @@ class SubscriptionWorker:
                 budget.settle(reserved, 0)
             raise
         held = budget.settle_rows(reserved, [rows])[0] if budget is not None and reserved else 0
+        self._retry_whole = 2 * held >= reserved > 0  # like the batch reads' whole (delivery.budget)
         return rows, next_at, held
 
     async def _expire_held(self) -> None:
