@@ -10,6 +10,7 @@ import os
 import pty
 import re
 import select
+import shutil
 import struct
 import subprocess
 import termios
@@ -34,6 +35,16 @@ from pgferry.relay.process import Relay, RelaySettings
 
 #: The ``receiver_factory`` fixture: ``await make(behaviour)`` -> (receiver, its URL).
 MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
+
+
+#: Retries within a test's patience (20 ms, at most 200 ms apart), as ferry.subscribe arguments.
+FAST_RETRY = "retry_base_ms => 20, retry_max_ms => 200"
+
+#: Chromium, when installed (scripts/test installs it), and its flags as root in a sandboxless
+#: container, with nothing that calls out to the internet.
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 
 
 #: A fixed instant for tests of pure delivery logic.
@@ -298,3 +309,17 @@ async def net_responses(conn: asyncpg.Connection, n: int, timeout: float = 20) -
 async def metric_sum(url: str, name: str) -> float:
     """A Prometheus series summed over its labels, as the metrics server at ``url`` serves it now."""
     return series_sum(await scrape(url), name)
+
+
+def received_ids(receiver: Receiver) -> list[int]:
+    """The event ids a receiver got, in the order it got them (from each request's webhook-id)."""
+    return [int(r.headers["webhook-id"].removeprefix("evt_")) for r in receiver.received]
+
+
+async def all_delivered(receiver: Receiver, expected: set[int]) -> None:
+    """Until ``receiver`` got every event in ``expected`` (30 s at most)."""
+
+    async def check() -> bool:
+        return expected <= set(received_ids(receiver))
+
+    await eventually(check, timeout=30, what=f"{len(expected)} deliveries")

@@ -8,16 +8,12 @@ import json
 import re
 import signal
 from collections import Counter
-from collections.abc import Awaitable, Callable
 
 import asyncpg
 import pytest
 
 import pgferry
-from pgferry.receiver import Receiver
-from tests.helpers import RunningRelay, cli, cli_in_terminal, eventually, pgferry_env, tick
-
-MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
+from tests.helpers import MakeReceiver, RunningRelay, cli, cli_in_terminal, eventually, pgferry_env, tick
 
 
 async def test_a_backfill_killed_with_sigkill_resumes_at_its_last_chunk_with_no_row_missing_or_repeated(

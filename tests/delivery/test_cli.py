@@ -5,16 +5,13 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
 
 import asyncpg
 import orjson
 
 import pgferry
-from pgferry.receiver import Receiver, Respond
-from tests.helpers import RunningRelay, cli, eventually
-
-MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
+from pgferry.receiver import Respond
+from tests.helpers import MakeReceiver, RunningRelay, cli, eventually
 
 
 async def test_subscription_lifecycle_from_the_cli(

@@ -3,16 +3,11 @@ and every reader of the attempt history still sees each event's attempt."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 import asyncpg
 
 from pgferry import sql
 from pgferry.ops import inspect
-from pgferry.receiver import Receiver
-from tests.helpers import RunningRelay, eventually
-
-MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
+from tests.helpers import MakeReceiver, RunningRelay, eventually
 
 
 async def test_a_delivered_batch_is_one_row_that_trace_status_and_pruning_read(

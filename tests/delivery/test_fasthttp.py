@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 import asyncpg
@@ -16,10 +15,8 @@ from pgferry.delivery import fasthttp
 from pgferry.delivery.fasthttp import FastSender
 from pgferry.delivery.http import parse_retry_after
 from pgferry.delivery.retry import judge
-from pgferry.receiver import CutBody, Drop, Garbage, Hang, Receiver, Respond
-from tests.helpers import NOW, subscription
-
-MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
+from pgferry.receiver import CutBody, Drop, Garbage, Hang, Respond
+from tests.helpers import NOW, MakeReceiver, subscription
 
 
 @pytest.fixture

@@ -5,16 +5,13 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
 
 import asyncpg
 
 import pgferry
 import pgferry.db
 from pgferry.receiver import Receiver
-from tests.helpers import RelayProcess, eventually
-
-MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
+from tests.helpers import MakeReceiver, RelayProcess, eventually
 
 
 def ids_of(receiver: Receiver) -> list[int]:

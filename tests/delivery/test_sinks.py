@@ -34,8 +34,7 @@ from pgferry.delivery.context import DeliveryContext
 from pgferry.delivery.model import OutEvent
 from pgferry.delivery.redis_streams import RedisStreamsSink
 from pgferry.ops import inspect
-from tests.delivery.test_webhooks import FAST_RETRY
-from tests.helpers import FAST, RelayProcess, RunningRelay, cli, eventually, scrape, subscription, value
+from tests.helpers import FAST, FAST_RETRY, RelayProcess, RunningRelay, cli, eventually, scrape, subscription, value
 
 needs_redis = pytest.mark.skipif(redis_server_binary() is None, reason="redis-server is not installed")
 

@@ -25,8 +25,7 @@ from pgferry.delivery.model import Subscription
 from pgferry.delivery.worker import SubscriptionWorker
 from pgferry.ops import inspect
 from pgferry.receiver import Action, Hang, Received, Respond, Slow
-from tests.delivery.test_webhooks import FAST_RETRY, MakeReceiver, all_delivered, received_ids
-from tests.helpers import RunningRelay, eventually
+from tests.helpers import FAST_RETRY, MakeReceiver, RunningRelay, all_delivered, eventually, received_ids
 
 SLOW_S = 6.0
 

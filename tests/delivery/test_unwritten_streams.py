@@ -7,18 +7,15 @@ housekeeping (migration 0008) plus the events committed since it last ran.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import asyncpg
 import orjson
 
 import pgferry
-from pgferry.receiver import Receiver
 from pgferry.schema import install
-from tests.helpers import RunningRelay, cli, eventually, tick
+from tests.helpers import MakeReceiver, RunningRelay, cli, eventually, tick
 
-MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 URL = "http://127.0.0.1:9/"
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
 
 import asyncpg
 import orjson
@@ -15,21 +14,7 @@ import standardwebhooks
 import pgferry
 from pgferry.delivery.signing import new_secret
 from pgferry.receiver import Action, Drop, Hang, Received, Receiver, Respond
-from tests.helpers import RunningRelay, eventually
-
-MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
-FAST_RETRY = "retry_base_ms => 20, retry_max_ms => 200"
-
-
-def received_ids(receiver: Receiver) -> list[int]:
-    return [int(r.headers["webhook-id"].removeprefix("evt_")) for r in receiver.received]
-
-
-async def all_delivered(receiver: Receiver, expected: set[int]) -> None:
-    async def check() -> bool:
-        return expected <= set(received_ids(receiver))
-
-    await eventually(check, timeout=30, what=f"{len(expected)} deliveries")
+from tests.helpers import FAST_RETRY, MakeReceiver, RunningRelay, all_delivered, eventually, received_ids
 
 
 async def test_delivers_payload_with_standard_webhook_headers(

@@ -23,8 +23,6 @@ from pgferry import db
 from pgferry.receiver import Receiver
 from tests.faults.proxy import FaultProxy
 
-MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
-
 
 class Load:
     """Publishes ``per_round`` events to stream ``s`` every ``interval`` seconds, on its own

@@ -18,9 +18,9 @@ from pgferry.db import Liveness
 from pgferry.embedded import EmbeddedPostgres
 from pgferry.receiver import Receiver
 from pgferry.relay.process import RelaySettings
-from tests.faults.conftest import Load, MakeReceiver, received_ids, settle
+from tests.faults.conftest import Load, received_ids, settle
 from tests.faults.proxy import FaultProxy
-from tests.helpers import FAST, RunningRelay, eventually
+from tests.helpers import FAST, MakeReceiver, RunningRelay, eventually
 
 #: Timeouts short enough for a test: a statement gets 2 s, a lock-holding session
 #: that stops talking is ended by PostgreSQL after 3 s.

@@ -12,8 +12,7 @@ import asyncpg
 from pgferry.embedded import free_port
 from pgferry.receiver import CutBody, Drop, Garbage, Hang
 from tests.delivery.conformance.scripted import Close, Request, Reset, ScriptedServer, Step
-from tests.faults.conftest import MakeReceiver
-from tests.helpers import RunningRelay, net_responses, redirect_to_self
+from tests.helpers import MakeReceiver, RunningRelay, net_responses, redirect_to_self
 from tests.pg_net.conftest import net_conn, net_db, net_relay  # noqa: F401 - fixtures
 
 #: Raw answers, and what libcurl says of each (curl's exit code in brackets).

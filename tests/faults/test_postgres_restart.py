@@ -15,8 +15,8 @@ from pgferry import db
 from pgferry.embedded import EmbeddedPostgres
 from pgferry.receiver import Receiver, Slow
 from pgferry.schema import install
-from tests.faults.conftest import Load, MakeReceiver, received_ids, settle
-from tests.helpers import RunningRelay, eventually
+from tests.faults.conftest import Load, received_ids, settle
+from tests.helpers import MakeReceiver, RunningRelay, eventually
 
 
 async def test_postgres_restarts_and_outage_under_load(receiver_factory: MakeReceiver) -> None:

@@ -9,8 +9,9 @@ import time
 import pytest
 
 from pgferry.delivery.fasthttp import FastSender
-from tests.faults.conftest import MakeReceiver, port_of
+from tests.faults.conftest import port_of
 from tests.faults.proxy import FaultProxy
+from tests.helpers import MakeReceiver
 
 
 async def _post(sender: FastSender, url: str, timeout: float = 1.0) -> str | None:

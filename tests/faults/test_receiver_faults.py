@@ -11,8 +11,8 @@ import asyncpg
 import pytest
 
 from pgferry.receiver import Action, CutBody, Drop, Garbage, Hang, Received, Respond, Slow
-from tests.faults.conftest import Load, MakeReceiver, settle
-from tests.helpers import RunningRelay, eventually, redirect_to_self
+from tests.faults.conftest import Load, settle
+from tests.helpers import MakeReceiver, RunningRelay, eventually, redirect_to_self
 
 SUBSCRIBE = """select ferry.subscribe('hook', array['s'], $1, timeout_ms => $2, max_attempts => $3,
                                      retry_base_ms => 50, retry_max_ms => 400, max_in_flight => 16)"""

@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 
 from pgferry.receiver import Receiver
-from tests.faults.conftest import Load, MakeReceiver, port_of, received_ids, settle
+from tests.faults.conftest import Load, port_of, received_ids, settle
 from tests.faults.proxy import FaultProxy
-from tests.helpers import RunningRelay, eventually
+from tests.helpers import MakeReceiver, RunningRelay, eventually
 
 Proxies = Callable[[int], Awaitable[FaultProxy]]
 

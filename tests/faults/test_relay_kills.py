@@ -14,8 +14,8 @@ import asyncpg
 import pytest
 
 from pgferry.receiver import Hang, Receiver, Slow
-from tests.faults.conftest import Load, MakeReceiver, Tally, settle
-from tests.helpers import RelayProcess, eventually
+from tests.faults.conftest import Load, Tally, settle
+from tests.helpers import MakeReceiver, RelayProcess, eventually
 
 
 def arrivals(receiver: Receiver) -> dict[str, list[float]]:

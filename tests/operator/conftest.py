@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
-from pgferry.receiver import Receiver
-from tests.helpers import cli
+from tests.helpers import MakeReceiver, cli
 
 __all__ = ["MakeReceiver", "cli"]
-
-MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import socket
 from dataclasses import replace
 from pathlib import Path
@@ -17,13 +16,8 @@ from pgferry.errors import PgferryError
 from pgferry.receiver import Received, Respond
 from pgferry.relay.process import Relay
 from pgferry.relay.surface import check_dashboard_binding
-from tests.helpers import FAST, RunningRelay, eventually
-from tests.operator.conftest import MakeReceiver, cli
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-#: Chromium as root in a sandboxless container, with nothing that calls out to the internet.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+from tests.helpers import CHROMIUM, CHROMIUM_ARGS, FAST, MakeReceiver, RunningRelay, eventually
+from tests.operator.conftest import cli
 
 
 async def _started(relay: RunningRelay) -> str:

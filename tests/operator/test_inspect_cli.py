@@ -9,8 +9,8 @@ import orjson
 
 import pgferry
 from pgferry.receiver import Respond
-from tests.helpers import RunningRelay, eventually
-from tests.operator.conftest import MakeReceiver, cli
+from tests.helpers import MakeReceiver, RunningRelay, eventually
+from tests.operator.conftest import cli
 
 
 async def test_status_trace_and_dlq_show_explain_a_failing_endpoint(

@@ -15,8 +15,7 @@ import pgferry
 from pgferry.delivery.signing import new_secret
 from pgferry.ops.logs import HumanFormatter, JsonFormatter
 from pgferry.receiver import Respond
-from tests.helpers import FAST, RunningRelay, eventually, pgferry_env, scrape, value
-from tests.operator.conftest import MakeReceiver
+from tests.helpers import FAST, MakeReceiver, RunningRelay, eventually, pgferry_env, scrape, value
 
 
 async def test_relay_serves_delivery_tick_and_database_metrics(

@@ -10,8 +10,8 @@ import click
 import orjson
 
 import pgferry
-from tests.helpers import RunningRelay, eventually, pgferry_env
-from tests.operator.conftest import MakeReceiver, cli
+from tests.helpers import MakeReceiver, RunningRelay, eventually, pgferry_env
+from tests.operator.conftest import cli
 
 
 class _Rollback(Exception):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
 
 import asyncpg
 import orjson
@@ -12,12 +11,10 @@ import pytest
 
 from pgferry import db
 from pgferry.errors import PgferryError
-from pgferry.receiver import Action, Drop, Hang, Received, Receiver, Respond
+from pgferry.receiver import Action, Drop, Hang, Received, Respond
 from pgferry.schema import install
-from tests.helpers import RunningRelay
+from tests.helpers import MakeReceiver, RunningRelay
 from tests.helpers import net_responses as responses
-
-MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 
 
 def base(url: str) -> str:

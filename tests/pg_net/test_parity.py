@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable, Callable
 
 import asyncpg
 import pytest
 
 from pgferry import db
-from pgferry.receiver import Hang, Receiver, Respond
+from pgferry.receiver import Hang, Respond
 from pgferry.schema import install
-from tests.helpers import RunningRelay, eventually
+from tests.helpers import MakeReceiver, RunningRelay, eventually
 from tests.sql.releases import install_release, release
-
-MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 
 
 async def responses(conn: asyncpg.Connection, n: int) -> dict[int, asyncpg.Record]:

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -19,9 +19,7 @@ from pgferry.embedded import free_port
 from pgferry.receiver import Receiver
 from pgferry.relay.process import RelaySettings
 from pgferry.relay.supervisor import GaveUp, Supervisor, SupervisorSettings
-from tests.helpers import cli, eventually
-
-MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
+from tests.helpers import MakeReceiver, cli, eventually
 
 
 class Supervised:

@@ -12,7 +12,6 @@ import dataclasses
 import ipaddress
 import os
 import subprocess
-from collections.abc import Awaitable, Callable
 
 import asyncpg
 import pytest
@@ -23,9 +22,8 @@ from pgferry.delivery.fasthttp import FastSender
 from pgferry.delivery.http import HttpResult
 from pgferry.receiver import Receiver, Respond
 from pgferry.schema import install
-from tests.helpers import FAST, RunningRelay, eventually
+from tests.helpers import FAST, MakeReceiver, RunningRelay, eventually
 
-MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 STRICT = AddressPolicy(strict=True)
 
 

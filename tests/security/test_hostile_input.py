@@ -8,7 +8,6 @@ after the hostile one still arrives.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -17,9 +16,7 @@ import pytest
 
 import pgferry
 from pgferry.receiver import Receiver, Respond
-from tests.helpers import RunningRelay, cli, eventually, read_all
-
-MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
+from tests.helpers import MakeReceiver, RunningRelay, cli, eventually, read_all
 
 INJECTION = "x'); drop table ferry.events; --"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
@@ -18,10 +18,9 @@ import pytest
 import pgferry
 from pgferry import api_tokens
 from pgferry.api_tokens import TokenStore
-from pgferry.receiver import Receiver, Respond
-from tests.helpers import RunningRelay, cli, eventually
+from pgferry.receiver import Respond
+from tests.helpers import MakeReceiver, RunningRelay, cli, eventually
 
-MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
 _n = itertools.count()
 
 

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable
 
 import asyncpg
 import pytest
@@ -22,10 +21,8 @@ import pgferry
 from pgferry.delivery.model import Subscription
 from pgferry.delivery.signing import new_secret, redact_secrets
 from pgferry.embedded import EmbeddedPostgres
-from pgferry.receiver import Received, Receiver, Respond
-from tests.helpers import RunningRelay, cli, eventually
-
-MakeReceiver = Callable[..., Awaitable[tuple[Receiver, str]]]
+from pgferry.receiver import Received, Respond
+from tests.helpers import MakeReceiver, RunningRelay, cli, eventually
 
 
 def echo_everything(request: Received) -> Respond:

@@ -19,8 +19,7 @@ from aiohttp import web
 
 from pgferry import Offset
 from pgferry.embedded import free_port
-from tests.helpers import cli, eventually, pgferry_env
-from tests.operator.test_dashboard import CHROMIUM, CHROMIUM_ARGS
+from tests.helpers import CHROMIUM, CHROMIUM_ARGS, cli, eventually, pgferry_env
 
 STREAM = "chat:room-1"
 
