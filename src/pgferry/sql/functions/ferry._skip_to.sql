@@ -11,7 +11,10 @@
 -- row, so a consumer nobody reads keeps one gap per stall. Nothing is
 -- recorded when nothing is skipped. A 'retention' gap sets the consumer's
 -- subscription to 'stalled' (any of its partitions' gaps): relays stop delivering it until
--- it is resumed. Any open batch is dropped. Returns the events skipped.
+-- it is resumed. A partition draining after a change of partitions counts
+-- only the events up to its drain_to tick: those after it are the new
+-- partitions' (each counts its own). Any open batch is dropped. Returns the
+-- events skipped.
 --
 -- Calls:   ferry._partition_of
 -- Reads:   ferry.events, ferry.ticks
@@ -26,6 +29,7 @@ declare
     c ferry.consumers;
     v_from pg_snapshot;
     v_to pg_snapshot;
+    v_drain pg_snapshot;
     v_new bigint;
     v_n bigint;
     v_first bigint;
@@ -42,6 +46,7 @@ begin
     v_new := greatest(c.tick_id, p_to_tick);
     select t.snapshot into v_from from ferry.ticks t where t.id = c.tick_id;
     select t.snapshot into v_to from ferry.ticks t where t.id = v_new;
+    select t.snapshot into v_drain from ferry.ticks t where t.id = c.drain_to;
     select count(*), min(e.id), max(e.id), min(e.created_at), max(e.created_at)
     into v_n, v_first, v_last, v_oldest, v_newest
     from ferry.events e
@@ -50,6 +55,7 @@ begin
       and (e.target is null or e.target = coalesce('webhook:' || c.subscription, p_consumer))
       and (c.parts <= 1 or ferry._partition_of(e.key, e.id, c.parts) = c.part)
       and not pg_visible_in_snapshot(e.txid, v_from)
+      and (c.drain_to is null or pg_visible_in_snapshot(e.txid, v_drain))
       and (p_part is not null or pg_visible_in_snapshot(e.txid, v_to));
     v_sub := c.subscription;
     if v_n > 0 then
