@@ -7,6 +7,7 @@ the ticks its cursor has not passed, so no test sleeps through a limit.
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import asyncpg
@@ -14,7 +15,8 @@ import pytest
 
 import pgferry
 from pgferry.errors import ConsumerStalled, PgferryError
-from tests.helpers import read_all, tick
+from pgferry.receiver import Receiver, Respond, Slow
+from tests.helpers import MakeReceiver, RunningRelay, eventually, read_all, tick
 
 
 async def maintain(conn: asyncpg.Connection) -> list[str]:
@@ -119,6 +121,35 @@ async def test_a_subscription_stalled_while_changing_partitions_counts_each_lost
     gaps = {g["consumer"]: g["events"] for g in await ferry.gaps()}
     assert set(gaps) == {"webhook:dd", "webhook:dd#0/2", "webhook:dd#1/2"}, gaps
     assert gaps["webhook:dd"] == 10 and sum(gaps.values()) == len(written), gaps
+
+
+async def test_a_subscription_stalled_while_it_delivers_stops_sending_what_became_a_gap(
+    relay: RunningRelay, conn: asyncpg.Connection, receiver_factory: MakeReceiver
+) -> None:
+    """A slow subscription behind the limit has a round of events in hand when retention counts them
+    lost: it stops sending them at once (it went on for seconds, each one counted in the gap and
+    received: an outside probe had 42 such events)."""
+    receiver, url = await receiver_factory(lambda request: Slow(0.2, Respond()))
+    await conn.execute("select ferry.subscribe('slow', array['s'], $1, batch_size => 1, max_in_flight => 1)", url)
+    await conn.execute("select ferry.publish('s', jsonb_build_object('n', g)) from generate_series(1, 100) g")
+    await eventually(lambda: _received(receiver, 3), what="the round under way")
+    await fast_rotation(conn)
+    await age_ticks(conn)
+    said: list[str] = []
+    for _ in range(6):  # rotate, close, truncate
+        said += await maintain(conn)
+        await tick(conn)
+        if any(m.startswith("gap: consumer webhook:slow") for m in said):
+            break
+    else:
+        raise AssertionError(said)
+    at_gap = len(receiver.received)
+    await asyncio.sleep(1.5)  # 7 more requests of 0.2 s each if it went on
+    assert len(receiver.received) - at_gap <= 1, "only the request on the wire may still arrive"
+
+
+async def _received(receiver: Receiver, n: int) -> bool:
+    return len(receiver.received) >= n
 
 
 async def test_a_stalled_consumer_that_catches_up_before_anything_goes_is_unmarked(

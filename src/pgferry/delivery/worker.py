@@ -288,6 +288,9 @@ class SubscriptionWorker:
         except (asyncpg.PostgresError, StepRefused) as exc:
             if exc.sqlstate == REMOVED:  # unsubscribed while its events were in hand: nothing to deliver them to
                 log.info("subscription %s was removed; this relay stops delivering it", self.sub.name)
+            elif exc.sqlstate == CURSOR_MOVED:  # stopping with batches it could not record
+                log.warning("subscription %s: %s; what it delivered of them is counted in the gap (ferry.gaps)",
+                            self.sub.name, exc.args[0])  # fmt: skip
             elif exc.sqlstate != OWNERSHIP_LOST:
                 raise
             else:  # another relay delivers it now: what we had read and not recorded, it sends again

@@ -41,6 +41,8 @@ from pgferry.schema import CONSUMER_LOCK_CLASS
 log = logging.getLogger(__name__)
 
 TICK_CHANNEL = "pgferry_tick"
+#: ferry._skip_to: a consumer's cursor moved over events it had not read (a retention gap)
+MOVED_CHANNEL = "pgferry_moved"
 
 
 def in_commit_order(events: list[Event], ticks: Sequence[tuple[int, Snapshot]]) -> list[Event]:

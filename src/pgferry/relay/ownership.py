@@ -40,7 +40,7 @@ from pgferry.delivery.http import endpoint_of
 from pgferry.delivery.model import Subscription
 from pgferry.delivery.watch import LogWatch
 from pgferry.delivery.worker import SubscriptionWorker
-from pgferry.log.reader import TICK_CHANNEL
+from pgferry.log.reader import MOVED_CHANNEL, TICK_CHANNEL
 from pgferry.schema import CONSUMER_LOCK_CLASS, LOCK_CLASS
 
 log = logging.getLogger(__name__)
@@ -112,6 +112,7 @@ class Ownership:
                 failures = 0
                 await conn.fetchval(sql.query("announce_presence"), LOCK_CLASS, PRESENCE_LOCK)
                 await conn.add_listener(TICK_CHANNEL, self._on_tick)
+                await conn.add_listener(MOVED_CHANNEL, self._on_moved)
                 conn.add_termination_listener(self._on_lost)
                 while not stop.is_set():
                     await self._round(conn)
@@ -143,6 +144,18 @@ class Ownership:
 
     def _on_tick(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         self.watch.notify(int(payload) if payload.isdigit() else None)
+
+    def _on_moved(self, _conn: object, _pid: int, _channel: str, consumer: str) -> None:
+        """Retention (or an operator's resume from now) moved a consumer's cursor over events it had
+        not delivered: they are a gap now. Its worker stops sending at once what it read before
+        (finishing its round sent a slow subscription's events for seconds after they were counted
+        lost); the next round lets it go, and claims it again if it is still active."""
+        for owned in self.owned.values():
+            if owned.worker.sub.consumer == consumer and not owned.task.done():
+                log.warning("delivery: the cursor of %s was moved over events it had not delivered (ferry.gaps); "
+                            "it stops sending what it had read", consumer)  # fmt: skip
+                owned.worker.stop()
+                owned.task.cancel()
 
     async def _round(self, conn: asyncpg.Connection) -> None:
         # One round trip: heartbeat, active subscriptions, number of live relays

@@ -14,7 +14,9 @@
 -- it is resumed. A partition draining after a change of partitions counts
 -- only the events up to its drain_to tick: those after it are the new
 -- partitions' (each counts its own). Any open batch is dropped. Returns the
--- events skipped.
+-- events skipped. When it skipped any, it notifies channel pgferry_moved
+-- with the consumer's name: the relay delivering it stops sending what it
+-- read before, now a gap, instead of finishing its round (relay/ownership.py).
 --
 -- Calls:   ferry._partition_of
 -- Reads:   ferry.events, ferry.ticks
@@ -91,5 +93,8 @@ begin
     end if;
     update ferry.consumers set tick_id = v_new, next_tick_id = null, batch_id = null, updated_at = now()
     where name = p_consumer;
+    if v_n > 0 then
+        perform pg_notify('pgferry_moved', p_consumer);
+    end if;
     return v_n;
 end $$;
