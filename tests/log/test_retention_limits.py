@@ -215,6 +215,24 @@ async def test_the_size_cap_stalls_the_consumer_holding_the_oldest_partition(
     assert (await ferry.gaps("live")) == []
 
 
+async def test_a_consumer_that_keeps_up_is_not_warned_of_a_partition_that_just_closed(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """Every consumer holds the partition that just closed until its next tick: that is not holding
+    the log back (an outside probe saw a caught-up subscription at "80%" of the size cap)."""
+    await fast_rotation(conn, "2 hours")
+    await conn.execute("select ferry.set_retention('2 hours', 1)")  # any log is over a 1-byte cap
+    await ferry.register_consumer("keeps_up", ["s"])
+    await ferry.publish("s", {})
+    await tick(conn)
+    await read_all(ferry, conn, "keeps_up")
+    said = await maintain(conn) + await maintain(conn)
+    assert await conn.fetchval("select count(*) from ferry.partitions where state = 'closed'") == 1, said
+    await conn.execute("update ferry.config set rotation_interval = '1 hour'")
+    row = next(r for r in await ferry.retention() if r["consumer"] == "keeps_up")
+    assert (row["level"], row["held_bytes"], row["size_pct"]) == ("ok", 0, 0)
+
+
 async def test_retention_limits_refuse_bad_input_with_clear_errors(
     ferry: pgferry.Ferry, conn: asyncpg.Connection
 ) -> None:

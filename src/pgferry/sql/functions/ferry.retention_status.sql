@@ -3,7 +3,9 @@
 -- Per consumer, how close it is to the retention limit (migration 0014):
 -- lag_seconds, the age of the oldest tick its cursor has not passed (0 when
 -- it is at the newest); held_bytes, the size of the closed partitions it
--- keeps from being truncated; log_bytes, the size of the whole log (every
+-- keeps from being truncated (those closed rotation_interval ago or more:
+-- younger ones are kept anyway, and every consumer that keeps up holds the
+-- one that just closed until its next tick); log_bytes, the size of the whole log (every
 -- partition, indexes included: pg_total_relation_size). time_pct is
 -- lag_seconds against max_retention; size_pct the log's size against
 -- max_retention_bytes, for a consumer that holds something back (0 without
@@ -29,9 +31,9 @@ returns table (consumer text, subscription text, streams text[], tick_id bigint,
                stalled_at timestamptz, stalled_reason text, gaps bigint, gap_events bigint, last_gap_at timestamptz,
                wal_gaps bigint)
 language sql stable as $$
-    with cfg as (select f.max_retention, f.max_retention_bytes from ferry.config f),
+    with cfg as (select f.max_retention, f.max_retention_bytes, f.rotation_interval from ferry.config f),
     parts as (
-        select p.part, p.state, p.closed_xmax,
+        select p.part, p.state, p.closed_xmax, p.closed_at,
                pg_total_relation_size(format('ferry.events_%s', p.part)::regclass) as bytes
         from ferry.partitions p),
     total as (select sum(pa.bytes)::bigint as log_bytes from parts pa),
@@ -41,9 +43,10 @@ language sql stable as $$
                                                     where t2.id > c.tick_id order by t2.id limit 1)), 0)::float8
                    as lag_seconds,
                coalesce((select sum(pa.bytes) from parts pa
-                         where pa.state = 'closed' and pg_snapshot_xmin(t.snapshot) < pa.closed_xmax), 0)::bigint
+                         where pa.state = 'closed' and pg_snapshot_xmin(t.snapshot) < pa.closed_xmax
+                           and pa.closed_at <= now() - cfg.rotation_interval), 0)::bigint
                    as held_bytes
-        from ferry.consumers c left join ferry.ticks t on t.id = c.tick_id),
+        from cfg, ferry.consumers c left join ferry.ticks t on t.id = c.tick_id),
     pct as (
         select per.*, total.log_bytes, cfg.max_retention, cfg.max_retention_bytes,
                100 * per.lag_seconds / extract(epoch from cfg.max_retention)::float8 as time_pct,
