@@ -44,6 +44,9 @@ async def test_an_unfiltered_capture_generates_the_very_functions_0010_did(conn:
     for op in ("insert", "update", "delete"):
         source = await conn.fetchval("select prosrc from pg_proc where proname = $1", f"_capture_{oid}_{op}")
         expected = (BEFORE_0011 / f"{op}.txt").read_text().replace("OID", str(oid))
+        # the one change since: an UPDATE's rows go through `select *` (dropped columns, test_capture.py)
+        for rows, alias in (("pgferry_new", "n"), ("pgferry_old", "o")):
+            expected = expected.replace(f"from {rows} {alias})", f"from (select * from {rows}) {alias})")
         assert source == expected.replace(", CAPTURE, ", f", {capture}, "), op
 
 

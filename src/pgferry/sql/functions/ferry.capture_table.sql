@@ -258,7 +258,12 @@ begin
         -- before the partition pointer is read, as rotation requires. The
         -- UPDATE pairs old and new rows by position: transition tables are
         -- filled row by row in lockstep, so this holds even when the key changes.
-        -- Filters and column choice: without them, the text of 0010 exactly.
+        -- Each row goes through `select *` before it is taken whole: a whole
+        -- row of a transition table keeps the slots of dropped columns, and
+        -- taking fields of it failed once a column was dropped and one of
+        -- another type added ("attribute 4 has wrong type", every UPDATE).
+        -- Filters and column choice: without them, the statements of 0010 (an
+        -- UPDATE's rows through `select *`, above).
         -- An UPDATE is captured when its old or its new row matches the
         -- condition (m), and one of changed_columns changed.
         v_filter := case when v_op = 'update' then concat_ws(' and ',
@@ -272,8 +277,8 @@ begin
                 '%s, %s, ''D'', null::jsonb from pgferry_old %s', v_key, ferry._record_expression(v_capture, v_r), v_r)
             else format(
                 '%s, %s, ''U'', %s '
-                'from (select row_number() over () as pos, %s%s from pgferry_new %s) nw '
-                'join (select row_number() over () as pos, %s%s from pgferry_old %s) od using (pos), '
+                'from (select row_number() over () as pos, %s%s from (select * from pgferry_new) %s) nw '
+                'join (select row_number() over () as pos, %s%s from (select * from pgferry_old) %s) od using (pos), '
                 'lateral (select (nw.n).*) %s',
                 v_key, ferry._record_expression(v_capture, v_r), ferry._record_expression(v_capture, 'od.o'),
                 case v_n when 'n' then 'n' else v_n || ' as n' end, ', ' || v_cond || ' as m', v_n,
