@@ -169,7 +169,7 @@ BAD_FILTERS = [
     # read of the subscription failed from its first matching event on, and status said it was fine)
     ('$.record.status == "paid" && $tenant == "a"', "uses an unknown variable: $tenant"),
     ("exists($.x ? (@ == $nope))", "uses an unknown variable: $nope"),
-    ('$.a == "x$" && $"we ird" == 1', 'uses an unknown variable: $we ird'),
+    ('$.a == "x$" && $"we ird" == 1', "uses an unknown variable: $we ird"),
     ("$.a == 1 || " * 100 + "true", "must be at most 1000 characters"),
     ('exists($.** ? (@ == "x"))', "uses .** without a bound"),
     ('exists($.**{2 to last} ? (@ == "x"))', "uses .** without a bound"),

@@ -18,7 +18,7 @@ import pytest
 from pgferry.embedded import free_port
 from pgferry.receiver import Receiver
 from pgferry.relay.process import RelaySettings
-from pgferry.relay.supervisor import GaveUp, Supervisor, SupervisorSettings
+from pgferry.relay.supervisor import GaveUp, Supervisor, SupervisorSettings, usable_cores
 from tests.helpers import MakeReceiver, cli, eventually
 
 
@@ -207,7 +207,10 @@ async def test_a_process_crashing_in_a_loop_makes_the_supervisor_give_up(db_url:
     assert all(slot.proc is not None and slot.proc.returncode is not None for slot in supervisor.slots)
 
 
-async def test_processes_must_be_at_least_one(pgferry_cmd: list[str], db_url: str) -> None:
+async def test_processes_must_be_at_least_one_and_at_most_eight_per_core(pgferry_cmd: list[str], db_url: str) -> None:
     done = await cli(pgferry_cmd, db_url, "run", "--processes", "0")
     assert done.returncode == 2
     assert "Invalid value for --processes: must be at least 1 (got 0)" in done.stderr
+    done = await cli(pgferry_cmd, db_url, "run", "--processes", "100000")  # a typo started 100,000
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"100000 is more than 8 per usable core ({8 * usable_cores()} here)" in done.stderr

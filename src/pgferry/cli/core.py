@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pgferry")
 
+#: `run --processes` above this many per usable core is refused: a typo of 100000 started that many
+#: relays, each with up to 12 database connections (outside probe)
+MAX_PROCESSES_PER_CORE = 8
+
 
 def _stop_on_signals(stop: asyncio.Event, again: Callable[[], None] | None = None) -> None:
     """SIGTERM/SIGINT set ``stop``; a second one exits at once (or calls ``again``: the supervisor
@@ -220,6 +224,13 @@ def run(
     setup_logging(verbose, log_format)
     if processes is not None and processes < 1:
         raise click.BadParameter(f"must be at least 1 (got {processes})", param_hint="--processes")
+    most = MAX_PROCESSES_PER_CORE * usable_cores()
+    if processes is not None and processes > most:
+        raise click.BadParameter(
+            f"{processes} is more than {MAX_PROCESSES_PER_CORE} per usable core ({most} here): each process "
+            "holds its own database connections and they would only contend; run more relays on other hosts",
+            param_hint="--processes",
+        )
     try:
         policy = AddressPolicy(strict=strict_addresses, allow=parse_networks(allow_addresses))
     except ValueError as exc:
