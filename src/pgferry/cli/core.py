@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgferry")
 
 #: `run --processes` above this many per usable core is refused: a typo of 100000 started that many
-#: relays, each with up to 12 database connections (outside probe)
+#: relays, each with a pool of 10 database connections and more (outside probe)
 MAX_PROCESSES_PER_CORE = 8
 
 
