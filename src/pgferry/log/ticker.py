@@ -157,4 +157,4 @@ class Ticker:
         at 50% or 80% of it, a stall, a gap) at WARNING, everything else at INFO."""
         for what in await self.conn.fetchval(sql.query("housekeeping")) or ():
             level = logging.WARNING if what.startswith(RETENTION_WARNINGS) else logging.INFO
-            log.log(level, "retention: %s", what)
+            log.log(level, "%s: %s", "capture" if what.startswith("table ") else "retention", what)

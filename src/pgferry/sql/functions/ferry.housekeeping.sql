@@ -2,13 +2,13 @@
 --
 -- Everything the elected relay does every few seconds, in one round trip:
 -- the stream catalog (first: maintain() may truncate what it has not read
--- yet), rotation and truncation, attempt history, and (with the pg_net API
--- installed) expired net._http_response rows.
+-- yet), rotation and truncation, attempt history, the captures of dropped
+-- tables, and (with the pg_net API installed) expired net._http_response rows.
 --
 -- Parameters: none.
 -- Returns:    what it did, one line each, for the relay's log (the stream
 --             catalog says nothing).
--- Calls:      ferry._catalog_streams, ferry.maintain, ferry.prune_attempts,
+-- Calls:      ferry._catalog_streams, ferry.maintain, ferry.prune_attempts, ferry._end_dropped_captures,
 --             ferry.prune_net_responses (pg_net add-on).
 -- Tables:     those of the functions it calls.
 -- Raises:     nothing of its own.
@@ -22,6 +22,7 @@ declare
 begin
     perform ferry._catalog_streams();
     v_done := ferry.maintain();
+    v_done := v_done || ferry._end_dropped_captures();
     n := ferry.prune_attempts();
     if n > 0 then
         v_done := v_done || format('removed %s old delivery attempts', n);
