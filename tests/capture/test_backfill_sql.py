@@ -181,6 +181,24 @@ async def test_a_table_uncaptured_midway_fails_the_backfill_with_the_reason(
     assert await _run(conn, backfill) == "failed: table public.t is no longer captured (SQLSTATE 55000)"
 
 
+async def test_a_backfill_for_every_reader_fails_when_its_table_is_captured_into_another_stream_midway(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """Its rows would be split over two streams, whole in neither (outside probe: done, 3,000 rows,
+    820 of them in one stream and the rest in the other)."""
+    await conn.execute("create table t (id int primary key)")
+    await conn.execute("insert into t select generate_series(1, 10)")
+    await conn.execute("select ferry.capture_table('t')")
+    backfill = await conn.fetchval("select ferry.backfill('t', chunk_size => 3)")
+    await conn.fetch("select * from ferry.backfill_chunk($1)", backfill)
+    await conn.execute("select ferry.capture_table('t', stream => 'other')")
+    assert await _run(conn, backfill) == (
+        "failed: public.t is now captured into stream 'other', not 'public.t' where the rows up to "
+        '{"id": "3"} went; start a new backfill (from the first row) for the new stream (SQLSTATE 55000)'
+    )
+    assert await conn.fetchval("select count(*) from ferry.events where stream = 'other' and op = 'R'") == 0
+
+
 async def test_read_events_follow_the_captures_condition_and_column_choice_like_captured_rows(
     ferry: pgferry.Ferry, conn: asyncpg.Connection
 ) -> None:

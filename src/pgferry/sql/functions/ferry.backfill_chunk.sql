@@ -28,7 +28,9 @@
 -- or renamed) fails: the stored key no longer says where it was, and read
 -- as NULL it ended the backfill as done. One whose capture now writes into a
 -- stream its target does not read fails too (its READ events would reach
--- nobody). And one with a condition runs only as the role that wrote it: the
+-- nobody), and so does one for every reader whose capture now writes into
+-- another stream than the one its first chunks went to (the table would be
+-- split over two streams, whole in neither). And one with a condition runs only as the role that wrote it: the
 -- condition is SQL, and run by another role (an operator resuming it) it
 -- would run with that role's rights.
 --
@@ -115,6 +117,14 @@ begin
             raise exception '%.% is now captured into stream %, which % does not read (or it is gone); start a new '
                             'backfill for a reader of that stream', quote_ident(b.schema_name),
                             quote_ident(b.table_name), quote_literal(v_capture.stream), b.target
+                using errcode = '55000';
+        end if;
+        if b.target is null and b.last_key is not null
+           and v_capture.stream is distinct from (select c.stream from ferry.captures c where c.id = b.capture) then
+            raise exception '%.% is now captured into stream %, not % where the rows up to % went; start a new '
+                            'backfill (from the first row) for the new stream', quote_ident(b.schema_name),
+                            quote_ident(b.table_name), quote_literal(v_capture.stream),
+                            quote_literal((select c.stream from ferry.captures c where c.id = b.capture)), b.last_key
                 using errcode = '55000';
         end if;
         v_where := case when b.last_key is null then 'true'
