@@ -101,8 +101,12 @@ class Progress:
 
     @property
     def rate(self) -> float | None:
-        """Rows per second since it started (pauses and a dead runner's gap count: a fair average)."""
+        """Rows per second since it started (pauses and a dead runner's gap count: a fair average),
+        up to now while it runs: a runner killed mid-way showed its last rate and ETA unchanged until
+        it counted as orphaned (outside probe); now its rate falls and its ETA grows meanwhile."""
         seconds = ((self.finished_at or self.updated_at) - self.started_at).total_seconds()
+        if self.state == "running" and self.idle_seconds is not None:
+            seconds += max(0.0, self.idle_seconds)
         return self.rows_done / seconds if seconds > 0 and self.rows_done > 0 else None
 
     @property
