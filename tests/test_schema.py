@@ -48,13 +48,14 @@ async def test_old_schema_version_asks_for_upgrade(db_url: str) -> None:
 async def test_only_the_ticker_notifies(conn: asyncpg.Connection) -> None:
     """No writer path may NOTIFY (it takes a lock every committing writer would queue on): only
     the tick (ferry._tick_snapshot, under ferry.tick() and the single ticker's ferry._tick_fenced)
-    does, and ferry._ensure_wal_slot, once, when an
-    operator's capture_table or reset_wal_slot creates WAL capture's slot."""
+    does, ferry._ensure_wal_slot, once, when an operator's capture_table or reset_wal_slot
+    creates WAL capture's slot, and ferry._skip_to when retention (housekeeping) or an operator's
+    resume from now skips events of a consumer (its relay stops sending them)."""
     notifying = await conn.fetch(
         """select p.proname from pg_proc p join pg_namespace n on n.oid = p.pronamespace
            where n.nspname = 'ferry' and p.prosrc ilike '%notify%' order by p.proname"""
     )
-    assert [r["proname"] for r in notifying] == ["_ensure_wal_slot", "_tick_snapshot"]
+    assert [r["proname"] for r in notifying] == ["_ensure_wal_slot", "_skip_to", "_tick_snapshot"]
 
 
 async def test_suite_runs_on_uvloop_like_the_relay() -> None:
