@@ -82,6 +82,25 @@ async def test_a_waiting_read_wakes_only_once_what_it_needs_is_free() -> None:
     assert len(budget._waiters) <= 128
 
 
+async def test_waiting_retry_reads_are_handed_what_is_given_back_in_turn_not_woken_all_at_once() -> None:
+    budget = ReadBudget(64 * MB)
+    budget.settle(0, held=64 * MB)  # every byte held
+    waiting = [asyncio.ensure_future(budget.acquire(4 * MB)) for _ in range(1000)]
+    await asyncio.sleep(0.01)
+    budget.release(10 * MIN_READ_BOUND)
+    await asyncio.sleep(0.01)
+    assert [w.done() for w in waiting] == [True] * 10 + [False] * 990  # in the order they came
+    assert budget.used == 64 * MB
+    waiting[10].cancel()  # a read cancelled while it waits takes nothing ...
+    budget.release(MIN_READ_BOUND)
+    await asyncio.sleep(0.01)
+    assert waiting[11].done() and not waiting[12].done()
+    assert budget.used == 64 * MB
+    budget.release(64 * MB - 11 * MIN_READ_BOUND)  # ... and all is given back: the rest fit
+    await asyncio.wait_for(asyncio.gather(*waiting[11:]), 1)
+    assert budget.used == 999 * MIN_READ_BOUND  # every read but the cancelled one holds its bound
+
+
 def test_a_relay_refuses_a_read_budget_too_small_to_read_with() -> None:
     with pytest.raises(ValueError, match="max_read_bytes must be at least 65536 bytes"):
         RelaySettings(max_read_bytes=1000)

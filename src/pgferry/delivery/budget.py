@@ -57,9 +57,9 @@ class ReadBudget:
         #: the most ``used`` has been (tests, benchmarks)
         self.peak = 0
         self._largest: deque[int] = deque(maxlen=RECENT_READS)
-        #: (bytes it needs free, its future): woken only once that much is free, so that a
-        #: thousand waiting reads do not all wake, and wait again, on every event delivered
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        #: (bytes it needs free, its future, whether it is handed them): woken in turn, once what
+        #: it needs is free, so that a thousand waiting reads do not all wake on every release
+        self._waiters: list[tuple[int, asyncio.Future[None], bool]] = []
         #: the least any waiter needs (no waking below it), and the length that purges the done
         self._least_need = 0
         self._purge_at = PURGE_AT
@@ -114,40 +114,57 @@ class ReadBudget:
     def waiter(self, need: int) -> asyncio.Future[None]:
         """A future done when bytes are given back and ``need`` of them are free (for waiting on
         it and something else; cancel it when done waiting)."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if len(self._waiters) >= self._purge_at:  # cancelled ones, while too little was ever free
-            self._waiters = [(n, w) for n, w in self._waiters if not w.done()]
-            self._purge_at = max(PURGE_AT, 2 * len(self._waiters))
-        self._least_need = min(self._least_need, need) if self._waiters else need
-        self._waiters.append((need, waiter))
-        return waiter
+        return self._wait(need, handed=False)
 
     async def acquire(self, share: int, *, whole: bool = False) -> int:
         """One read's bound (reserved), once it fits: the retry loop's reads. It is the least
         bound unless ``whole`` (the reader's last read filled its bound: a backlog), not all that
         is free up to ``share``: after an endpoint's pause a thousand retry loops read at once,
-        and reads of 4 MB each let 16 go at a time, the rest waking on every one answered."""
-        while True:
-            need = share if whole else self.least(share)
-            admitted, bound = self.admit(1, need, whole=True)
-            if admitted:
-                return bound
-            await self.waiter(min(need, self.total))
+        and reads of 4 MB each let 16 go at a time. A read that waits is handed its bytes, in
+        turn, as they are given back: woken all at once to race for them, 5,000 retry loops of a
+        relay starting up spent its CPU waking and waiting again."""
+        need = min(share if whole else self.least(share), self.total)
+        admitted, bound = self.admit(1, need, whole=True)
+        if admitted:
+            return bound
+        waiter = self._wait(need, handed=True)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():  # handed its bytes as it was cancelled
+                self.release(need)
+            raise
+        return need
+
+    def _wait(self, need: int, *, handed: bool) -> asyncio.Future[None]:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if len(self._waiters) >= self._purge_at:  # cancelled ones, while too little was ever free
+            self._waiters = [w for w in self._waiters if not w[1].done()]
+            self._purge_at = max(PURGE_AT, 2 * len(self._waiters))
+        self._least_need = min(self._least_need, need) if self._waiters else need
+        self._waiters.append((need, waiter, handed))
+        return waiter
 
     def _take(self, n: int) -> None:
         self.used += n
         self.peak = max(self.peak, self.used)
         if n < 0 and self._waiters and self.free >= self._least_need:
-            waiting: list[tuple[int, asyncio.Future[None]]] = []
-            for need, waiter in self._waiters:
+            # In turn, while what they need is free: the acquire()s are handed their bytes (they
+            # are theirs once woken), the Stepper's drain loops only woken (they take what fits
+            # when they run, or wait again: a few at most, and none keeps bytes from the rest).
+            waiting: list[tuple[int, asyncio.Future[None], bool]] = []
+            for need, waiter, handed in self._waiters:
                 if waiter.done():
                     continue
                 if need <= self.free:
+                    if handed:
+                        self.used += need
+                        self.peak = max(self.peak, self.used)
                     waiter.set_result(None)
                 else:
-                    waiting.append((need, waiter))
+                    waiting.append((need, waiter, handed))
             self._waiters = waiting
-            self._least_need = min((need for need, _ in waiting), default=0)
+            self._least_need = min((need for need, _, _ in waiting), default=0)
 
 
 def held_bytes(payload: str | None, headers: str | None) -> int:
