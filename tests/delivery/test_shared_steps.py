@@ -78,8 +78,10 @@ async def test_subscriptions_at_one_position_share_one_read_and_the_rest_read_al
 async def test_a_refused_step_fails_only_its_own_subscription(conn: asyncpg.Connection, ferry: pgferry.Ferry) -> None:
     for name in ("ok", "moved", "claimed"):
         await ferry.subscribe(name, ["s"], "http://127.0.0.1:9/x")
-    epoch = await conn.fetchval("select ferry._claim_consumer('webhook:claimed')")
-    await conn.execute("select ferry._claim_consumer('webhook:claimed')")  # another relay claims it after us
+    claim = "select epoch from ferry._claim_consumers(77, array['webhook:claimed'], 1)"
+    epoch = await conn.fetchval(claim)
+    await conn.execute("select pg_advisory_unlock_all()")
+    assert await conn.fetchval(claim) == epoch + 1  # another relay claims it after us
     await ferry.publish("s", {"n": 0})
     start = await conn.fetchval("select tick_id from ferry.consumers where name = 'webhook:ok'")
     end = await conn.fetchval("select ferry.tick(true)")

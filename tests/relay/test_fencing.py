@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 import pgferry
-from pgferry import sql
+from pgferry import db, sql
 from pgferry.receiver import Receiver, Respond
 from pgferry.relay.ownership import Ownership, OwnershipSettings
 from pgferry.schema import CONSUMER_LOCK_CLASS
@@ -83,3 +83,33 @@ async def _held(conn: asyncpg.Connection, key: int) -> bool:
 async def _count(receiver: Receiver, n: int, *, distinct: bool = False) -> bool:
     bodies = [r.body for r in receiver.received]
     return len(set(bodies) if distinct else bodies) >= n
+
+
+async def test_one_statement_claims_a_round_skipping_consumers_held_by_a_relay_or_being_recorded(
+    conn: asyncpg.Connection, db_url: str, ferry: pgferry.Ferry
+) -> None:
+    """ferry._claim_consumers: in order, up to `most`; one another session holds the lock of is not
+    returned, one whose row a recording holds comes back with no epoch and its lock given back."""
+    for name in ("a", "b", "c", "d"):
+        await ferry.subscribe(name, ["s"], "http://127.0.0.1:9/x")
+    other = await db.connect(db_url)
+    try:
+        await other.execute("select pg_advisory_lock(77, hashtext('webhook:a'))")  # another relay owns a
+        recording = other.transaction()
+        await recording.start()
+        await other.execute(
+            "select ferry._fence('webhook:b', owner_epoch) from ferry.consumers where name = 'webhook:b'"
+        )
+        claim = "select consumer, epoch from ferry._claim_consumers(77, $1::text[], $2)"
+        names = ["webhook:a", "webhook:b", "webhook:c", "webhook:d"]
+        rows = [tuple(r) for r in await conn.fetch(claim, names, 1)]
+        assert rows == [("webhook:b", None), ("webhook:c", 1)]
+        await recording.rollback()
+        rest = ["webhook:a", "webhook:b", "webhook:d"]  # a relay does not ask for what it owns
+        assert [tuple(r) for r in await conn.fetch(claim, rest, 5)] == [("webhook:b", 1), ("webhook:d", 1)]
+        locks = await conn.fetchval(
+            "select count(*) from pg_locks where locktype = 'advisory' and pid = pg_backend_pid()"
+        )
+        assert locks == 3  # b, c and d: b's was given back the first time, taken the second
+    finally:
+        await other.close()

@@ -191,29 +191,26 @@ class Ownership:
         share = math.ceil(len(active) / relays)
         # A hot subscription's partitions spread over the relays first: each takes at most its
         # share of every subscription's partitions (claiming in name order would put them together).
+        # Counted as if every claim succeeds: one another relay holds leaves room for next round.
         held = Counter(o.worker.sub.generation for o in self.owned.values())
+        wanted: list[tuple[str, Subscription]] = []
         capped: list[tuple[str, Subscription]] = []
         for name, sub in active.items():
-            if len(self.owned) >= share:
-                break
             if name in self.owned:
                 continue
             if held[sub.generation] >= math.ceil(sub.parts / relays):
                 capped.append((name, sub))
                 continue
-            if await self._claim(conn, name, sub):
-                held[sub.generation] += 1
+            held[sub.generation] += 1
+            wanted.append((name, sub))
+        await self._claim(conn, wanted, share - len(self.owned))
         # ... a preference, not a rule: a partition no relay took (every relay with room already
         # holds its share of that subscription, the others are at their fair share) would wait
         # for a change of relays (an outside probe saw one stay unowned for 7 minutes). The
         # relays' fair shares add up to at least every unit, so one with room takes it here.
         now = time.monotonic()
         self._spread = {u: at for u, at in self._spread.items() if now - at < HANDED_OVER_HOLD}
-        for name, sub in capped:
-            if len(self.owned) >= share:
-                break
-            if name not in self._spread:
-                await self._claim(conn, name, sub)
+        await self._claim(conn, [(n, sub) for n, sub in capped if n not in self._spread], share - len(self.owned))
         # Every extra at once: with several relays starting together, the first to claim takes
         # everything, and handing back one per round would take minutes with 1,000 subscriptions.
         # Partitions beyond this relay's share of their subscription go first (that spreads a hot
@@ -250,27 +247,28 @@ class Ownership:
                 owned = self.owned.pop(name)
                 await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, owned.lock_key)
 
-    async def _claim(self, conn: asyncpg.Connection, name: str, sub: Subscription) -> bool:
-        """Takes ``sub`` when no relay holds it; whether it did."""
-        key = await conn.fetchval(sql.query("consumer_lock_key"), sub.consumer)
-        if not await conn.fetchval(sql.query("try_advisory_lock"), CONSUMER_LOCK_CLASS, key):
-            return False
-        # A new ownership epoch fences off a former owner that has not noticed yet.
-        epoch = await conn.fetchval(sql.query("claim_consumer"), sub.consumer)
-        if epoch is None:
-            log.info("delivery: subscription %s is still being recorded by its former owner; later", name)
-            await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, key)
-            return False
-        try:
-            worker = SubscriptionWorker(sub, self.ctx, epoch=epoch)
-        except ValueError as exc:  # e.g. a secret that is not whsec_<base64>
-            log.error("delivery: cannot deliver subscription %s: %s", name, exc)
-            await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, key)
-            return False
-        task = asyncio.create_task(worker.run(), name=f"deliver {name}")
-        self.owned[name] = _Owned(worker, task, key)
-        log.info("delivery: now delivering subscription %s -> %s", name, _host(sub.url))
-        return True
+    async def _claim(self, conn: asyncpg.Connection, candidates: list[tuple[str, Subscription]], room: int) -> None:
+        """Takes up to ``room`` of ``candidates`` (in order) that no relay holds, in one statement
+        (ferry._claim_consumers), and starts a worker for each."""
+        if room <= 0 or not candidates:
+            return
+        by_consumer = {sub.consumer: (name, sub) for name, sub in candidates}
+        rows = await conn.fetch(sql.query("claim_consumers"), CONSUMER_LOCK_CLASS, list(by_consumer), room)
+        for row in rows:
+            name, sub = by_consumer[row["consumer"]]
+            if row["epoch"] is None:
+                log.info("delivery: subscription %s is still being recorded by its former owner; later", name)
+                continue
+            try:
+                # The new ownership epoch fences off a former owner that has not noticed yet.
+                worker = SubscriptionWorker(sub, self.ctx, epoch=row["epoch"])
+            except ValueError as exc:  # e.g. a secret that is not whsec_<base64>
+                log.error("delivery: cannot deliver subscription %s: %s", name, exc)
+                await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, row["lock_key"])
+                continue
+            task = asyncio.create_task(worker.run(), name=f"deliver {name}")
+            self.owned[name] = _Owned(worker, task, row["lock_key"])
+            log.info("delivery: now delivering subscription %s -> %s", name, _host(sub.url))
 
     async def _retire(self, conn: asyncpg.Connection, sub: Subscription) -> None:
         """Removes an old partition that drained after a change of partitions, once its worker (if

@@ -156,8 +156,10 @@ on conflict (subscription, event_id) do nothing
 -- name: unpark
 delete from ferry.retries where subscription = $1 and event_id = any ($2::bigint[])
 
--- name: claim_consumer
-select ferry._claim_consumer($1)
+-- name: claim_consumers
+-- One ownership round's claims (ferry._claim_consumers): $1 the lock class, $2 the consumers in
+-- the order to try them, $3 how many to take at most.
+select consumer, lock_key, epoch from ferry._claim_consumers($1::int, $2::text[], $3::int)
 
 -- name: fence
 select ferry._fence($1, $2)

@@ -3,8 +3,8 @@
 -- The first statement of every transaction in which a relay's worker records
 -- what it delivered: passes when the consumer still belongs to the worker's
 -- ownership epoch, and holds the consumer row (FOR SHARE) until commit, so
--- that a new owner's ferry._claim_consumer waits for this recording and then
--- reads the cursor it leaves. Raises PF002 when another relay claimed the
+-- that a new owner's ferry._claim_consumers skips the consumer until this
+-- recording is over, and then reads the cursor it leaves. Raises PF002 when another relay claimed the
 -- consumer since (migration 0016).
 --
 -- Calls:   -
