@@ -17,7 +17,7 @@ from pathlib import Path
 
 import asyncpg
 
-from pgferry import db, sql
+from pgferry import db
 from pgferry.bench.sqlfiles import query
 from pgferry.errors import PgferryError
 from pgferry.relay.leader import TICKER_LOCK
@@ -68,9 +68,13 @@ async def running_relay(
                         raise RelayFailed(f"the relay exited with code {proc.returncode}:\n{_tail(log_path)}")
                     exited.cancel()
                     waiter.result()
-                    for consumer in await conn.fetch(query("active_consumers")):
-                        key = await conn.fetchval(sql.query("consumer_lock_key"), consumer["name"])
-                        await wait_for_lock(conn, key, f"delivery of {consumer['name']}", classid=CONSUMER_LOCK_CLASS)
+                    # One query for all (one per consumer took 27 s of 10,000 round trips for 5,000).
+                    deadline = time.monotonic() + 60
+                    while waiting := await conn.fetch(query("active_consumers_undelivered"), CONSUMER_LOCK_CLASS):
+                        if time.monotonic() > deadline:
+                            raise RelayFailed(f"delivery of {waiting[0]['name']} (and {len(waiting) - 1} more) "
+                                              "did not start within 60 s")  # fmt: skip
+                        await asyncio.sleep(0.05)
                 finally:
                     await conn.close()
                 yield proc

@@ -48,6 +48,14 @@ select exists (
 -- The consumers a relay delivers: one per active subscription, or per partition of one.
 select c.name from ferry.consumers c join ferry.subscriptions s on s.name = c.subscription where s.state = 'active'
 
+-- name: active_consumers_undelivered
+-- The consumers a relay delivers (active_consumers) whose advisory lock (class $1) no session holds yet.
+select c.name from ferry.consumers c join ferry.subscriptions s on s.name = c.subscription
+where s.state = 'active' and not exists (
+    select 1 from pg_locks l join pg_database d on d.oid = l.database
+    where l.locktype = 'advisory' and l.granted and d.datname = current_database()
+      and l.classid = $1::int::oid and l.objid = hashtext(c.name)::oid and l.objsubid = 2)
+
 -- name: relays_delivering
 -- Live relays (relay processes) that deliver something.
 select count(*) from ferry.relays where heartbeat_at > now() - interval '5 seconds' and cardinality(owned) > 0
