@@ -169,14 +169,20 @@ async def test_bad_input_is_refused_with_the_problem_named_and_nothing_recorded(
     assert await conn.fetchval("select count(*) from t") == 0
 
 
-async def test_a_table_uncaptured_midway_fails_the_backfill_with_the_reason(
-    ferry: pgferry.Ferry, conn: asyncpg.Connection
-) -> None:
+async def _one_chunk_in(conn: asyncpg.Connection) -> int:
+    """A backfill of a captured table t of 10 rows, chunks of 3, its first chunk done."""
     await conn.execute("create table t (id int primary key)")
     await conn.execute("insert into t select generate_series(1, 10)")
     await conn.execute("select ferry.capture_table('t')")
-    backfill = await conn.fetchval("select ferry.backfill('t', chunk_size => 3)")
+    backfill: int = await conn.fetchval("select ferry.backfill('t', chunk_size => 3)")
     await conn.fetch("select * from ferry.backfill_chunk($1)", backfill)
+    return backfill
+
+
+async def test_a_table_uncaptured_midway_fails_the_backfill_with_the_reason(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    backfill = await _one_chunk_in(conn)
     await conn.execute("select ferry.uncapture_table('t')")
     assert await _run(conn, backfill) == "failed: table public.t is no longer captured (SQLSTATE 55000)"
 
@@ -186,11 +192,7 @@ async def test_a_backfill_for_every_reader_fails_when_its_table_is_captured_into
 ) -> None:
     """Its rows would be split over two streams, whole in neither (outside probe: done, 3,000 rows,
     820 of them in one stream and the rest in the other)."""
-    await conn.execute("create table t (id int primary key)")
-    await conn.execute("insert into t select generate_series(1, 10)")
-    await conn.execute("select ferry.capture_table('t')")
-    backfill = await conn.fetchval("select ferry.backfill('t', chunk_size => 3)")
-    await conn.fetch("select * from ferry.backfill_chunk($1)", backfill)
+    backfill = await _one_chunk_in(conn)
     await conn.execute("select ferry.capture_table('t', stream => 'other')")
     assert await _run(conn, backfill) == (
         "failed: public.t is now captured into stream 'other', not 'public.t' where the rows up to "
