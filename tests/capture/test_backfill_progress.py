@@ -7,9 +7,12 @@ from datetime import UTC, datetime, timedelta
 
 import aiohttp
 import asyncpg
+import click
+import pytest
 
 from pgferry.capture import backfill as backfills_api
 from pgferry.capture.backfill import BackfillSettings, Progress
+from pgferry.cli.backfill import _report
 from pgferry.cli.common import progress_cell
 from pgferry.ops.metrics import RelayMetrics
 from tests.helpers import FAST, RunningRelay, cli, eventually, scrape, series
@@ -127,3 +130,14 @@ async def test_status_metrics_and_dashboard_show_a_running_backfill_with_rows_do
     assert eta.keys() == {labels} and eta[labels] <= progress.eta.total_seconds()
     assert abs(eta[labels] - 700 / rate[labels]) < 1e-6
     assert "<h2>Backfills</h2>" in html and '<progress value="300" max="1000">' in html and "300 / ~1,000" in html
+
+
+def test_a_failed_backfill_that_no_resume_can_pass_is_not_told_to_resume() -> None:
+    """Its target is gone, its key or stream changed: `--resume` would fail the same way (outside probe)."""
+    final = _progress(state="failed", reason="public.t is now captured into stream 'x', ...; start a new backfill")
+    with pytest.raises(click.ClickException) as failed:
+        _report(final, as_json=False)
+    assert "--resume" not in failed.value.message and "start a new backfill" in failed.value.message
+    with pytest.raises(click.ClickException) as failed:
+        _report(_progress(state="failed", reason="permission denied for table t"), as_json=False)
+    assert "fix the cause, then `pgferry backfill --resume 1`" in failed.value.message

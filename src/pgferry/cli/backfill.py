@@ -32,6 +32,8 @@ def _report(p: backfills.Progress, as_json: bool) -> None:
     else:
         click.echo(f"backfill {p.id} of {p.table}: {p.state} after {p.rows_done:,} rows")
     if p.state == "failed":
+        if "start a new backfill" in (p.reason or ""):  # a resume cannot get past it (its target went, ...)
+            raise click.ClickException(f"backfill {p.id} failed: {p.reason}")
         raise click.ClickException(
             f"backfill {p.id} failed: {p.reason}; fix the cause, then `pgferry backfill --resume {p.id}` "
             "(a condition cannot be changed: if it is the cause, start a new backfill)"
