@@ -10,7 +10,9 @@
 -- again next round, and then reads the cursor that recording left. Those
 -- whose lock another relay holds are not returned. One round trip for a
 -- round's claims: three per consumer made a relay starting with 5,000
--- subscriptions take a minute to claim them (outside probe).
+-- subscriptions take a minute to claim them (outside probe);
+-- ferry._claim_consumer, one at a time, stays for relays of the previous
+-- release during an upgrade.
 --
 -- Calls:   -
 -- Reads:   ferry.consumers
