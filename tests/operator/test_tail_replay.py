@@ -31,7 +31,12 @@ async def test_tail_prints_committed_events_in_commit_order_and_pins_nothing(
     try:
 
         async def listening() -> bool:
-            n = await conn.fetchval("select count(*) from pg_stat_activity where application_name = 'pgferry tail'")
+            # Connected is not enough: the tail starts after the newest tick when it has read it
+            # (its first `latest_tick`); on a loaded machine the writes below came before that.
+            n = await conn.fetchval(
+                "select count(*) from pg_stat_activity where application_name = 'pgferry tail'"
+                " and query like '%max(id) from ferry.ticks%'"
+            )
             return bool(n == 1)
 
         await eventually(listening, what="the tail to connect")
