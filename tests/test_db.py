@@ -28,3 +28,13 @@ async def test_a_caller_may_turn_jit_back_on(db_url: str) -> None:
         assert await conn.fetchval("show jit") == "on"
     finally:
         await conn.close()
+
+
+async def test_a_lock_holding_session_is_ended_mid_statement_once_its_relay_is_gone(db_url: str) -> None:
+    """A SIGKILLed leader's backend finished its statement (an append on a busy machine) before it
+    let go of the leader lock: a standby took over WAL capture ~10 s after the kill (a CI run)."""
+    conn = await db.connect(db_url, **db.Liveness().connect_kwargs("pgferry test", holds_locks=True))
+    try:
+        assert await conn.fetchval("show client_connection_check_interval") == "1s"
+    finally:
+        await conn.close()

@@ -47,6 +47,8 @@ CONNECTION_ERRORS = (
 
 #: see Liveness.delivery_timeout
 DELIVERY_TIMEOUT_FACTOR = 6
+#: How often (ms) PostgreSQL checks, during a statement, that a lock-holding relay is still there
+CLIENT_CHECK_MS = 1000
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,12 @@ class Liveness:
       ``session_timeout`` seconds (``idle_session_timeout``; those sessions
       speak every few seconds when healthy), and any relay session idle inside
       a transaction that long (``idle_in_transaction_session_timeout``), which
-      frees the locks of a relay that was cut off.
+      frees the locks of a relay that was cut off;
+    * and a lock-holding session whose relay died in the middle of a statement
+      (a SIGKILLed leader appending a chunk of WAL changes on a busy machine)
+      is ended within a second (``client_connection_check_interval``): without
+      it the backend finished the statement first, and a standby took over WAL
+      capture ~10 s after the SIGKILL instead of ~1 s (a CI run).
     """
 
     command_timeout: float = 10.0
@@ -90,6 +97,7 @@ class Liveness:
         settings = {"application_name": application_name, "idle_in_transaction_session_timeout": idle_ms}
         if holds_locks:
             settings["idle_session_timeout"] = idle_ms
+            settings["client_connection_check_interval"] = str(CLIENT_CHECK_MS)
         return {"command_timeout": self.command_timeout, "server_settings": settings}
 
 
