@@ -146,8 +146,7 @@ class ReadBudget:
         return waiter
 
     def _take(self, n: int) -> None:
-        self.used += n
-        self.peak = max(self.peak, self.used)
+        self._count(n)
         if n < 0 and self._waiters and self.free >= self._least_need:
             # In turn, while what they need is free: the acquire()s are handed their bytes (they
             # are theirs once woken), the Stepper's drain loops only woken (they take what fits
@@ -158,13 +157,16 @@ class ReadBudget:
                     continue
                 if need <= self.free:
                     if handed:
-                        self.used += need
-                        self.peak = max(self.peak, self.used)
+                        self._count(need)
                     waiter.set_result(None)
                 else:
                     waiting.append((need, waiter, handed))
             self._waiters = waiting
             self._least_need = min((need for need, _, _ in waiting), default=0)
+
+    def _count(self, n: int) -> None:
+        self.used += n
+        self.peak = max(self.peak, self.used)
 
 
 def held_bytes(payload: str | None, headers: str | None) -> int:
