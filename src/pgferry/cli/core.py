@@ -224,8 +224,7 @@ def run(
     setup_logging(verbose, log_format)
     if processes is not None and processes < 1:
         raise click.BadParameter(f"must be at least 1 (got {processes})", param_hint="--processes")
-    most = MAX_PROCESSES_PER_CORE * usable_cores()
-    if processes is not None and processes > most:
+    if processes is not None and processes > (most := MAX_PROCESSES_PER_CORE * usable_cores()):
         raise click.BadParameter(
             f"{processes} is more than {MAX_PROCESSES_PER_CORE} per usable core ({most} here): each process "
             "holds its own database connections and they would only contend; run more relays on other hosts",
