@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 import pgferry
+from pgferry import sql
 from pgferry.errors import PgferryError
 from pgferry.receiver import Receiver
 from tests.helpers import MakeReceiver, RunningRelay, cli, eventually
@@ -238,3 +239,21 @@ async def test_a_hand_made_update_cannot_store_a_filter_that_would_fail_every_re
         with pytest.raises(asyncpg.PostgresError):
             await conn.execute("update ferry.subscriptions set filter = $1 where name = 's'", text)
     assert await conn.fetchval("select filter from ferry.subscriptions where name = 's'") is None
+
+
+async def test_migration_0031_disables_a_stored_filter_with_an_unknown_variable_and_says_why(
+    conn: asyncpg.Connection,
+) -> None:
+    """A filter whose variable is reached only inside a filter expression passed the column's check
+    (it evaluates on {}); stored before ferry._check_filter refused it, it failed every read."""
+    for name in ("bad", "good"):
+        await conn.execute("select ferry.subscribe($1, array['s'], 'http://127.0.0.1:9/x')", name)
+    await conn.execute("update ferry.subscriptions set filter = 'exists($.items ? (@ > $min))' where name = 'bad'")
+    await conn.execute(
+        """update ferry.subscriptions set filter = '$key == "$min" && $.a == "$x"' where name = 'good'"""
+    )
+    (migration,) = [m for m in sql.migrations() if m.version == 31]
+    await conn.execute(migration.sql)
+    rows = await conn.fetch("select name, state, state_reason from ferry.subscriptions order by name")
+    assert [(r["name"], r["state"]) for r in rows] == [("bad", "disabled"), ("good", "active")]
+    assert rows[0]["state_reason"].startswith("its filter uses an unknown variable ($min)")
