@@ -5,9 +5,15 @@ from __future__ import annotations
 
 def one_line(exc: BaseException) -> str:
     """A PostgreSQL error as one line: its message, then its detail and hint. asyncpg's str()
-    already holds them, each on a line of its own, so adding the hint to it said it twice."""
-    parts = [getattr(exc, "message", None) or str(exc), getattr(exc, "detail", None), getattr(exc, "hint", None)]
-    return "; ".join(p for p in parts if p)
+    already holds them, each on a line of its own, so adding the hint to it said it twice. A part
+    written as a sentence (capitalized) follows as one; a lower-case part follows a semicolon."""
+    line = getattr(exc, "message", None) or str(exc)
+    for part in (getattr(exc, "detail", None), getattr(exc, "hint", None)):
+        if part:
+            sentence = part[:1].isupper()
+            line += (" " if line.endswith((".", "!", "?")) else ". ") if sentence else "; "
+            line += part
+    return line
 
 
 class PgferryError(Exception):

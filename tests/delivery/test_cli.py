@@ -40,8 +40,17 @@ async def test_subscription_lifecycle_from_the_cli(
 
 
 async def test_cli_errors_are_clear(pgferry_cmd: list[str], db_url: str) -> None:
-    bad = await cli(pgferry_cmd, db_url, "subscription", "add", "x", "--url", "gopher://h/", "--stream", "s")
+    bad = await cli(pgferry_cmd, db_url, "subscription", "add", "x", "--url", "gopher://h.invalid/", "--stream", "s")
     assert bad.returncode == 1 and "unsupported URL scheme 'gopher'" in bad.stderr
+    # One line, its hint as a sentence of its own; no warning about resolving a host it refused anyway.
+    assert bad.stderr.strip().splitlines() == [
+        "Error: pgferry: unsupported URL scheme 'gopher'. Webhooks use http:// or https://, NATS JetStream "
+        "nats://host:4222/<subject>, Redis Streams redis://host:6379/<db>?stream=<name>."
+    ]
+    unresolvable = await cli(pgferry_cmd, db_url, "subscription", "add", "x", "--url", "http://h.invalid/",
+                             "--stream", "s")  # fmt: skip
+    assert unresolvable.returncode == 0 and "subscription x -> http://h.invalid/ saved" in unresolvable.stdout
+    assert "warning: cannot resolve 'h.invalid' from here" in unresolvable.stderr
     missing = await cli(pgferry_cmd, db_url, "subscription", "pause", "nope")
     assert missing.returncode == 1 and "subscription 'nope' does not exist" in missing.stderr
     header = await cli(pgferry_cmd, db_url, "subscription", "add", "x", "--url", "http://h/", "--stream", "s",

@@ -65,7 +65,6 @@ def add(database_url: str | None, name: str, url: str, streams: tuple[str, ...],
         header_map[key.strip()] = value.strip()
     if options.get("secret") == "-":
         options["secret"] = sys.stdin.readline().strip()
-    _warn_unresolvable(url)
     unwritten = with_ferry(
         database_url,
         lambda f: f.subscribe(
@@ -73,6 +72,7 @@ def add(database_url: str | None, name: str, url: str, streams: tuple[str, ...],
         ),
     )
     click.echo(f"subscription {name} -> {url} saved")
+    _warn_unresolvable(url)  # after the save: a URL ferry.subscribe refuses needs no other warning
     _warn_unwritten(unwritten)
 
 
