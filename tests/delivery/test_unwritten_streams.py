@@ -96,7 +96,7 @@ async def test_the_catalog_keeps_streams_retention_dropped_and_sees_late_commits
     # Rotation truncates their partition (no consumer holds it back): the log forgets, the catalog does not.
     await ferry.unsubscribe("s1")
     done: list[str] = []
-    while "partition 0 truncated" not in done and len(done) < 20:
+    while "retention: partition 0 truncated" not in done and len(done) < 20:
         await tick(conn)
         done += await conn.fetchval("select ferry.housekeeping()")
     assert await conn.fetchval("select count(*) from ferry.events where stream in ('old', 'late')") == 0, done

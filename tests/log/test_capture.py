@@ -234,7 +234,7 @@ async def test_the_capture_of_a_dropped_table_ends_at_the_next_housekeeping(conn
         await conn.execute(f"create table {name} (id int primary key)")
         await conn.execute(f"select ferry.capture_table('{name}')")
     await conn.execute("drop table gone")
-    assert "table public.gone was dropped: its capture (trigger) ended" in await conn.fetchval(
+    assert "capture: table public.gone was dropped: its capture (trigger) ended" in await conn.fetchval(
         "select ferry.housekeeping()"
     )
     assert await conn.fetchval("select array_agg(table_name) from ferry.captures where uncaptured_at is null") == [

@@ -289,7 +289,7 @@ async def test_expired_responses_are_pruned(net_conn: asyncpg.Connection) -> Non
     )
     await net_conn.execute("insert into net._http_response (id, status_code) values (2, 200)")
     done = await net_conn.fetchval("select ferry.housekeeping()")
-    assert "removed 1 expired net._http_response rows" in done
+    assert "pg_net: removed 1 expired net._http_response rows" in done
     assert [r["id"] for r in await net_conn.fetch("select id from net._http_response")] == [2]
 
 

@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 #: fall behind and catch up again every few seconds on a loaded machine).
 BEHIND_LOG_EVERY = 60.0
 
-#: How ferry.maintain starts the lines an operator must see (migration 0014).
-RETENTION_WARNINGS = ("warning:", "stalled:", "gap:")
+#: How ferry.housekeeping starts the lines of ferry.maintain an operator must see (migration 0014).
+RETENTION_WARNINGS = ("retention: warning:", "retention: stalled:", "retention: gap:")
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +155,6 @@ class Ticker:
     async def maintain(self) -> None:
         """Housekeeping, logging what it did; what the retention limit did to a consumer (a warning
         at 50% or 80% of it, a stall, a gap) at WARNING, everything else at INFO."""
-        for what in await self.conn.fetchval(sql.query("housekeeping")) or ():
+        for what in await self.conn.fetchval(sql.query("housekeeping")) or ():  # each line starts with its topic
             level = logging.WARNING if what.startswith(RETENTION_WARNINGS) else logging.INFO
-            log.log(level, "%s: %s", "capture" if what.startswith("table ") else "retention", what)
+            log.log(level, "%s", what)

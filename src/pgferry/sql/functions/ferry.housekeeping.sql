@@ -6,8 +6,9 @@
 -- tables, and (with the pg_net API installed) expired net._http_response rows.
 --
 -- Parameters: none.
--- Returns:    what it did, one line each, for the relay's log (the stream
---             catalog says nothing).
+-- Returns:    what it did, one line each, for the relay's log, each
+--             starting with its topic ('retention: ', 'capture: ',
+--             'attempts: ', 'pg_net: '); the stream catalog says nothing.
 -- Calls:      ferry._catalog_streams, ferry.maintain, ferry.prune_attempts, ferry._end_dropped_captures,
 --             ferry.prune_net_responses (pg_net add-on).
 -- Tables:     those of the functions it calls.
@@ -21,16 +22,16 @@ declare
     n integer;
 begin
     perform ferry._catalog_streams();
-    v_done := ferry.maintain();
-    v_done := v_done || ferry._end_dropped_captures();
+    v_done := array(select 'retention: ' || line from unnest(ferry.maintain()) with ordinality as m(line, i) order by i);
+    v_done := v_done || array(select 'capture: ' || line from unnest(ferry._end_dropped_captures()) as c(line));
     n := ferry.prune_attempts();
     if n > 0 then
-        v_done := v_done || format('removed %s old delivery attempts', n);
+        v_done := v_done || format('attempts: removed %s old delivery attempts', n);
     end if;
     if to_regproc('ferry.prune_net_responses') is not null then
         execute 'select ferry.prune_net_responses()' into n;
         if n > 0 then
-            v_done := v_done || format('removed %s expired net._http_response rows', n);
+            v_done := v_done || format('pg_net: removed %s expired net._http_response rows', n);
         end if;
     end if;
     return v_done;
