@@ -61,3 +61,13 @@ def test_a_key_header_is_printable_ascii_and_flags_its_encoding(key: str, header
     assert request.headers["pgferry-key"] == header
     assert request.headers.get("pgferry-key-encoding") == ("percent" if encoded else None)
     assert all(0x20 <= ord(c) < 0x7F for c in header)
+
+
+def test_a_header_pgferry_sets_is_not_taken_from_a_subscription_saved_before_subscribe_refused_it() -> None:
+    """ferry.subscribe refuses them (test_webhooks); an older subscription's is left out, not sent."""
+    forged = {"Webhook-Signature": "v1,forged", "Host": "evil.example", "pgferry-key": "x", "X-Tenant": "acme"}
+    for signer in (Signer(()), Signer(("whsec_" + "QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE=",))):
+        request = build(replace(SUB, headers=forged), [event(1, key=None)], signer, max_body_bytes=1 << 20)
+        assert "host" not in request.headers and "pgferry-key" not in request.headers
+        assert request.headers["x-tenant"] == "acme"
+        assert request.headers.get("webhook-signature", "") != "v1,forged"

@@ -238,6 +238,10 @@ async def test_new_subscription_starts_from_now_unless_asked(
         ("http://127.0.0.1/x", {"Bad Name": "v"}, "is not a valid HTTP header name"),
         ("http://127.0.0.1/x", {"X-Num": 5}, "must be a string"),
         ("http://127.0.0.1/x", {"X-Tenant": "a", "x-tenant": "b"}, "'X-Tenant' is given more than once"),
+        *(
+            ("http://127.0.0.1/x", {name: "forged"}, f"header '{name}' is one pgferry sets itself")
+            for name in ("Webhook-Signature", "webhook-id", "Host", "Content-Length", "pgferry-key", "Nats-Msg-Id")
+        ),
     ],
 )
 async def test_subscribe_rejects_bad_input(conn: asyncpg.Connection, url: str, headers: object, message: str) -> None:

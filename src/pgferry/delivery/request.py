@@ -35,8 +35,10 @@ _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 #: A key sent as is: printable ASCII, spaces only inside (a parser strips them at the ends);
 #: key_header checks it with str methods (tests/delivery/test_request.py holds them to this).
 PLAIN_KEY = re.compile(r"^[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?\Z")
+#: Headers pgferry writes itself: an event's or a subscription's of the same name is not sent
+#: (ferry.subscribe refuses them; a subscription saved before it did may still hold one).
 _RESERVED = {"webhook-id", "webhook-timestamp", "webhook-signature", "content-length", "host", "transfer-encoding",
-             "pgferry-key-encoding"}  # fmt: skip
+             "connection", "pgferry-stream", "pgferry-key", "pgferry-key-encoding"}  # fmt: skip
 
 
 class BadRequest(ValueError):
@@ -112,7 +114,10 @@ def build(sub: Subscription, events: Sequence[OutEvent], signer: Signer, *, max_
         raise TooLarge(
             f"request body is {len(body)} bytes, over the {max_body_bytes}-byte limit (ferry.config.max_body_bytes)"
         )
-    headers: dict[str, str] = {"content-type": "application/json", **{k.lower(): v for k, v in sub.headers.items()}}
+    headers: dict[str, str] = {"content-type": "application/json"}
+    for name, value in sub.headers.items():
+        if name.lower() not in _RESERVED:
+            headers[name.lower()] = value
     if not batched:
         event = events[0]
         for name, value in event_headers(event).items():
