@@ -10,6 +10,7 @@ async with pgferry.connect(url) as ferry:
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import AsyncIterator, Generator, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ import orjson
 
 from pgferry import db, sql
 from pgferry.delivery.signing import redact_secrets
-from pgferry.errors import EventRefused, InvalidEvent, PgferryError, one_line
+from pgferry.errors import CaptureWarning, EventRefused, InvalidEvent, PgferryError, one_line
 from pgferry.log.group_publish import GroupPublisher, PublishArgs
 from pgferry.log.reader import ReaderSettings, StreamReader
 from pgferry.schema import check_installed
@@ -227,23 +228,39 @@ class Ferry:
         ``method``: 'trigger' (statement triggers, in the writer's transaction) or 'wal' (decoded
         from the write-ahead log by the relay; needs ``wal_level = logical``). ``changed_columns``:
         an UPDATE only when one of them changed; ``operations``: of insert, update, delete (all).
+        Writes the capture will not see (a partitioned table or a partition captured by trigger)
+        are reported as a :class:`~pgferry.errors.CaptureWarning`.
         """
         args = (table, stream, _list(key_columns), condition, _list(columns), _list(exclude_columns), method,
                 _list(changed_columns), _list(operations))  # fmt: skip
-        return str(await self._capture_call("capture_table", *args))
+        notes: list[str] = []
+        stream_name = str(await self._capture_call("capture_table", *args, notes=notes))
+        for note in notes:
+            warnings.warn(note, CaptureWarning, stacklevel=2)
+        return stream_name
 
     async def uncapture_table(self, table: str) -> None:
         """Stop capturing a table (its trigger, or its place in the WAL publication, goes)."""
         await self._capture_call("uncapture_table", table)
 
-    async def _capture_call(self, query: str, *args: Any) -> Any:
+    async def _capture_call(self, query: str, *args: Any, notes: list[str] | None = None) -> Any:
+        """``notes``: filled with the NOTICEs pgferry raised ("pgferry: ..."), without the prefix."""
+
+        def noted(_conn: object, message: asyncpg.PostgresLogMessage) -> None:
+            if notes is not None and message.message.startswith("pgferry: "):
+                notes.append(message.message.removeprefix("pgferry: "))
+
         async with self._connection() as conn:
+            conn.add_log_listener(noted)
             try:
                 return await conn.fetchval(sql.query(query), *args)
             except asyncpg.PostgresError as exc:
-                if exc.sqlstate[:2] in ("22", "25", "42", "55"):  # the table, its settings, wal_level, rights
+                # the table, its settings (0A: a condition with a subquery), wal_level, rights
+                if exc.sqlstate[:2] in ("0A", "22", "25", "42", "55"):
                     raise PgferryError(one_line(exc)) from None
                 raise
+            finally:
+                conn.remove_log_listener(noted)
 
     # -- consuming ---------------------------------------------------------
 

@@ -62,3 +62,7 @@ class ConsumerStalled(PgferryError):
     def __init__(self, consumer: str, message: str) -> None:
         super().__init__(message)
         self.consumer = consumer
+
+
+class CaptureWarning(UserWarning):
+    """A capture that will not see some writes of its table (e.g. a partitioned table by trigger)."""

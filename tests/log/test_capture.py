@@ -4,7 +4,8 @@ import asyncpg
 import pytest
 
 import pgferry
-from tests.helpers import read_all, tick
+from pgferry.errors import CaptureWarning
+from tests.helpers import cli, read_all, tick
 
 
 async def test_capture_insert_update_delete_in_supabase_shape(ferry: pgferry.Ferry, conn: asyncpg.Connection) -> None:
@@ -162,6 +163,31 @@ async def test_capture_errors_name_the_problem(conn: asyncpg.Connection) -> None
         await conn.execute(
             "select ferry.capture_table('nopk', key_columns => array['a'], operations => array['truncate'])"
         )
+    with pytest.raises(asyncpg.PostgresError, match=r"ferry\.subscriptions is one of pgferry's own tables"):
+        await conn.execute("select ferry.capture_table('ferry.subscriptions')")  # it holds signing secrets
+
+
+async def test_a_partitioned_table_or_a_partition_captured_by_trigger_says_which_writes_it_misses(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, pgferry_cmd: list[str], db_url: str
+) -> None:
+    """Statement triggers fire on the table a statement names: a partitioned table's miss writes
+    that name a partition, a partition's miss writes through its parent (outside probe: silent)."""
+    await conn.execute("create table parted (id int primary key) partition by range (id)")
+    await conn.execute("create table parted_1 partition of parted for values from (0) to (100)")
+    with pytest.warns(CaptureWarning, match="writes that name a partition of parted directly"):
+        await ferry.capture_table("parted")
+    shown = await cli(pgferry_cmd, db_url, "capture", "parted_1")
+    assert shown.returncode == 0 and shown.stderr.startswith(
+        "warning: parted_1 is a partition of parted: writes through parted are not captured by its triggers"
+    ), shown.stderr
+    assert await conn.fetchval("select ferry._capture_note('parted', 'wal')") is None  # the WAL sees them all
+    await ferry.register_consumer("c")
+    await conn.execute("insert into parted values (1)")  # parted's trigger sees it, parted_1's does not
+    await conn.execute("insert into parted_1 values (2)")  # and the other way round
+    assert [(e.stream, e.payload["record"]["id"]) for e in await read_all(ferry, conn, "c")] == [
+        ("public.parted", 1),
+        ("public.parted_1", 2),
+    ]  # fmt: skip["id"]) for e in await read_all(ferry, conn, "c")] == [("public.parted_1", 2)]
 
 
 async def test_writers_never_notify(ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str) -> None:

@@ -452,6 +452,11 @@ BAD_INPUT = [
     ("changed_columns => array['stat']", "42703", "no column(s) stat (in changed_columns)"),
     ("changed_columns => array['note']", "42883", "operator does not exist: json = json"),
     ("changed_columns => array['status'], operations => array['insert']", "22023", "applies to UPDATE"),
+    (
+        "key_columns => array['card_token'], exclude_columns => array['card_token']",
+        "22023",
+        "key_columns and exclude_columns both name card_token",
+    ),
 ]
 
 

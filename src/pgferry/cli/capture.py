@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
+
 import click
 
 from pgferry.cli.common import database_url_option, with_ferry
+from pgferry.errors import CaptureWarning
 
 
 @click.command()
@@ -52,7 +55,29 @@ def capture(
         with_ferry(database_url, lambda f: f.uncapture_table(table))
         click.echo(f"{table} is no longer captured")
         return
-    name = with_ferry(
+    with warnings.catch_warnings(record=True) as noted:
+        warnings.simplefilter("always", CaptureWarning)
+        name = _capture(database_url, table, stream, method, key_columns, condition, columns, exclude_columns,
+                        changed_columns, operations)  # fmt: skip
+    how = "from the WAL (the relay decodes it)" if method == "wal" else "by trigger"
+    click.echo(f"{table} is captured {how} into stream {name}")
+    for warning in noted:
+        click.echo(f"warning: {warning.message}", err=True)
+
+
+def _capture(
+    database_url: str | None,
+    table: str,
+    stream: str | None,
+    method: str,
+    key_columns: tuple[str, ...],
+    condition: str | None,
+    columns: tuple[str, ...],
+    exclude_columns: tuple[str, ...],
+    changed_columns: tuple[str, ...],
+    operations: tuple[str, ...],
+) -> str:
+    return with_ferry(
         database_url,
         lambda f: f.capture_table(
             table,
@@ -66,5 +91,3 @@ def capture(
             operations=operations or None,
         ),
     )
-    how = "from the WAL (the relay decodes it)" if method == "wal" else "by trigger"
-    click.echo(f"{table} is captured {how} into stream {name}")

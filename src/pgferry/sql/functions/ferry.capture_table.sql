@@ -22,6 +22,11 @@
 -- are paired by position, so an UPDATE that changes the primary key is
 -- compared row for row like any other (name the key columns here too to
 -- capture key changes). With condition as well, both must hold.
+-- A partitioned table or a partition captured by trigger: a NOTICE says
+-- which writes its triggers do not see (ferry._capture_note).
+-- Refused: ferry's own tables (a capture of ferry.subscriptions would copy
+-- signing secrets into the log), and key_columns that exclude_columns
+-- names (the key would carry what the record leaves out).
 -- Returns the stream. Calling it again replaces the capture (new settings,
 -- current code). Locks the table (SHARE ROW EXCLUSIVE) until commit, so that
 -- no writer's transaction straddles the switch from one capture to the next. Dropping or renaming a column a condition, columns or
@@ -41,7 +46,7 @@
 -- PostgreSQL refuse the table's UPDATEs and DELETEs), and so is one USING
 -- INDEX an index without all the key columns (its DELETEs would have no key).
 --
--- Calls:   ferry._capture_condition, ferry._capture_function, ferry._check_columns, ferry._check_stream,
+-- Calls:   ferry._capture_condition, ferry._capture_function, ferry._capture_note, ferry._check_columns, ferry._check_stream,
 --          ferry._current_partition, ferry._ensure_wal_slot, ferry._key_expression, ferry._record_expression,
 --          ferry._lock_for_capture, ferry.uncapture_table
 -- Reads:   ferry.wal_slot, pg_partition_tree
@@ -99,6 +104,10 @@ begin
     if v_persistence = 't' then  -- gone with its session, its capture (and any backfill of it) left behind
         raise exception 'pgferry: % is a temporary table; only tables other sessions can see can be captured', tbl
             using errcode = '42809';
+    end if;
+    if v_schema = 'ferry' then
+        raise exception 'pgferry: % is one of pgferry''s own tables; it cannot be captured', tbl using errcode = '42809',
+            hint = 'Its state is read with pgferry status, trace and dlq; subscriptions, secrets and events never go into the log.';
     end if;
     v_stream := coalesce(stream, v_schema || '.' || v_table);
     perform ferry._check_stream(v_stream);
@@ -166,6 +175,12 @@ begin
                    and a.attname <> all(coalesce(exclude_columns, '{}'))) then
         raise exception 'pgferry: exclude_columns leaves no column of % in the record', tbl using errcode = '22023',
             hint = 'Leave at least one column in, or capture with columns => array[...] instead.';
+    end if;
+    if key_columns && exclude_columns then
+        raise exception 'pgferry: key_columns and exclude_columns both name %: the event key would carry what the record leaves out',
+            (select string_agg(quote_ident(k), ', ') from unnest(key_columns) k where k = any (exclude_columns))
+            using errcode = '22023',
+                  hint = 'Key the events by other columns, or keep the column in the record.';
     end if;
     perform ferry._check_columns(tbl, changed_columns, 'changed_columns');
     if changed_columns is not null and 'update' <> all(v_ops) then
@@ -318,5 +333,9 @@ begin
                                  else 'old table as pgferry_old new table as pgferry_new' end,
                        v_fn);
     end loop;
+    v_message := ferry._capture_note(tbl, 'trigger');
+    if v_message is not null then
+        raise notice 'pgferry: %', v_message;
+    end if;
     return v_stream;
 end $$;

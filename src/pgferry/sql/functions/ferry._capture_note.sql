@@ -1,0 +1,37 @@
+-- ferry._capture_note(tbl regclass, method text) returns text
+--
+-- What a capture of tbl by method will not see, in one line, or NULL when
+-- it sees every write. Statement triggers fire on the table a statement
+-- names: those of a partitioned table do not fire for a statement that
+-- names one of its partitions, and a partition's do not fire for a
+-- statement that names its parent (PostgreSQL allows transition tables on
+-- neither the other way round). Both were accepted without a word and lost
+-- changes (outside probe). From the WAL every change of a published table
+-- or of its partitions is seen, whichever table the statement named.
+-- ferry.capture_table raises it as a NOTICE; `pgferry capture` prints it
+-- as a warning.
+--
+-- Parameters: tbl     the table
+--             method  'trigger' or 'wal'
+-- Returns:    the note, or NULL.
+-- Calls:      -
+-- Reads:      pg_class, pg_inherits
+-- Writes:     -
+-- Raises:     -
+-- Runs as:    the caller (SECURITY INVOKER)
+-- Callers:    PUBLIC (the default)
+
+create or replace function ferry._capture_note(tbl regclass, method text) returns text
+language sql stable as $$
+    select case
+        when method is distinct from 'trigger' then null
+        when c.relkind = 'p' then format(
+            'writes that name a partition of %1$s directly (insert into a partition, not into %1$s) are not '
+            'captured by its triggers; capture it from the WAL (method => ''wal'', or pgferry capture --method wal) to see those too', tbl)
+        when c.relispartition then format(
+            '%1$s is a partition of %2$s: writes through %2$s are not captured by its triggers; capture %2$s '
+            'from the WAL (method => ''wal'', or pgferry capture --method wal) to see every write to its partitions', tbl,
+            (select i.inhparent::regclass from pg_inherits i where i.inhrelid = tbl))
+    end
+    from pg_class c where c.oid = tbl
+$$;
