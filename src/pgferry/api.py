@@ -239,9 +239,10 @@ class Ferry:
             warnings.warn(note, CaptureWarning, stacklevel=2)
         return stream_name
 
-    async def uncapture_table(self, table: str) -> None:
-        """Stop capturing a table (its trigger, or its place in the WAL publication, goes)."""
-        await self._capture_call("uncapture_table", table)
+    async def uncapture_table(self, table: str) -> bool:
+        """Stop capturing a table (its trigger, or its place in the WAL publication, goes);
+        False when it was not captured."""
+        return bool(await self._capture_call("uncapture_table", table))
 
     async def _capture_call(self, query: str, *args: Any, notes: list[str] | None = None) -> Any:
         """``notes``: filled with the NOTICEs pgferry raised ("pgferry: ..."), without the prefix."""

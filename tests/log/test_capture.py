@@ -127,7 +127,8 @@ async def test_uncapture_and_operations(ferry: pgferry.Ferry, conn: asyncpg.Conn
     await ferry.register_consumer("c")
     await conn.execute("insert into t values (1, 1)")
     await conn.execute("update t set v = 2")
-    await conn.execute("select ferry.uncapture_table('t')")
+    assert await ferry.uncapture_table("t") is True
+    assert await ferry.uncapture_table("t") is False  # was not captured any more
     await conn.execute("update t set v = 3")
     events = await read_all(ferry, conn, "c")
     assert [e.payload["type"] for e in events] == ["UPDATE"]
@@ -181,6 +182,9 @@ async def test_a_partitioned_table_or_a_partition_captured_by_trigger_says_which
         "warning: parted_1 is a partition of parted: writes through parted are not captured by its triggers"
     ), shown.stderr
     assert await conn.fetchval("select ferry._capture_note('parted', 'wal')") is None  # the WAL sees them all
+    await conn.execute("create table loose (id int primary key)")
+    not_captured = await cli(pgferry_cmd, db_url, "capture", "loose", "--remove")
+    assert not_captured.returncode == 1 and "loose is not captured" in not_captured.stderr, not_captured.stderr
     await ferry.register_consumer("c")
     await conn.execute("insert into parted values (1)")  # parted's trigger sees it, parted_1's does not
     await conn.execute("insert into parted_1 values (2)")  # and the other way round

@@ -52,7 +52,8 @@ def capture(
             or operations
         ):
             raise click.UsageError("--remove takes only TABLE (the other options say how to capture it)")
-        with_ferry(database_url, lambda f: f.uncapture_table(table))
+        if not with_ferry(database_url, lambda f: f.uncapture_table(table)):
+            raise click.ClickException(f"{table} is not captured (see `pgferry status`: captured tables)")
         click.echo(f"{table} is no longer captured")
         return
     with warnings.catch_warnings(record=True) as noted:

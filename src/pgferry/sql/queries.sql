@@ -755,7 +755,9 @@ select ferry.capture_table($1::text::regclass, stream => $2, key_columns => $3, 
                            operations => coalesce($9, array['insert', 'update', 'delete']))
 
 -- name: uncapture_table
-select ferry.uncapture_table($1::text::regclass)
+-- Whether the table was captured (its capture ends here), then the end of it.
+select exists (select 1 from ferry.captures where relid = $1::text::regclass and uncaptured_at is null)
+from (select ferry.uncapture_table($1::text::regclass)) ended
 
 -- name: wal_status
 -- WAL capture's slot for status and metrics: how far the log is behind the WAL, in bytes (what
