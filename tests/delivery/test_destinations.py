@@ -40,6 +40,8 @@ def test_urls_parse_into_host_port_and_templates() -> None:
         ("nats://broker:4222/orders..x", "empty tokens"),
         ("nats://broker:4222/orders.{id}", "unknown placeholder {id}"),
         ("nats://u:p@broker:4222/orders", "credentials do not go in the URL"),
+        ("nats://broker:4222/$JS.API.STREAM.PURGE.{key}", "a subject of the NATS server itself"),
+        ("nats://broker:4222/_INBOX.x", "a subject of the NATS server itself"),
         ("redis://cache:6379/0", "names no stream"),
         ("redis://cache:6379/x?stream=s", "not a Redis database number"),
         ("redis://cache:6379/0?stream=s&maxlen=0", "maxlen='0'"),
@@ -102,9 +104,21 @@ async def test_subscribe_refuses_bad_broker_urls_in_sql_and_in_python(conn: asyn
         ("redis://127.0.0.1:6379/0?stream=a&stream=b", "'stream' is given more than once"),
         ("http://127.0.0.1:9/caf\u00e9", "outside ASCII; percent-encode"),
         ("http://127.0.0.1:9/x?a=\u00e9", "outside ASCII; percent-encode"),
+        # Commands and replies of the server: $JS.API.STREAM.PURGE.{key} purged a stream (outside probe).
+        ("nats://127.0.0.1:4222/$JS.API.STREAM.PURGE.{key}", "a subject of the NATS server itself"),
+        ("nats://127.0.0.1:4222/%24SYS.x", "a subject of the NATS server itself"),
+        ("nats://127.0.0.1:4222/_INBOX.abc", "a subject of the NATS server itself"),
     ]:
         with pytest.raises(asyncpg.InvalidParameterValueError, match=says):
             await conn.execute("select ferry.subscribe('x', array['s'], $1)", url)
+    for url in (
+        "nats://user:s3cretpw@127.0.0.1:4222/orders",
+        "redis://:s3cretpw@127.0.0.1:6379/0?stream=s",
+        "https://u:s3cretpw@example.com/hook",
+    ):
+        with pytest.raises(asyncpg.InvalidParameterValueError) as refused:  # and not echoed (nor logged)
+            await conn.execute("select ferry.subscribe('x', array['s'], $1)", url)
+        assert "credentials do not go in the URL" in str(refused.value) and "s3cretpw" not in str(refused.value)
     with pytest.raises(PgferryError, match="maxlen"):
         await ferry.subscribe("x", ["s"], "redis://127.0.0.1:6379/0?stream=s&maxlen=-1")
     assert await conn.fetchval("select count(*) from ferry.subscriptions") == 0

@@ -129,6 +129,29 @@ async def test_each_message_of_a_chunk_gets_its_own_outcome(server: NatsServer) 
         await client.close()
 
 
+async def test_an_answer_that_is_not_a_jetstream_acknowledgement_is_no_stream_not_stored(server: NatsServer) -> None:
+    """A core NATS service answering on the subject: any JSON was taken as stored (outside probe)."""
+    client = await nats.connect(server.url)
+    try:
+
+        async def answer(msg: nats.aio.msg.Msg) -> None:
+            await msg.respond(b"{}" if msg.subject == "svc.json" else b"pong")
+
+        await client.subscribe("svc.*", cb=answer)
+        for fast in (True, False):
+            publisher = AckedPublisher(client)
+            await publisher.start()
+            publisher.fast = publisher.fast and fast
+            block = header_block({})
+            outcomes = await publisher.publish_all(
+                [("svc.json", b"1", {}, block), ("svc.text", b"2", {}, block)], timeout=5
+            )
+            assert all(isinstance(o, PublishRefused) and o.no_stream for o in outcomes), outcomes
+            assert "not JetStream" in str(outcomes[0])
+    finally:
+        await client.close()
+
+
 @pytest.mark.parametrize(
     ("headers", "problem"),
     [

@@ -207,10 +207,14 @@ def _ack_outcome(answer: tuple[bytes, bytes | None] | None) -> BaseException | N
     try:
         ack = orjson.loads(data)
     except orjson.JSONDecodeError:
-        return PublishRefused(False, None, f"unreadable acknowledgement {data[:200]!r}")
+        ack = None
     error = ack.get("error") if isinstance(ack, dict) else None
     if error:
         return PublishRefused(False, error.get("err_code"), str(error.get("description") or error))
+    if not (isinstance(ack, dict) and isinstance(ack.get("stream"), str) and isinstance(ack.get("seq"), int)):
+        # A service that is not JetStream answered on the subject: any JSON was taken as stored,
+        # and events no stream held were recorded as delivered (outside probe).
+        return PublishRefused(True, None, f"answered by something that is not JetStream: {data[:200]!r}")
     return None
 
 

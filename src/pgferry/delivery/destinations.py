@@ -109,6 +109,8 @@ def parse_nats(url: str) -> NatsDestination:
     probe = template.text.replace("{stream}", "s").replace("{key}", "k")
     if any(c.isspace() for c in probe) or any(t in ("", "*", ">") for t in probe.split(".")):
         raise BadDestination(f"{subject!r} is not a subject to publish to (no spaces, empty tokens or wildcards)")
+    if probe.startswith(("$", "_INBOX.")):  # the server's commands ($JS.API...) and replies (ferry._check_url)
+        raise BadDestination(f"{subject!r} is a subject of the NATS server itself, not one to publish events to")
     return NatsDestination(_host(parts.hostname, url), _port(parts, DEFAULT_NATS_PORT), template)
 
 

@@ -251,11 +251,12 @@ def _explain(exc: BaseException, m: Message, dest: NatsDestination, max_payload:
     """What a failed publish of ``m`` is recorded as."""
     if isinstance(exc, PublishRefused):
         if exc.no_stream:
+            answered = "" if exc.description == "no responders" else f"; {exc.description}"
             return _failed(
                 "no_stream",
                 f"no JetStream stream captures subject {m.subject!r} on {dest.address} (none, or none whose "
                 "subjects match it); create one (nats stream add --subjects ...) or add the subject to a "
-                "stream's subjects (nats stream edit --subjects ...)",
+                f"stream's subjects (nats stream edit --subjects ...){answered}",
                 started,
             )
         if exc.err_code in MESSAGE_TOO_LARGE_CODES:

@@ -43,6 +43,13 @@ begin
                   hint = 'Webhooks use http:// or https://, NATS JetStream nats://host:4222/<subject>, '
                          'Redis Streams redis://host:6379/<db>?stream=<name>.';
     end if;
+    -- Before any message that shows the URL: a password in it would be printed and logged.
+    if url ~ '^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@' then
+        raise exception 'pgferry: the URL holds a user or password (not repeated here); credentials do not go in the URL'
+            using errcode = '22023',
+                  hint = 'Webhooks: a header (headers => ''{"Authorization": "..."}'') or a signing secret; NATS and '
+                         'Redis: ferry.set_subscription_credentials (pgferry subscription credentials).';
+    end if;
     if v_scheme = 'nats' and url !~ '^[A-Za-z]+://[^/]+/[^/?#]+$' then
         raise exception 'pgferry: % names no subject to publish to', quote_literal(url)
             using errcode = '22023', hint = 'Use nats://host:4222/<subject>, e.g. nats://127.0.0.1:4222/orders.{key}.';
@@ -62,6 +69,15 @@ begin
             raise exception 'pgferry: % is not a subject to publish to (no spaces, empty tokens or wildcards)',
                 quote_literal(substring(url from '^[A-Za-z]+://[^/]+/(.*)$'))
                 using errcode = '22023', hint = 'Use tokens separated by dots, e.g. nats://127.0.0.1:4222/orders.{key}.';
+        end if;
+        -- $JS.API..., $SYS..., _INBOX...: the server's own subjects, where an event would be a command
+        -- ($JS.API.STREAM.PURGE.{key} purged a stream, outside probe) or a reply to someone else.
+        if v_subject ~ '^(\$|_INBOX\.)' then
+            raise exception 'pgferry: % is a subject of the NATS server itself, not one to publish events to',
+                quote_literal(substring(url from '^[A-Za-z]+://[^/]+/(.*)$'))
+                using errcode = '22023',
+                      hint = 'Subjects starting with $ ($JS.API, $SYS, ...) or _INBOX. are commands and replies; '
+                             'publish to a subject a JetStream stream captures, e.g. orders.{key}.';
         end if;
     end if;
     if v_scheme = 'redis' and url !~ '^[A-Za-z]+://[^/?#]+(/[0-9]*)?[?](.*&)?stream=[^&]' then
@@ -104,7 +120,7 @@ begin
     if url !~ '^[A-Za-z]+://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]+)(:[0-9]{1,5})?([/?#][^[:space:][:cntrl:]]*)?$' then
         raise exception 'pgferry: malformed URL %', quote_literal(url)
             using errcode = '22023',
-                  hint = 'Expected http(s)://host[:port]/path with no spaces, control characters or user:password part.';
+                  hint = 'Expected scheme://host[:port]/path with no spaces or control characters.';
     end if;
     if coalesce(substring(url from '^[A-Za-z]+://(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]+):([0-9]{1,5})')::integer, 1)
        not between 1 and 65535 then
