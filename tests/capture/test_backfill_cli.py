@@ -163,3 +163,48 @@ async def test_bad_input_gets_one_clear_line_and_starts_nothing(
     assert says in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert "HINT:" not in result.stderr, result.stderr  # a hint on the error's line, once (it came twice)
     assert await conn.fetchval("select count(*) from ferry.backfills") == 0
+
+
+async def test_a_chunk_stuck_on_a_lock_is_stopped_by_a_second_signal_and_another_shell_is_told_why_it_waits(
+    conn: asyncpg.Connection, db_url: str, pgferry_cmd: list[str]
+) -> None:
+    """Both signals, and --pause from another shell, waited silently for a chunk blocked by a lock (outside probe)."""
+    await conn.execute("create table t (id int primary key)")
+    await conn.execute("insert into t select generate_series(1, 3000)")
+    await conn.execute("select ferry.capture_table('t')")
+    proc = await asyncio.create_subprocess_exec(
+        *pgferry_cmd, "backfill", "public.t", "--chunk", "100", "--max-rate", "500", "--quiet",
+        env=pgferry_env(db_url), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    locker = await asyncpg.connect(db_url)
+    try:
+        await eventually(lambda: _rows_done_over(conn, 200), timeout=30, what="the backfill to be under way")
+        locking = locker.transaction()
+        await locking.start()
+        await locker.execute("lock table t in access exclusive mode")
+
+        async def chunk_waits() -> bool:
+            return bool(await conn.fetchval(
+                "select count(*) from pg_stat_activity where wait_event_type = 'Lock' and query like '%backfill_chunk%'"
+            ))  # fmt: skip
+
+        await eventually(chunk_waits, timeout=10, what="the next chunk to wait for the lock")
+        backfill = await conn.fetchval("select id from ferry.backfills")
+        paused = await cli(pgferry_cmd, db_url, "backfill", "--pause", str(backfill))
+        assert paused.returncode == 1 and "a chunk in progress has held it for 5s" in paused.stderr, paused.stderr
+        proc.send_signal(signal.SIGINT)
+        await asyncio.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = await asyncio.wait_for(proc.communicate(), 10)
+        assert b"pausing after the chunk in progress (again to stop it now)" in stderr, stderr
+        await locking.rollback()
+        assert await conn.fetchval("select state from ferry.backfills") == "paused"
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await locker.close()
+
+
+async def _rows_done_over(conn: asyncpg.Connection, rows: int) -> bool:
+    return bool(await conn.fetchval("select coalesce(max(rows_done), 0) > $1 from ferry.backfills", rows))

@@ -177,10 +177,23 @@ async def start(
         raise
 
 
+#: How long a pause, resume or cancel waits for a chunk in progress to let go of its backfill.
+SET_STATE_WAIT = "5s"
+
+
 async def set_state(conn: asyncpg.Connection, backfill: int, action: str) -> str:
-    """``cancel``, ``pause`` or ``resume`` a backfill; returns its state afterwards."""
+    """``cancel``, ``pause`` or ``resume`` a backfill; returns its state afterwards. A chunk in
+    progress holds its backfill until it commits: one stuck on a lock made ``--cancel`` from
+    another shell hang without a word (outside probe), so this waits SET_STATE_WAIT at most."""
     try:
-        return str(await conn.fetchval(sql.query("backfill_set_state"), backfill, action))
+        async with conn.transaction():
+            await conn.execute(f"set local lock_timeout = '{SET_STATE_WAIT}'")
+            return str(await conn.fetchval(sql.query("backfill_set_state"), backfill, action))
+    except asyncpg.LockNotAvailableError:
+        raise InvalidBackfill(
+            f"backfill {backfill}: a chunk in progress has held it for {SET_STATE_WAIT} (it waits for a lock, or is "
+            f"slow); try again, or stop the `pgferry backfill` running it (a second Ctrl-C stops a chunk at once)"
+        ) from None
     except asyncpg.PostgresError as exc:
         if (refused := _refused(exc)) is not None:
             raise refused from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskProgressColumn, TextColumn, TimeRemainingColumn
@@ -43,12 +44,48 @@ async def drive(
 ) -> backfills.Progress:
     """Run the backfill's chunks here, with a progress bar on ``console`` if ``show``, until it ends
     or ``stop`` is set (then it is paused after the chunk in progress). Without ``stop``: Ctrl-C or
-    SIGTERM."""
+    SIGTERM, and a second one stops the chunk in progress at once (its statement is cancelled and
+    rolled back): a chunk waiting on a lock made both signals wait for it, silently (outside probe)."""
     if stop is None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
+        stop = _stop_on_signals(backfill)
+    try:
+        return await _drive(ferry, backfill, show, max_rate, stop, console)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is None or task.uncancel() > 0 or not stop.is_set():
+            raise
+    async with ferry.pool.acquire() as conn:  # a fresh connection: the cancelled one may still be resetting
+        await backfills.set_state(conn, backfill, "pause")
+        return await backfills.progress(conn, backfill)
+
+
+def _stop_on_signals(backfill: int) -> asyncio.Event:
+    """The first SIGINT/SIGTERM sets the event (pause after the chunk in progress, said on stderr),
+    the second cancels the task driving the backfill."""
+    stop = asyncio.Event()
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+
+    def signalled() -> None:
+        if stop.is_set():
+            if task is not None:
+                task.cancel()
+            return
+        stop.set()
+        sys.stderr.write(f"\nbackfill {backfill}: pausing after the chunk in progress (again to stop it now)\n")
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, signalled)
+    return stop
+
+
+async def _drive(
+    ferry: pgferry.Ferry,
+    backfill: int,
+    show: bool,
+    max_rate: float | None,
+    stop: asyncio.Event,
+    console: Console | None,
+) -> backfills.Progress:
     async with ferry.pool.acquire() as conn:
         first = await backfills.progress(conn, backfill)
         with Progress(
