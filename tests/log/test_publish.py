@@ -62,6 +62,11 @@ async def test_publish_rejects_bad_input(ferry: pgferry.Ferry, conn: asyncpg.Con
         await ferry.publish("s", {"when": object()})
     with pytest.raises(pgferry.InvalidEvent, match="payload of event #1 is not JSON-serializable"):
         await ferry.publish_many([{"stream": "s", "payload": 1}, {"stream": "s", "payload": {1, 2}}])
+    for payload in (float("nan"), {"x": [1, {"y": float("inf")}]}, (None, -float("inf"))):  # orjson writes null
+        with pytest.raises(pgferry.InvalidEvent, match="payload holds NaN or Infinity"):
+            await ferry.publish("s", payload)
+    with pytest.raises(pgferry.InvalidEvent, match="payload of event #0 holds NaN"):
+        await ferry.publish_many([{"stream": "s", "payload": {"v": float("nan")}}])
     with pytest.raises(pgferry.InvalidEvent, match="must be a mapping with 'stream' and 'payload'"):
         await ferry.publish_many([{"payload": 1}])
     with pytest.raises(pgferry.InvalidEvent, match="headers must be a mapping"):
