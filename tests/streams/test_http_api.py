@@ -267,6 +267,14 @@ async def test_bad_requests_get_clear_errors_and_the_relay_keeps_serving(
         for name in ("%FF", "a%ED%A0%80", "%C2%85"):  # not UTF-8 (kept as the text "%FF" before), a C1 control
             async with session.get(yarl.URL(f"{api.base}/v1/streams/{name}/events", encoded=True)) as r:
                 assert r.status == 400 and "stream name" in (await r.json())["error"], (name, await r.text())
+        for name in ("%ZZ", "a%2", "%"):  # served as the stream "%ZZ" before
+            async with session.get(yarl.URL(f"{api.base}/v1/streams/{name}/events", encoded=True)) as r:
+                assert r.status == 400 and "starts an escape" in (await r.json())["error"], (name, await r.text())
+        for path in ("/v1/streams/", "/v1/streams/s/extra/path", "/v1/streams/s/other"):  # a 405 before
+            async with session.get(yarl.URL(api.base + path, encoded=True)) as r:
+                assert r.status == 404 and "no such endpoint" in (await r.json())["error"], (path, await r.text())
+        async with session.delete(base) as r:
+            assert r.status == 405 and r.headers["Allow"] == "GET, POST", await r.text()
         async with session.get(base + "/events", headers={"Last-Event-ID": "garbage"}) as r:
             assert r.status == 200  # Last-Event-ID counts for SSE only
         # More readers than max_clients: 503, and the ones in get served.

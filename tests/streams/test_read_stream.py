@@ -163,6 +163,8 @@ async def test_an_offset_ahead_of_the_log_is_refused_not_waited_for(
     assert isinstance(ahead.value, pgferry.PgferryError)
     (event,) = await take(ferry.read_stream("log:2", after=f"{newest}-0", poll_interval=0.05), 1)
     assert event.payload == {"n": 1}  # the newest position it names is one to read after
+    with pytest.raises(pgferry.PgferryError, match="stream must be a non-empty name"):  # it waited forever
+        await take(ferry.read_stream(""), 1)
 
 
 async def test_a_closed_stream_that_retention_dropped_whole_ends_at_once_for_a_reader_from_its_start(

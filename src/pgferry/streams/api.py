@@ -64,6 +64,8 @@ from pgferry.streams.settings import DEFAULT_MAX_CLIENTS, ApiSettings
 log = logging.getLogger(__name__)
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: A '%' not starting a percent-escape.
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 MAX_LIMIT = 1000
 MAX_WAIT = 30.0
 #: The most events one POST may publish, and the largest body.
@@ -176,6 +178,7 @@ class StreamsApi:
         self.app.router.add_post("/v1/streams/{name}", self.publish)
         self.app.router.add_post("/v1/streams/{name}/close", self.close)
         self.app.router.add_route("OPTIONS", "/v1/streams/{tail:.*}", self.preflight)
+        self.app.router.add_route("*", "/v1/streams/{tail:.*}", self.no_such_route)
 
     async def open(self) -> None:
         # stateless: nothing here leaves session state on a connection, so releasing one needs no reset
@@ -326,6 +329,21 @@ class StreamsApi:
     async def preflight(self, request: web.Request) -> web.Response:
         return web.Response(status=204)  # the CORS middleware adds what the browser asked for
 
+    async def no_such_route(self, request: web.Request) -> web.Response:
+        """404 for a path the API does not serve (it was a 405: the preflight's route matched every
+        path), 405 with Allow for a method a served path does not take; JSON like every error."""
+        parts = request.path.removeprefix("/v1/streams/").split("/")
+        allowed = {1: "GET, POST", 2: {"events": "GET", "close": "POST"}.get(parts[-1])}.get(len(parts))
+        if not parts[0] or not allowed:
+            return web.json_response(
+                {"error": "no such endpoint; the API serves /v1/streams/{name} (GET: SSE, POST: publish), "
+                          "/v1/streams/{name}/events (GET) and /v1/streams/{name}/close (POST)"},
+                status=404,
+            )  # fmt: skip
+        return web.json_response(
+            {"error": f"{request.method} is not served here; use {allowed}"}, status=405, headers={"Allow": allowed}
+        )
+
     # -- admission ---------------------------------------------------------
 
     async def _admit(
@@ -339,6 +357,8 @@ class StreamsApi:
             unquote(segment, errors="strict")
         except UnicodeDecodeError:  # the router kept such bytes as text: %FF named the stream "%FF"
             raise _error(400, "a stream name is UTF-8, percent-encoded in the path (%FF is not UTF-8)") from None
+        if _BAD_ESCAPE.search(segment):  # kept as text too: %ZZ named the stream "%ZZ"
+            raise _error(400, "a '%' in the path starts an escape of two hex digits (a '%' itself is %25)")
         if not (self.settings.allow_loopback and is_loopback(request.remote or "")):
             assert self.authorizer is not None
             try:

@@ -240,6 +240,8 @@ async def read_stream(
     max_backoff: float = 10.0,
 ) -> AsyncIterator[StreamEvent]:
     """Yield ``stream``'s events after ``after`` in commit order, follow it live, stop at its end."""
+    if not stream:  # no event has an empty stream name: it waited forever (outside probe)
+        raise PgferryError("stream must be a non-empty name")
     floor = Offset.parse(after) if isinstance(after, str) else after
     position: Position | None = None
     failures = 0
