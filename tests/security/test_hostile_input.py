@@ -80,8 +80,12 @@ async def test_header_injection_is_refused_at_subscribe_and_in_the_net_api(
     for streams in (["a\r\nInjected: 1"], ["nul\x01"], ["x" * 201]):
         with pytest.raises(pgferry.PgferryError, match="stream names must be at most 200 characters without control"):
             await ferry.subscribe("sub", streams, "http://127.0.0.1:9/x")
-    for url in ("http://127.0.0.1:9/a\r\nInjected: 1", "http://127.0.0.1:9/a\x01b", "http://user:pw@127.0.0.1/"):
-        with pytest.raises(pgferry.PgferryError, match="malformed URL"):
+    for url, message in [
+        ("http://127.0.0.1:9/a\r\nInjected: 1", "malformed URL"),
+        ("http://127.0.0.1:9/a\x01b", "malformed URL"),
+        ("http://user:pw@127.0.0.1/", "credentials do not go in the URL"),
+    ]:
+        with pytest.raises(pgferry.PgferryError, match=message):
             await ferry.subscribe("sub", ["s"], url)
     assert await net_conn.fetchval("select count(*) from ferry.subscriptions where name = 'sub'") == 0
 
