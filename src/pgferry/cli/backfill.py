@@ -117,7 +117,7 @@ def backfill(
                         return await backfills.progress(conn, started)
             return await drive(ferry, started, show, max_rate, console=console)
 
-    result = run_coroutine(go())
+    result = run_coroutine(go(), url=url)
     if isinstance(result, list):
         if as_json:
             print_json([p.as_dict() for p in result])

@@ -292,9 +292,9 @@ def run(
         # by URL runs on every usable core unless told otherwise (docs/operations.md).
         how_many = processes if processes is not None else usable_cores()
         if how_many == 1:
-            run_coroutine(go(database_url, demo=False), relay=True)
+            run_coroutine(go(database_url, demo=False), relay=True, url=database_url)
         else:
-            run_coroutine(supervise(database_url, how_many), relay=True)
+            run_coroutine(supervise(database_url, how_many), relay=True, url=database_url)
         return
     if processes is not None and processes != 1:
         raise click.UsageError("the demo (no --database-url) runs one relay process; give --database-url "

@@ -188,7 +188,7 @@ def tail(database_url: str | None, streams: tuple[str, ...], as_json: bool, coun
             await events.aclose()  # type: ignore[attr-defined]
 
     with contextlib.suppress(KeyboardInterrupt):
-        run_coroutine(go())
+        run_coroutine(go(), url=url)
 
 
 @click.command()
@@ -234,7 +234,7 @@ def replay(database_url: str | None, subscription: str, since: str | None, from_
             target = await conn.fetchval(sql.query("subscription_url"), subscription)
             return {"matched": total, "queued": queued, "skipped": skipped}, str(target or "")
 
-    counts, target = run_coroutine(go())
+    counts, target = run_coroutine(go(), url=url)
     if as_json:
         print_json(counts)
         return
@@ -274,7 +274,7 @@ def apply(database_url: str | None, path: Path, dry_run: bool, prune: bool, as_j
             await applying.execute(conn, changes, dry_run=dry_run)
             return changes
 
-    changes = run_coroutine(go())
+    changes = run_coroutine(go(), url=url)
     for change in changes:
         for stream in change.unwritten:
             click.echo(f"warning: {change.name}: {inspect.unwritten_warning(stream)}", err=True)
