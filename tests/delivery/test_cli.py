@@ -8,6 +8,8 @@ import time
 
 import asyncpg
 import orjson
+import pytest
+from click.testing import CliRunner
 
 import pgferry
 from pgferry.receiver import Respond
@@ -127,3 +129,32 @@ async def test_a_long_json_answer_reaches_a_slow_reader_of_a_pipe_whole(
     out, status = await asyncio.to_thread(run)
     assert status == 0 and len(out) > 1 << 17
     assert len(orjson.loads(out)) == 400
+
+
+#: Numbers no command can use, each with what click says of it: nan compares false with every
+#: bound (click.FloatRange let it through), a port past 65535 wrapped, zero intervals spun.
+_REFUSED_NUMBERS = [
+    (("run", "--tick-interval", "nan"), "'nan' is not a finite number"),
+    (("run", "--tick-interval", "0"), "0.0 is not in the range x>0"),
+    (("run", "--idle-poll-interval", "-1"), "-1.0 is not in the range x>0"),
+    (("run", "--exit-after", "nan"), "'nan' is not a finite number"),
+    (("run", "--db-command-timeout", "inf"), "'inf' is not a finite number"),
+    (("run", "--metrics-port", "70000"), "70000 is not in the range 0<=x<=65535"),
+    (("run", "--dashboard-port", "-1"), "-1 is not in the range 0<=x<=65535"),
+    (("run", "--api-port", "65536"), "65536 is not in the range 0<=x<=65535"),
+    (("tail", "--count", "0"), "0 is not in the range x>=1"),
+    (("tail", "--timeout", "-1"), "-1.0 is not in the range x>0"),
+    (("tail", "--timeout", "nan"), "'nan' is not a finite number"),
+    (("backfill", "t", "--max-rate", "nan"), "'nan' is not a finite number"),
+    (("dlq", "list", "--limit", "0"), "0 is not in the range x>=1"),
+    (("replay", "x", "--since", "1h", "--chunk", "0"), "0 is not in the range 1<=x<=1000000"),
+]
+
+
+@pytest.mark.parametrize(("args", "says"), _REFUSED_NUMBERS, ids=lambda a: " ".join(a) if isinstance(a, tuple) else "")
+def test_numbers_no_command_can_use_are_refused_before_connecting(args: tuple[str, ...], says: str) -> None:
+    from pgferry.cli import main
+
+    # Nothing listens there: a value let through would fail to connect (exit 1), not be refused (2).
+    done = CliRunner().invoke(main, [*args, "--database-url", "postgresql://postgres@127.0.0.1:1/x"])
+    assert done.exit_code == 2 and says in done.output, done.output

@@ -18,6 +18,7 @@ from pgferry.cli.common import (
     table,
 )
 from pgferry.ops.backfill import drive
+from pgferry.params import FiniteFloatRange
 
 
 def _report(p: backfills.Progress, as_json: bool) -> None:
@@ -56,7 +57,7 @@ BACKFILL_ID = click.IntRange(1, 2**63 - 1)
     default=None,
     help=f"Rows per chunk transaction (default {backfills.DEFAULT_CHUNK:,}).",
 )
-@click.option("--max-rate", type=click.FloatRange(1), default=None, metavar="ROWS/S",
+@click.option("--max-rate", type=FiniteFloatRange(1), default=None, metavar="ROWS/S",
               help="At most this many rows per second, to leave the table's writers more room.")  # fmt: skip
 @click.option("--detach", is_flag=True, help="Only record it; run it later with --resume ID.")
 @click.option("--list", "list_", is_flag=True, help="Backfills running, paused or finished in the last day.")

@@ -28,7 +28,7 @@ def dlq() -> None:
 @dlq.command("list")
 @database_url_option
 @click.option("--subscription", help="Only this subscription.")
-@click.option("--limit", default=100, show_default=True)
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1))
 @json_option
 def dlq_list(database_url: str | None, subscription: str | None, limit: int, as_json: bool) -> None:
     """List dead letters with their last error."""

@@ -36,6 +36,7 @@ from pgferry.errors import PgferryError
 from pgferry.ops import apply as applying
 from pgferry.ops import inspect
 from pgferry.ops.tail import tail as follow
+from pgferry.params import seconds
 
 
 def parse_since(text: str) -> datetime:
@@ -162,8 +163,8 @@ def trace(database_url: str | None, event_id: int, as_json: bool) -> None:
 @database_url_option
 @click.argument("streams", nargs=-1)
 @json_option
-@click.option("--count", type=int, help="Exit after this many events.")
-@click.option("--timeout", type=float, help="Exit after this many seconds.")
+@click.option("--count", type=click.IntRange(1), help="Exit after this many events.")
+@click.option("--timeout", type=seconds(), help="Exit after this many seconds.")
 def tail(database_url: str | None, streams: tuple[str, ...], as_json: bool, count: int | None,
          timeout: float | None) -> None:  # fmt: skip
     """Print events of STREAMS (all streams if none) as they commit, until interrupted.
@@ -195,8 +196,9 @@ def tail(database_url: str | None, streams: tuple[str, ...], as_json: bool, coun
 @database_url_option
 @click.argument("subscription")
 @click.option("--since", help="Events created since this time: ISO 8601 (UTC if no zone) or '15m', '2h', '1d'.")
-@click.option("--from-event", type=int, help="Events from this event id on.")
-@click.option("--chunk", default=1000, show_default=True, help="About this many log events read per transaction.")
+@click.option("--from-event", type=click.IntRange(1, 2**63 - 1), help="Events from this event id on.")
+@click.option("--chunk", default=1000, show_default=True, type=click.IntRange(1, 1_000_000),
+              help="About this many log events read per transaction.")  # fmt: skip
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation (only asked in a terminal).")
 @json_option
 def replay(database_url: str | None, subscription: str, since: str | None, from_event: int | None, chunk: int,
