@@ -55,6 +55,13 @@ async def test_cli_errors_are_clear(pgferry_cmd: list[str], db_url: str) -> None
     assert "warning: cannot resolve 'h.invalid' from here" in unresolvable.stderr
     missing = await cli(pgferry_cmd, db_url, "subscription", "pause", "nope")
     assert missing.returncode == 1 and "subscription 'nope' does not exist" in missing.stderr
+    # Commands that found nothing to act on said "removed" or "0 dead letter(s)", exit 0, of a typo.
+    unknown = [("subscription", "remove", "nope"), ("dlq", "replay", "nope"), ("dlq", "discard", "nope"),
+               ("dlq", "list", "--subscription", "nope")]  # fmt: skip
+    for done in await asyncio.gather(*(cli(pgferry_cmd, db_url, *args) for args in unknown)):
+        assert (done.returncode, done.stdout, done.stderr) == (
+            1, "", "Error: pgferry: subscription 'nope' does not exist; see `pgferry subscription list`\n"
+        ), done.args  # fmt: skip
     header = await cli(pgferry_cmd, db_url, "subscription", "add", "x", "--url", "http://h/", "--stream", "s",
                        "--header", "novalue")  # fmt: skip
     assert header.returncode == 2 and "NAME=VALUE" in header.stderr

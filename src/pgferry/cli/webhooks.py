@@ -97,7 +97,7 @@ def list_(database_url: str | None, as_json: bool) -> None:
 
 
 def _state_command(verb: str, method: str, done: str) -> click.Command:
-    """`pgferry subscription pause|resume|remove NAME`: one Ferry method each."""
+    """`pgferry subscription pause NAME` (and any other verb that is one Ferry method of NAME)."""
 
     def command(database_url: str | None, name: str) -> None:
         with_ferry(database_url, lambda f: getattr(f, method)(name))
@@ -124,7 +124,14 @@ def resume(database_url: str | None, name: str, from_position: str | None) -> No
     click.echo(f"subscription {name} resumed{where}")
 
 
-remove = _state_command("remove", "unsubscribe", "removed")
+@subscription.command("remove")
+@database_url_option
+@click.argument("name")
+def remove(database_url: str | None, name: str) -> None:
+    """Remove subscription NAME, with its cursor, parked retries and dead letters."""
+    if not with_ferry(database_url, lambda f: f.unsubscribe(name)):  # False: there was none to remove
+        raise click.ClickException(f"pgferry: subscription {name!r} does not exist; see `pgferry subscription list`")
+    click.echo(f"subscription {name} removed")
 
 
 @subscription.command("credentials")
