@@ -87,12 +87,12 @@ def unwritten(streams: list[str], unknown: list[str]) -> str:
     return f"no events ever written to streams {', '.join(unknown)}"
 
 
-def unwritten_warning(stream: str) -> str:
-    """ferry.subscribe's NOTICE about a stream nothing has written yet, in one line."""
+def unwritten_warning(stream: str, then: str = "the subscription delivers once events arrive") -> str:
+    """ferry.subscribe's NOTICE about a stream nothing has written yet, in one line (``then``: what
+    happens when events do arrive)."""
     return (
         f"no events have been written to stream {orjson.dumps(stream).decode()} yet; check the spelling "
-        "(streams are written by captured tables, named schema.table, and by ferry.publish); "
-        "the subscription delivers once events arrive"
+        f"(streams are written by captured tables, named schema.table, and by ferry.publish); {then}"
     )
 
 
