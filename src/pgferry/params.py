@@ -33,3 +33,11 @@ def seconds(minimum: float = 0, *, inclusive: bool = False) -> FiniteFloatRange:
 #: A TCP port to listen on, 0 for any free one: a larger number wrapped (70000 listened on 4464)
 #: and a negative one failed in getaddrinfo (outside review).
 PORT = click.IntRange(0, 65535)
+
+
+#: A value for a PostgreSQL integer setting: the SQL function says which values it takes
+#: (ferry.subscribe: "batch_size must be between 1 and 1000"), but one past int4 never reached it:
+#: asyncpg refused it as "a value does not fit", naming no option (outside review).
+INT4 = click.IntRange(0, 2**31 - 1)
+#: The same for a bigint (ids, byte counts).
+INT8 = click.IntRange(0, 2**63 - 1)

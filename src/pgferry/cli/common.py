@@ -7,7 +7,8 @@ A leaf of the CLI package: it imports no sibling, and every command module impor
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from datetime import datetime
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -88,6 +89,26 @@ def _role_of(url: str | None) -> str | None:
         return urlsplit(url).username if url else None
     except ValueError:
         return None
+
+
+#: PostgreSQL's refusals of an interval's text, and what one looks like
+INTERVAL_REFUSALS = ("type interval", "interval field value out of range")
+INTERVAL_HINT = "give a PostgreSQL interval such as '3 days', '36 hours' or '90 minutes'"
+
+
+@contextlib.contextmanager
+def naming(option: str, refusals: tuple[str, ...], hint: str) -> Iterator[None]:
+    """Name ``option`` (and add ``hint``) in a database refusal whose text holds one of ``refusals``:
+    PostgreSQL's "invalid input syntax for type interval" of `--max-age banana` did not say which
+    option it was about (outside review)."""
+    try:
+        yield
+    except click.ClickException as exc:
+        if not any(refusal in exc.message for refusal in refusals):
+            raise
+        raise click.ClickException(
+            f"invalid value for {option}: {exc.message.removeprefix('pgferry: ')}; {hint}"
+        ) from None
 
 
 def require_url(database_url: str | None) -> str:

@@ -22,6 +22,7 @@ from pgferry.cli.common import (
     with_ferry,
 )
 from pgferry.ops import inspect
+from pgferry.params import INT8
 
 
 async def _known(f: pgferry.Ferry, subscription: str, action: Callable[[], Awaitable[int]]) -> int:
@@ -61,7 +62,7 @@ def dlq_list(database_url: str | None, subscription: str | None, limit: int, as_
 @dlq.command("replay")
 @database_url_option
 @click.argument("subscription")
-@click.option("--id", "ids", multiple=True, type=int, help="Dead letter id (repeatable); default: all.")
+@click.option("--id", "ids", multiple=True, type=INT8, help="Dead letter id (repeatable); default: all.")
 def dlq_replay(database_url: str | None, subscription: str, ids: tuple[int, ...]) -> None:
     """Queue dead letters of SUBSCRIPTION for delivery again."""
     n = with_ferry(
@@ -73,7 +74,7 @@ def dlq_replay(database_url: str | None, subscription: str, ids: tuple[int, ...]
 @dlq.command("discard")
 @database_url_option
 @click.argument("subscription")
-@click.option("--id", "ids", multiple=True, type=int, help="Dead letter id (repeatable); default: all.")
+@click.option("--id", "ids", multiple=True, type=INT8, help="Dead letter id (repeatable); default: all.")
 def dlq_discard(database_url: str | None, subscription: str, ids: tuple[int, ...]) -> None:
     """Delete dead letters of SUBSCRIPTION for good."""
     n = with_ferry(
@@ -84,7 +85,7 @@ def dlq_discard(database_url: str | None, subscription: str, ids: tuple[int, ...
 
 @dlq.command("show")
 @database_url_option
-@click.argument("letter_id", type=int)
+@click.argument("letter_id", type=INT8)
 @json_option
 def dlq_show(database_url: str | None, letter_id: int, as_json: bool) -> None:
     """Show dead letter LETTER_ID in full: event, last error and response, every attempt."""

@@ -19,12 +19,15 @@ from pgferry import sql
 from pgferry.capture import backfill as backfills
 from pgferry.cli.common import (
     BACKFILL_COLUMNS,
+    INTERVAL_HINT,
+    INTERVAL_REFUSALS,
     attempts_table,
     backfill_rows,
     console,
     database_url_option,
     escape,
     json_option,
+    naming,
     on_conn,
     print_json,
     require_url,
@@ -36,7 +39,7 @@ from pgferry.errors import PgferryError
 from pgferry.ops import apply as applying
 from pgferry.ops import inspect
 from pgferry.ops.tail import tail as follow
-from pgferry.params import seconds
+from pgferry.params import INT8, seconds
 
 
 def parse_since(text: str) -> datetime:
@@ -444,12 +447,10 @@ def retention_show(database_url: str | None, as_json: bool) -> None:
 @retention.command("set")
 @database_url_option
 @click.option("--max-age", required=True, help="How far behind in time, e.g. '7 days', '36 hours'.")
-@click.option("--max-bytes", type=int, help="Size cap of the log in bytes (its partitions with indexes); "
+@click.option("--max-bytes", type=INT8, help="Size cap of the log in bytes (its partitions with indexes); "
               "left out: no size cap.")  # fmt: skip
 def retention_set(database_url: str | None, max_age: str, max_bytes: int | None) -> None:
     """Set the retention limit (both values: leaving --max-bytes out removes the size cap)."""
-    try:
+    with naming("--max-age", INTERVAL_REFUSALS, INTERVAL_HINT):
         with_ferry(database_url, lambda f: f.set_retention(max_age, max_bytes))
-    except PgferryError as exc:
-        raise click.ClickException(str(exc)) from None
     click.echo(f"retention limit: {max_age}" + (f", {max_bytes} bytes" if max_bytes is not None else ", no size cap"))
