@@ -1,7 +1,10 @@
-"""pgferry's own database sessions: the settings every one starts with."""
+"""pgferry's own database sessions: the settings every one starts with, and URLs refused before one."""
+
+import pytest
 
 import pgferry
 from pgferry import db
+from pgferry.errors import DatabaseUnreachable
 
 
 async def test_every_pgferry_session_runs_without_jit(db_url: str) -> None:
@@ -38,3 +41,22 @@ async def test_a_lock_holding_session_is_ended_mid_statement_once_its_relay_is_g
         assert await conn.fetchval("show client_connection_check_interval") == "1s"
     finally:
         await conn.close()
+
+
+async def test_a_malformed_database_url_is_refused_in_one_line_saying_what_is_wrong(db_url: str) -> None:
+    """asyncpg answered these with an OverflowError, a ValueError or PostgreSQL's bare refusal of a
+    setting no one had asked for (the URL's query parameter): each is one line naming the fault."""
+    host = db_url.split("@", 1)[1].split("/", 1)[0]  # 127.0.0.1:PORT
+    cases = [
+        ("postgresql://postgres@127.0.0.1:99999/app", "has port '99999': a port is a number from 1 to 65535"),
+        ("postgresql://postgres@127.0.0.1:abc/app", "has port 'abc'"),
+        ("postgresql://me:secret@[::1/app", "'postgresql://me:***@[::1/app' is malformed (Invalid IPv6 URL)"),
+        (f"{db_url}?connect_timeout=abc", "?connect_timeout= in the URL is not a connection parameter"),
+        (f"postgresql://postgres@{host},{host}/app", "the database does not exist"),  # a host list still parses
+    ]
+    for url, says in cases:
+        for opening in (db.connect(url), db.create_pool(url)):
+            with pytest.raises(DatabaseUnreachable) as refused:
+                await opening
+            assert says in str(refused.value) and "\n" not in str(refused.value), (url, str(refused.value))
+            assert "secret" not in str(refused.value)

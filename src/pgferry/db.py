@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import asyncpg
 import orjson
@@ -105,8 +106,8 @@ def redact(url: str) -> str:
     """The URL with any password replaced, safe to print and log."""
     try:
         parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable URL>"
+    except ValueError:  # malformed ("Invalid IPv6 URL"): shown as written, any password taken out
+        return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
     if parts.password is None:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
@@ -120,14 +121,29 @@ def describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+_EXPECTED = "expected postgresql://user:password@host:5432/dbname"
+
+
 def check_url(url: str) -> None:
-    """Reject URLs that are not PostgreSQL URLs before trying to connect."""
-    parts = urlsplit(url)
+    """Reject URLs that are not PostgreSQL URLs, or are malformed, before trying to connect: asyncpg
+    answered a port past 65535 with an OverflowError and an unclosed IPv6 bracket with a ValueError,
+    both as tracebacks (outside review)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # "Invalid IPv6 URL"
+        raise DatabaseUnreachable(f"database URL {redact(url)!r} is malformed ({exc}); {_EXPECTED}") from None
     if parts.scheme not in ("postgres", "postgresql"):
-        raise DatabaseUnreachable(
-            f"database URL {redact(url)!r} is not a PostgreSQL URL; "
-            "expected postgresql://user:password@host:5432/dbname"
-        )
+        raise DatabaseUnreachable(f"database URL {redact(url)!r} is not a PostgreSQL URL; {_EXPECTED}")
+    for port in _ports(parts.netloc.rpartition("@")[2]):
+        if not (port.isdigit() and 1 <= int(port) <= 65535):
+            raise DatabaseUnreachable(
+                f"database URL {redact(url)!r} has port {port!r}: a port is a number from 1 to 65535; {_EXPECTED}"
+            )
+
+
+def _ports(hosts: str) -> list[str]:
+    """The ports written in a URL's host list ("h1:5432,[::1]:5433,h3"), as written."""
+    return [m.group(1) for host in hosts.split(",") if (m := re.search(r"(?:^|[^:]|\]):([^:\]]*)$", host))]
 
 
 def _encode_jsonb(value: Any) -> bytes:
@@ -183,11 +199,29 @@ def _explain(url: str, exc: BaseException) -> DatabaseUnreachable:
         reason = f"no answer within {CONNECT_TIMEOUT_S:.0f} s"
     elif isinstance(exc, OSError):
         reason = f"{exc.strerror or exc} (is PostgreSQL running and listening there?)"
+    elif (setting := _unknown_url_setting(url, exc)) is not None:
+        reason = (
+            f"?{setting}= in the URL is not a connection parameter pgferry's driver (asyncpg) knows, so it went "
+            f"to PostgreSQL as a setting, and PostgreSQL has none of that name either; remove it from the URL"
+            + (f" (pgferry waits {CONNECT_TIMEOUT_S:.0f} s for a connection)" if setting == "connect_timeout" else "")
+        )
     else:
         reason = str(exc) or type(exc).__name__
     return DatabaseUnreachable(
         f"cannot connect to PostgreSQL at {where}: {reason}. Check --database-url or {URL_ENV_VAR}."
     )
+
+
+def _unknown_url_setting(url: str, exc: BaseException) -> str | None:
+    """The URL query parameter PostgreSQL refused as an unknown setting, if that is ``exc``: asyncpg
+    sends a parameter it does not know (libpq's connect_timeout, keepalives, ...) as a server setting,
+    and the bare "unrecognized configuration parameter" did not say it came from the URL."""
+    if getattr(exc, "sqlstate", None) != "42704":
+        return None
+    named = re.search(r'unrecognized configuration parameter "([^"]+)"', str(exc))
+    if named is None or named.group(1) not in parse_qs(urlsplit(url).query):
+        return None
+    return named.group(1)
 
 
 #: Settings every pgferry session starts with (a caller's own win). JIT off: pgferry's

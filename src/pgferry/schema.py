@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import asyncpg
 
 from pgferry import db, sql
-from pgferry.errors import PgferryError, SchemaMissing
+from pgferry.errors import PgferryError, SchemaMissing, one_line
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +102,21 @@ async def install_at(url: str, addons: Sequence[str] = ()) -> list[str]:
     conn = await db.connect(url)
     try:
         return await install(conn, addons)
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise PgferryError(_install_refused(exc)) from None
     finally:
         await conn.close()
+
+
+def _install_refused(exc: asyncpg.InsufficientPrivilegeError) -> str:
+    """Why install was refused, with who may install: not ferry_relay, which the operator commands'
+    own permission errors ask for (a role that may not create the schema got asyncpg's traceback)."""
+    if exc.message.startswith("pgferry:"):  # a migration's own refusal carries its hint
+        return one_line(exc)
+    return (
+        f"{exc.message}; installing takes a role that may create a schema in the database (its owner, or "
+        "one granted CREATE on it), and upgrading the role that owns the ferry schema: run install as that role"
+    )
 
 
 async def check_installed(conn: asyncpg.Connection) -> int:

@@ -119,6 +119,32 @@ async def test_a_backfill_for_one_subscription_reaches_only_its_receiver_and_tra
     assert states == {"mine": "delivered", "other": "not for this subscription (a backfill for webhook:mine)"}
 
 
+async def test_a_backfill_paused_by_sigterm_exits_3_so_a_script_knows_it_did_not_finish(
+    conn: asyncpg.Connection, db_url: str, pgferry_cmd: list[str]
+) -> None:
+    await conn.execute("create table t (id int primary key)")
+    await conn.execute("insert into t select generate_series(1, 2000)")
+    await conn.execute("select ferry.capture_table('t')")
+    proc = await asyncio.create_subprocess_exec(
+        *pgferry_cmd, "backfill", "public.t", "--chunk", "100", "--max-rate", "400", "--quiet",
+        env=pgferry_env(db_url), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+
+        async def under_way() -> bool:
+            return bool(await conn.fetchval("select coalesce(rows_done, 0) >= 100 from ferry.backfills"))
+
+        await eventually(under_way, timeout=30, what="the backfill to be under way")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 3 and "paused after" in out.decode(), out.decode()
+    assert await conn.fetchval("select state from ferry.backfills") == "paused"
+
+
 async def test_cancel_stops_a_detached_backfill_and_list_shows_it(
     conn: asyncpg.Connection, db_url: str, pgferry_cmd: list[str]
 ) -> None:

@@ -8,6 +8,8 @@ import time
 
 import asyncpg
 import orjson
+import pytest
+from click.testing import CliRunner
 
 import pgferry
 from pgferry.receiver import Respond
@@ -53,14 +55,29 @@ async def test_cli_errors_are_clear(pgferry_cmd: list[str], db_url: str) -> None
     assert "warning: cannot resolve 'h.invalid' from here" in unresolvable.stderr
     missing = await cli(pgferry_cmd, db_url, "subscription", "pause", "nope")
     assert missing.returncode == 1 and "subscription 'nope' does not exist" in missing.stderr
+    # Commands that found nothing to act on said "removed" or "0 dead letter(s)", exit 0, of a typo.
+    unknown = [("subscription", "remove", "nope"), ("dlq", "replay", "nope"), ("dlq", "discard", "nope"),
+               ("dlq", "list", "--subscription", "nope")]  # fmt: skip
+    for done in await asyncio.gather(*(cli(pgferry_cmd, db_url, *args) for args in unknown)):
+        assert (done.returncode, done.stdout, done.stderr) == (
+            1, "", "Error: pgferry: subscription 'nope' does not exist; see `pgferry subscription list`\n"
+        ), done.args  # fmt: skip
     header = await cli(pgferry_cmd, db_url, "subscription", "add", "x", "--url", "http://h/", "--stream", "s",
                        "--header", "novalue")  # fmt: skip
     assert header.returncode == 2 and "NAME=VALUE" in header.stderr
-    for option, value, says in [("--timeout-ms", "99999999999999", "a value does not fit: 99999999999999"),
-                                ("--max-age", "soon", 'invalid input syntax for type interval: "soon"')]:  # fmt: skip
-        result = await cli(pgferry_cmd, db_url, "subscription", "add", "x", "--url", "http://h/", "--stream", "s",
-                           option, value)  # fmt: skip
-        assert result.returncode == 1 and says in result.stderr and "Traceback" not in result.stderr, result.stderr
+    # Each refusal names the option it is about (PostgreSQL's own words did not).
+    interval = "invalid input syntax for type interval: \"soon\"; give a PostgreSQL interval such as '3 days'"
+    for command, option, value, code, says in [
+        (("subscription", "add", "x", "--url", "http://h/", "--stream", "s"), "--timeout-ms", "99999999999999", 2,
+         "Invalid value for '--timeout-ms': 99999999999999 is not in the range 0<=x<=2147483647"),
+        (("subscription", "add", "x", "--url", "http://h/", "--stream", "s"), "--batch-size", "99999999999", 2,
+         "Invalid value for '--batch-size': 99999999999 is not in the range"),
+        (("subscription", "add", "x", "--url", "http://h/", "--stream", "s"), "--max-age", "soon", 1,
+         f"Error: invalid value for --max-age: {interval}"),
+        (("retention", "set"), "--max-age", "soon", 1, f"Error: invalid value for --max-age: {interval}"),
+    ]:  # fmt: skip
+        result = await cli(pgferry_cmd, db_url, *command, option, value)
+        assert result.returncode == code and says in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
 async def test_dlq_and_status_from_the_cli(
@@ -127,3 +144,32 @@ async def test_a_long_json_answer_reaches_a_slow_reader_of_a_pipe_whole(
     out, status = await asyncio.to_thread(run)
     assert status == 0 and len(out) > 1 << 17
     assert len(orjson.loads(out)) == 400
+
+
+#: Numbers no command can use, each with what click says of it: nan compares false with every
+#: bound (click.FloatRange let it through), a port past 65535 wrapped, zero intervals spun.
+_REFUSED_NUMBERS = [
+    (("run", "--tick-interval", "nan"), "'nan' is not a finite number"),
+    (("run", "--tick-interval", "0"), "0.0 is not in the range x>0"),
+    (("run", "--idle-poll-interval", "-1"), "-1.0 is not in the range x>0"),
+    (("run", "--exit-after", "nan"), "'nan' is not a finite number"),
+    (("run", "--db-command-timeout", "inf"), "'inf' is not a finite number"),
+    (("run", "--metrics-port", "70000"), "70000 is not in the range 0<=x<=65535"),
+    (("run", "--dashboard-port", "-1"), "-1 is not in the range 0<=x<=65535"),
+    (("run", "--api-port", "65536"), "65536 is not in the range 0<=x<=65535"),
+    (("tail", "--count", "0"), "0 is not in the range x>=1"),
+    (("tail", "--timeout", "-1"), "-1.0 is not in the range x>0"),
+    (("tail", "--timeout", "nan"), "'nan' is not a finite number"),
+    (("backfill", "t", "--max-rate", "nan"), "'nan' is not a finite number"),
+    (("dlq", "list", "--limit", "0"), "0 is not in the range x>=1"),
+    (("replay", "x", "--since", "1h", "--chunk", "0"), "0 is not in the range 1<=x<=1000000"),
+]
+
+
+@pytest.mark.parametrize(("args", "says"), _REFUSED_NUMBERS, ids=lambda a: " ".join(a) if isinstance(a, tuple) else "")
+def test_numbers_no_command_can_use_are_refused_before_connecting(args: tuple[str, ...], says: str) -> None:
+    from pgferry.cli import main
+
+    # Nothing listens there: a value let through would fail to connect (exit 1), not be refused (2).
+    done = CliRunner().invoke(main, [*args, "--database-url", "postgresql://postgres@127.0.0.1:1/x"])
+    assert done.exit_code == 2 and says in done.output, done.output

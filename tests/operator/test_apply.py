@@ -115,6 +115,13 @@ async def test_apply_refuses_bad_files_before_touching_anything(
     path.write_text('[subscriptions.a]\nstreams = ["s"]\nurl = "http://127.0.0.1:9/"\nbatch_sise = 5\n')
     typo = await cli(pgferry_cmd, db_url, "apply", str(path))
     assert typo.returncode == 1 and "unknown setting(s) batch_sise" in typo.stderr
+    path.write_bytes('[subscriptions.caf\u00e9]\nstreams = ["s"]\n'.encode("latin-1"))
+    latin = await cli(pgferry_cmd, db_url, "apply", str(path))
+    assert (
+        latin.returncode == 1
+        and latin.stderr
+        == f"Error: {path} is not UTF-8 text (byte 18 is 0xe9); TOML files are UTF-8: save it as UTF-8\n"
+    )
     # One bad subscription (a URL the database refuses) rolls back the whole apply.
     path.write_text('[subscriptions.a]\nstreams = ["s"]\nurl = "http://127.0.0.1:9/"\n\n'
                     '[subscriptions.b]\nstreams = ["s"]\nurl = "gopher://h/"\n')  # fmt: skip

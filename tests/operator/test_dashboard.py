@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 from dataclasses import replace
 from pathlib import Path
@@ -10,12 +11,18 @@ import aiohttp
 import asyncpg
 import orjson
 import pytest
+from aiohttp import web
 
 import pgferry
+from pgferry import db
+from pgferry.embedded import EmbeddedPostgres
 from pgferry.errors import PgferryError
+from pgferry.ops.dashboard import Dashboard
+from pgferry.ops.logs import PoolFloorWarnings
 from pgferry.receiver import Received, Respond
 from pgferry.relay.process import Relay
 from pgferry.relay.surface import check_dashboard_binding
+from tests.faults.proxy import FaultProxy
 from tests.helpers import CHROMIUM, CHROMIUM_ARGS, FAST, MakeReceiver, RunningRelay, eventually
 from tests.operator.conftest import cli
 
@@ -156,3 +163,41 @@ async def test_dashboard_in_chromium_shows_a_failing_subscription_and_replays_it
                 await browser.close()
     finally:
         await relay.stop()
+
+
+async def test_while_the_database_is_down_the_dashboard_answers_503_and_the_pool_logs_one_line(
+    pg: EmbeddedPostgres, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both were tracebacks: a bare 500 for every page, and asyncpg's "Failed to restore the pool
+    connection floor" at each of its retries (18 in a short outage)."""
+    proxy = FaultProxy(pg.port)
+    await proxy.start()
+    pool = await db.create_pool(proxy.url_for(db_url), min_size=1, max_size=2)
+    floor = PoolFloorWarnings(interval=60)
+    logging.getLogger("asyncpg.pool").addFilter(floor)
+    runner = web.AppRunner(Dashboard(pool).app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    page = f"http://127.0.0.1:{runner.addresses[0][1]}/"
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(page) as response:
+                assert response.status == 200
+            await proxy.stop()  # the links cut, and new connections refused
+            async with http.get(page) as response:
+                text = await response.text()
+            assert response.status == 503 and "The database cannot be reached: " in text, text
+
+        async def retried() -> bool:  # asyncpg retries the floor after 1 s, then 2 s, ...
+            return floor.left_out >= 1
+
+        await eventually(retried, timeout=10, what="the pool to retry its connection floor")
+    finally:
+        logging.getLogger("asyncpg.pool").removeFilter(floor)
+        await runner.cleanup()
+        pool.terminate()
+    lines = [r for r in caplog.records if r.name == "asyncpg.pool"]
+    assert [(r.levelno, r.exc_info) for r in lines] == [(logging.WARNING, None)]
+    assert lines[0].getMessage().startswith("database pool: cannot reconnect (")
+    assert "Traceback" not in caplog.text

@@ -73,6 +73,11 @@ async def test_tail_prints_committed_events_in_commit_order_and_pins_nothing(
     assert ids == [first, second, late_id], ids
     assert late_id < first
     assert orjson.loads((await cli(pgferry_cmd, db_url, "consumers", "--json")).stdout) == []
+    assert b"no events have been written" not in err
+    # A stream nothing wrote (a typo?) looked like a quiet one: the tail says so, as `subscription add` does.
+    typo = await cli(pgferry_cmd, db_url, "tail", "s", "ss", "--timeout", "0.5")
+    assert typo.returncode == 0 and typo.stderr.count("no events have been written") == 1, typo.stderr
+    assert 'stream "ss" yet; check the spelling' in typo.stderr and "tail prints its events once" in typo.stderr
 
 
 async def test_replay_since_and_from_event_resends_passed_events_with_their_webhook_ids(

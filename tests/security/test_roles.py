@@ -7,10 +7,13 @@ to fail with PostgreSQL's permission error (42501), never just assumed.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
+import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -303,3 +306,41 @@ async def test_relay_runs_with_only_ferry_relay(
         await relay.stop()
     problems = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or "permission" in r.getMessage()]
     assert problems == []
+
+
+async def test_commands_without_ferry_relay_say_in_one_line_which_grant_is_missing(
+    net_db: str, admin: asyncpg.Connection, pgferry_cmd: list[str], tmp_path: Path
+) -> None:
+    """A role without ferry_relay (none at all, or only ferry_writer) gets one line naming the
+    refusal and the grant, from the operator commands and the relay alike; install says who may."""
+    nothing = f"nothing_{os.getpid()}_{next(_n)}"
+    await admin.execute(f"create role {nothing} login")
+    writer = await login_role(admin, "ferry_writer")
+    plan = tmp_path / "pgferry.toml"
+    plan.write_text('[subscriptions.x]\nstreams = ["s"]\nurl = "http://127.0.0.1:9/"\n')
+    cases = [
+        (nothing, ("status",), "schema ferry"),
+        (nothing, ("run", "--processes", "1", "--exit-after", "20"), "schema ferry"),
+        (writer, ("run", "--processes", "2", "--exit-after", "20"), "table config"),
+        (writer, ("subscription", "pause", "x"), "table subscriptions"),
+        (writer, ("dlq", "list"), "table dead_letters"),
+        (writer, ("tail", "s", "--timeout", "20"), "table stream_scan"),
+        (writer, ("apply", str(plan)), "table subscriptions"),
+        (writer, ("token", "list"), "table api_tokens"),
+    ]
+    limit = asyncio.Semaphore(4)
+
+    async def run(role: str, args: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+        async with limit:
+            return await cli(pgferry_cmd, as_role(net_db, role), *args)
+
+    results = await asyncio.gather(*(run(role, args) for role, args, _ in cases))
+    for (role, args, what), done in zip(cases, results, strict=True):
+        assert (done.returncode, done.stderr) == (
+            1,
+            f"Error: permission denied for {what}; role {role} needs ferry_relay: "
+            f"`grant ferry_relay to {role}` (docs/security.md, Privileges)\n",
+        ), args
+    install = await cli(pgferry_cmd, as_role(net_db, writer), "install")
+    assert install.returncode == 1 and install.stderr.startswith("Error: permission denied for database ")
+    assert "installing takes a role that may create a schema" in install.stderr and "Traceback" not in install.stderr

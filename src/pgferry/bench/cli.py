@@ -10,6 +10,7 @@ import click
 
 from pgferry import db
 from pgferry.errors import PgferryError
+from pgferry.params import FiniteFloatRange, seconds
 
 if TYPE_CHECKING:
     from pgferry.bench.context import BenchContext
@@ -89,13 +90,13 @@ def _sections(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ..
 @click.option(
     "--rows", default="1,100", show_default=True, callback=_int_list, metavar="N[,N]", help="Rows per insert tx."
 )
-@click.option("--seconds", default=8.0, show_default=True, type=click.FloatRange(1), help="Seconds per cell.")
+@click.option("--seconds", default=8.0, show_default=True, type=FiniteFloatRange(1), help="Seconds per cell.")
 @click.option("--rounds", default=1, show_default=True, type=click.IntRange(1), help="Interleaved rounds per cell.")
-@click.option("--rate", default=2000.0, show_default=True, type=click.FloatRange(1), help="End-to-end inserts/s.")
-@click.option("--e2e-seconds", default=20.0, show_default=True, type=click.FloatRange(1), help="End-to-end run.")
+@click.option("--rate", default=2000.0, show_default=True, type=FiniteFloatRange(1), help="End-to-end inserts/s.")
+@click.option("--e2e-seconds", default=20.0, show_default=True, type=FiniteFloatRange(1), help="End-to-end run.")
 @click.option("--e2e-clients", default=10, show_default=True, type=click.IntRange(1), help="End-to-end clients.")
 @click.option("--publish-tasks", default=16, show_default=True, type=click.IntRange(1), help="publish() tasks.")
-@click.option("--idle-seconds", default=10.0, show_default=True, type=click.FloatRange(1), help="Idle window.")
+@click.option("--idle-seconds", default=10.0, show_default=True, type=FiniteFloatRange(1), help="Idle window.")
 @click.option("--idle-subscriptions", default=1000, show_default=True, type=click.IntRange(0),
               help="Idle: measure again with this many webhook subscriptions on a stream nothing writes.")  # fmt: skip
 @click.option(
@@ -165,13 +166,19 @@ def capture(
 
 @click.command()
 @database_url_option
-@click.option("--scale", default=1.0, show_default=True, type=click.FloatRange(0.01),
+@click.option("--scale", default=1.0, show_default=True, type=FiniteFloatRange(0.01),
               help="Multiply every scenario's transaction count (1.0: the seed's pgbench -c 10 -t 1000).")  # fmt: skip
 @click.option("--only", "only", multiple=True, type=click.IntRange(1, 6), help="Scenario number(s) to run (1-6).")
-@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for deliveries after the inserts.")
+@click.option(
+    "--timeout",
+    default=120.0,
+    show_default=True,
+    type=seconds(),
+    help="Seconds to wait for deliveries after the inserts.",
+)
 @click.option(
     "--rate",
-    type=click.FloatRange(1),
+    type=FiniteFloatRange(1),
     metavar="TX/S",
     help="Throttle pgbench to this many transactions/s in all (pgbench -R) instead of as fast as it can go: "
     "latency below saturation.",
@@ -197,10 +204,16 @@ def webhooks(database_url: str | None, scale: float, only: tuple[int, ...], time
 @click.option("--layouts", default="1,2,4,2r", show_default=True, metavar="LIST",
               help="Relay layouts, one after the other: N (one relay of N processes), Mr (M relays of one "
                    "process), NxM (M relays of N processes); one partition per process.")  # fmt: skip
-@click.option("--scale", default=1.0, show_default=True, type=click.FloatRange(0.01),
+@click.option("--scale", default=1.0, show_default=True, type=FiniteFloatRange(0.01),
               help="Multiply every scenario's transaction count (1.0: the seed's pgbench -c 10 -t 1000).")  # fmt: skip
-@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for deliveries after the inserts.")
-@click.option("--rate", type=click.FloatRange(1), metavar="TX/S",
+@click.option(
+    "--timeout",
+    default=120.0,
+    show_default=True,
+    type=seconds(),
+    help="Seconds to wait for deliveries after the inserts.",
+)
+@click.option("--rate", type=FiniteFloatRange(1), metavar="TX/S",
               help="Throttle pgbench to this many transactions/s in all (pgbench -R): a load the machine can "
                    "insert and deliver at once, instead of inserts taking every core.")  # fmt: skip
 @click.option("--backlog", is_flag=True,
@@ -236,10 +249,16 @@ def scale(
               help="Scenario number(s) of `bench webhooks` to run (1-3).")  # fmt: skip
 @click.option("--sinks", "sinks", default="webhook,nats,redis", show_default=True, metavar="LIST",
               help="Destinations, one after the other: webhook, nats (JetStream), redis (Streams).")  # fmt: skip
-@click.option("--scale", default=1.0, show_default=True, type=click.FloatRange(0.01),
+@click.option("--scale", default=1.0, show_default=True, type=FiniteFloatRange(0.01),
               help="Multiply every scenario's transaction count (1.0: the seed's pgbench -c 10 -t 1000).")  # fmt: skip
-@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for deliveries after the inserts.")
-@click.option("--rate", type=click.FloatRange(1), metavar="TX/S",
+@click.option(
+    "--timeout",
+    default=120.0,
+    show_default=True,
+    type=seconds(),
+    help="Seconds to wait for deliveries after the inserts.",
+)
+@click.option("--rate", type=FiniteFloatRange(1), metavar="TX/S",
               help="Throttle pgbench to this many transactions/s in all (pgbench -R).")  # fmt: skip
 def sinks(database_url: str | None, only: tuple[int, ...], sinks: str, scale: float, timeout: float,
           rate: float | None) -> None:  # fmt: skip
@@ -266,12 +285,12 @@ def sinks(database_url: str | None, only: tuple[int, ...], sinks: str, scale: fl
 
 @click.command()
 @database_url_option
-@click.option("--minutes", default=20.0, show_default=True, type=click.FloatRange(0.1), help="Minutes of load.")
-@click.option("--rate", default=200.0, show_default=True, type=click.FloatRange(1), help="Events per second.")
-@click.option("--sample-every", default=60.0, show_default=True, type=click.FloatRange(1), help="Seconds per sample.")
-@click.option("--failure-rate", default=0.07, show_default=True, type=click.FloatRange(0, 0.9),
+@click.option("--minutes", default=20.0, show_default=True, type=FiniteFloatRange(0.1), help="Minutes of load.")
+@click.option("--rate", default=200.0, show_default=True, type=FiniteFloatRange(1), help="Events per second.")
+@click.option("--sample-every", default=60.0, show_default=True, type=FiniteFloatRange(1), help="Seconds per sample.")
+@click.option("--failure-rate", default=0.07, show_default=True, type=FiniteFloatRange(0, 0.9),
               help="Share of requests the receiver fails (5xx, drop, garbage, cut body, hang...).")  # fmt: skip
-@click.option("--drain-timeout", default=180.0, show_default=True, type=click.FloatRange(1),
+@click.option("--drain-timeout", default=180.0, show_default=True, type=FiniteFloatRange(1),
               help="Seconds to wait after the load for every event to be delivered or dead.")  # fmt: skip
 def soak(
     database_url: str | None,
@@ -366,7 +385,7 @@ def http(
 @click.option("--mode", default="refuse", show_default=True, type=click.Choice(["refuse", "503", "hang"]),
               help="How it is down: its process stopped (connections reset by a counting stand-in), "
               "answering 503, or never answering.")  # fmt: skip
-@click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(1),
+@click.option("--timeout", default=120.0, show_default=True, type=FiniteFloatRange(1),
               help="Seconds to wait after the recovery for every event to be delivered.")  # fmt: skip
 @click.option("--every-second", is_flag=True, help="Print every second of the timeline, not a condensed one.")
 def outage(database_url: str | None, events: int, down: int, mode: str, timeout: float, every_second: bool) -> None:
@@ -390,7 +409,7 @@ def outage(database_url: str | None, events: int, down: int, mode: str, timeout:
 @click.command("stream-writes")
 @database_url_option
 @click.option("--clients", default=4, show_default=True, type=click.IntRange(1), help="pgbench clients.")
-@click.option("--seconds", default=10.0, show_default=True, type=click.FloatRange(1), help="Seconds per cell.")
+@click.option("--seconds", default=10.0, show_default=True, type=FiniteFloatRange(1), help="Seconds per cell.")
 @click.option("--rounds", default=3, show_default=True, type=click.IntRange(1), help="Interleaved rounds.")
 @click.option("--closed", default=100_000, show_default=True, type=click.IntRange(0),
               help="Streams closed before the writes.")  # fmt: skip
@@ -423,9 +442,9 @@ def stream_writes(
 @click.option("--chunk", default=2_000, show_default=True, type=click.IntRange(1), help="Rows per chunk.")
 @click.option("--clients", default=4, show_default=True, type=click.IntRange(1),
               help="pgbench clients doing single-row UPDATEs of the table.")  # fmt: skip
-@click.option("--seconds", default=10.0, show_default=True, type=click.FloatRange(1),
+@click.option("--seconds", default=10.0, show_default=True, type=FiniteFloatRange(1),
               help="Seconds of the writers-alone cell.")  # fmt: skip
-@click.option("--max-rate", type=click.FloatRange(1), default=None, metavar="ROWS/S",
+@click.option("--max-rate", type=FiniteFloatRange(1), default=None, metavar="ROWS/S",
               help="The backfills' cap on rows per second (default: none).")  # fmt: skip
 @click.option("--pin", metavar="APP:FERRY", callback=lambda _c, _p, v: _split(v),
               help="Pin the application's side (pgbench and its backends) to the APP CPUs and pgferry's side "
@@ -473,11 +492,17 @@ def _run_with_targets(database_url: str | None, run: Callable[[BenchContext], Aw
               help="Webhook subscriptions, each to its own endpoint (a loopback port of the receiver) "
                    "unless --one-endpoint.")  # fmt: skip
 @click.option("--events", default=100, show_default=True, type=click.IntRange(1), help="Events each one receives.")
-@click.option("--rate", default=5.0, show_default=True, type=click.FloatRange(0.1),
+@click.option("--rate", default=5.0, show_default=True, type=FiniteFloatRange(0.1),
               help="Events published per second (own: per second on every stream).")  # fmt: skip
 @click.option("--layout", type=click.Choice(["shared", "own"]), default="shared", show_default=True,
               help="shared: one stream every subscription follows; own: a stream per subscription.")  # fmt: skip
-@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for deliveries after publishing.")
+@click.option(
+    "--timeout",
+    default=120.0,
+    show_default=True,
+    type=seconds(),
+    help="Seconds to wait for deliveries after publishing.",
+)
 @click.option("--processes", default=1, show_default=True, type=click.IntRange(1),
               help="Relay processes (pgferry run --processes).")  # fmt: skip
 @click.option("--one-endpoint", is_flag=True,
@@ -487,7 +512,7 @@ def _run_with_targets(database_url: str | None, run: Callable[[BenchContext], Aw
     "--stall",
     default=0.0,
     show_default=True,
-    type=click.FloatRange(0),
+    type=FiniteFloatRange(0),
     help="Seconds the receiver holds every answer once, 2 s after the first request (a receiver's pause).",
 )
 def fanout(
@@ -520,9 +545,9 @@ def _scenarios(_ctx: click.Context, _param: click.Parameter, value: tuple[str, .
               "with --dbos-python, dbos too).")  # fmt: skip
 @click.option("--clients", default="10,100,1000", show_default=True, callback=_int_list, metavar="N[,N]",
               help="Fan-out: SSE clients per run, one stream each (publish: the largest).")  # fmt: skip
-@click.option("--rate", default=2000.0, show_default=True, type=click.FloatRange(1),
+@click.option("--rate", default=2000.0, show_default=True, type=FiniteFloatRange(1),
               help="Fan-out: events/s published across the clients' streams.")  # fmt: skip
-@click.option("--seconds", default=20.0, show_default=True, type=click.FloatRange(1),
+@click.option("--seconds", default=20.0, show_default=True, type=FiniteFloatRange(1),
               help="Seconds of load per fan-out run, publish run and DBOS side.")  # fmt: skip
 @click.option("--publish-tasks", default=16, show_default=True, type=click.IntRange(1),
               help="Publish: asyncio tasks calling Ferry.publish (and pool connections).")  # fmt: skip
@@ -534,7 +559,7 @@ def _scenarios(_ctx: click.Context, _param: click.Parameter, value: tuple[str, .
               help="Storm: SSE clients connecting at once.")  # fmt: skip
 @click.option("--storm-rounds", default=2, show_default=True, type=click.IntRange(1),
               help="Storm: storms one after another on the same relay (its memory must not grow).")  # fmt: skip
-@click.option("--control-rate", default=100.0, show_default=True, type=click.FloatRange(1),
+@click.option("--control-rate", default=100.0, show_default=True, type=FiniteFloatRange(1),
               help="Storm: events/s to the control client's stream.")  # fmt: skip
 @click.option("--dbos-python", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="PATH",
               help="A Python with the dbos package (a venv's bin/python): adds DBOS streams side by side.")  # fmt: skip
@@ -613,7 +638,7 @@ def filter_(database_url: str | None, rows: int, rounds: int) -> None:
     metavar="SIZE",
     help="The relay's --max-batch-bytes; repeat for one run each (default: the relay's default).",
 )
-@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(1), help="Seconds per run.")
+@click.option("--timeout", default=600.0, show_default=True, type=FiniteFloatRange(1), help="Seconds per run.")
 def memory(
     database_url: str | None,
     events: int,

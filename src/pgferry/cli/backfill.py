@@ -18,6 +18,7 @@ from pgferry.cli.common import (
     table,
 )
 from pgferry.ops.backfill import drive
+from pgferry.params import FiniteFloatRange
 
 
 def _report(p: backfills.Progress, as_json: bool) -> None:
@@ -40,6 +41,10 @@ def _report(p: backfills.Progress, as_json: bool) -> None:
         )
 
 
+#: Exit status of a run that stopped before the end: paused (Ctrl-C, SIGTERM, `--pause ID` from
+#: elsewhere) or cancelled. It exited 0 after "paused ...", and a script could not tell (outside review).
+EXIT_UNFINISHED = 3
+
 #: a backfill's id (a bigint): a larger number was a traceback from asyncpg
 BACKFILL_ID = click.IntRange(1, 2**63 - 1)
 
@@ -56,7 +61,7 @@ BACKFILL_ID = click.IntRange(1, 2**63 - 1)
     default=None,
     help=f"Rows per chunk transaction (default {backfills.DEFAULT_CHUNK:,}).",
 )
-@click.option("--max-rate", type=click.FloatRange(1), default=None, metavar="ROWS/S",
+@click.option("--max-rate", type=FiniteFloatRange(1), default=None, metavar="ROWS/S",
               help="At most this many rows per second, to leave the table's writers more room.")  # fmt: skip
 @click.option("--detach", is_flag=True, help="Only record it; run it later with --resume ID.")
 @click.option("--list", "list_", is_flag=True, help="Backfills running, paused or finished in the last day.")
@@ -85,7 +90,10 @@ def backfill(
 ) -> None:
     """Send the rows TABLE holds now as READ events of its capture's stream, in primary-key order,
     in short chunk transactions ordered against live writes (docs/backfills.md). This process runs
-    the chunks and shows progress; if it dies, `--resume ID` goes on from the last chunk."""
+    the chunks and shows progress; if it dies, `--resume ID` goes on from the last chunk.
+
+    Exit status of TABLE and --resume: 0 done, 1 failed, 3 stopped before the end (paused by Ctrl-C,
+    SIGTERM or --pause, or cancelled)."""
     actions = [a for a in (table_name, list_ or None, resume, pause, cancel) if a is not None]
     if len(actions) != 1:
         raise click.UsageError("give one of TABLE, --list, --resume ID, --pause ID or --cancel ID")
@@ -117,7 +125,7 @@ def backfill(
                         return await backfills.progress(conn, started)
             return await drive(ferry, started, show, max_rate, console=console)
 
-    result = run_coroutine(go())
+    result = run_coroutine(go(), url=url)
     if isinstance(result, list):
         if as_json:
             print_json([p.as_dict() for p in result])
@@ -125,3 +133,6 @@ def backfill(
             table("backfills", backfill_rows(result), BACKFILL_COLUMNS)
         return
     _report(result, as_json)
+    driven = resume is not None or (table_name is not None and not detach)
+    if driven and result.state in ("paused", "cancelled"):
+        raise click.exceptions.Exit(EXIT_UNFINISHED)

@@ -7,10 +7,13 @@ A leaf of the CLI package: it imports no sibling, and every command module impor
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from datetime import datetime
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
+import asyncpg
 import click
 import orjson
 from rich.console import Console
@@ -22,7 +25,7 @@ import pgferry
 from pgferry import db
 from pgferry.capture.backfill import Progress as BackfillProgress
 from pgferry.delivery.signing import redact_secrets
-from pgferry.errors import PgferryError
+from pgferry.errors import PgferryError, one_line
 from pgferry.ops.backfill import rows_text
 from pgferry.ops.logs import configure
 
@@ -44,8 +47,9 @@ def setup_logging(verbose: bool, fmt: str = "human", process: str | None = None)
     configure(verbose=verbose, fmt=fmt, process=process)
 
 
-def run_coroutine(coro: Coroutine[Any, Any, Any], *, relay: bool = False) -> Any:
-    """Run a coroutine, turning pgferry's own errors into a clean exit. A relay runs on uvloop;
+def run_coroutine(coro: Coroutine[Any, Any, Any], *, relay: bool = False, url: str | None = None) -> Any:
+    """Run a coroutine, turning pgferry's own errors and a missing privilege (on the database at
+    ``url``, whose role the message names) into a one-line exit. A relay runs on uvloop;
     a command that prints its answer runs on asyncio: once uvloop.run has ended, a write to a
     pipe returns after the pipe's 64 KiB and the rest was lost (`pgferry subscription list
     --json | slow-reader` printed 65,536 of 168,687 bytes, exit 0: outside probe)."""
@@ -61,6 +65,50 @@ def run_coroutine(coro: Coroutine[Any, Any, Any], *, relay: bool = False) -> Any
         return runner(coro)
     except PgferryError as exc:
         raise click.ClickException(redact_secrets(str(exc))) from exc
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise click.ClickException(permission_denied(exc, url)) from None
+
+
+def permission_denied(exc: asyncpg.InsufficientPrivilegeError, url: str | None) -> str:
+    """A missing privilege as one line with the fix. Nearly every command reads or writes ferry's
+    tables, which a role gets from ferry_relay (docs/security.md, "Privileges"); without it each command ended in
+    asyncpg's traceback (outside review). A function's own refusal (``pgferry: ...``, with its
+    hint) already says what is missing, and is shown as it is."""
+    if exc.message.startswith("pgferry:"):
+        return one_line(exc)
+    role = _role_of(url)
+    grantee = role or "the role of --database-url"
+    return (
+        f"{exc.message}; {'role ' + role if role else 'this role'} needs ferry_relay: "
+        f"`grant ferry_relay to {grantee}` (docs/security.md, Privileges)"
+    )
+
+
+def _role_of(url: str | None) -> str | None:
+    try:
+        return urlsplit(url).username if url else None
+    except ValueError:
+        return None
+
+
+#: PostgreSQL's refusals of an interval's text, and what one looks like
+INTERVAL_REFUSALS = ("type interval", "interval field value out of range")
+INTERVAL_HINT = "give a PostgreSQL interval such as '3 days', '36 hours' or '90 minutes'"
+
+
+@contextlib.contextmanager
+def naming(option: str, refusals: tuple[str, ...], hint: str) -> Iterator[None]:
+    """Name ``option`` (and add ``hint``) in a database refusal whose text holds one of ``refusals``:
+    PostgreSQL's "invalid input syntax for type interval" of `--max-age banana` did not say which
+    option it was about (outside review)."""
+    try:
+        yield
+    except click.ClickException as exc:
+        if not any(refusal in exc.message for refusal in refusals):
+            raise
+        raise click.ClickException(
+            f"invalid value for {option}: {exc.message.removeprefix('pgferry: ')}; {hint}"
+        ) from None
 
 
 def require_url(database_url: str | None) -> str:
@@ -77,7 +125,7 @@ def with_ferry(database_url: str | None, action: Callable[[pgferry.Ferry], Await
         async with pgferry.connect(url, pool_size=2) as ferry:
             return await action(ferry)
 
-    return run_coroutine(go())  # type: ignore[no-any-return]
+    return run_coroutine(go(), url=url)  # type: ignore[no-any-return]
 
 
 async def on_conn(f: pgferry.Ferry, action: Callable[[Any], Awaitable[T]]) -> T:

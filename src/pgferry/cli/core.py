@@ -28,6 +28,7 @@ from pgferry.delivery.addresses import ALLOW_ENV_VAR, STRICT_ENV_VAR, AddressPol
 from pgferry.embedded import embedded_postgres, free_port
 from pgferry.errors import PgferryError
 from pgferry.log.ticker import TickerSettings
+from pgferry.params import PORT, seconds
 from pgferry.relay.surface import check_dashboard_binding
 from pgferry.schema import install_at
 from pgferry.streams.settings import ApiSettings
@@ -90,9 +91,13 @@ def install(database_url: str | None, pg_net: bool) -> None:
 
 @click.command()
 @database_url_option
-@click.option("--tick-interval", default=0.01, show_default=True, help="Seconds between tick checks while busy.")
-@click.option("--idle-poll-interval", default=0.5, show_default=True, help="Longest wait between tick checks.")
-@click.option("--exit-after", type=float, help="Stop by itself after this many seconds.")
+@click.option(
+    "--tick-interval", default=0.01, show_default=True, type=seconds(), help="Seconds between tick checks while busy."
+)
+@click.option(
+    "--idle-poll-interval", default=0.5, show_default=True, type=seconds(), help="Longest wait between tick checks."
+)
+@click.option("--exit-after", type=seconds(), help="Stop by itself after this many seconds.")
 @click.option(
     "--strict-addresses",
     is_flag=True,
@@ -123,9 +128,9 @@ def install(database_url: str | None, pg_net: bool) -> None:
     envvar="PGFERRY_LOG_FORMAT",
     help="Log lines for people, or one JSON object per line for log collectors. Secrets are never logged.",
 )
-@click.option("--metrics-port", type=int, metavar="PORT", help="Serve Prometheus metrics on this port (0: any free).")
+@click.option("--metrics-port", type=PORT, metavar="PORT", help="Serve Prometheus metrics on this port (0: any free).")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address the metrics server binds to.")
-@click.option("--dashboard-port", type=int, metavar="PORT", help="Serve the web dashboard on this port (0: any free).")
+@click.option("--dashboard-port", type=PORT, metavar="PORT", help="Serve the web dashboard on this port (0: any free).")
 @click.option("--dashboard-host", default="127.0.0.1", show_default=True, help="Address the dashboard binds to.")
 @click.option(
     "--dashboard-token",
@@ -134,7 +139,7 @@ def install(database_url: str | None, pg_net: bool) -> None:
 )
 @click.option(
     "--api-port",
-    type=click.IntRange(0, 65535),
+    type=PORT,
     metavar="PORT",
     help="Serve the streams HTTP API (SSE, long-poll, publish) on this port (0: any free).",
 )
@@ -163,14 +168,14 @@ def install(database_url: str | None, pg_net: bool) -> None:
     "--db-command-timeout",
     default=db.Liveness.command_timeout,
     show_default=True,
-    type=click.FloatRange(0.1),
+    type=seconds(0.1, inclusive=True),
     help="Seconds a relay statement may wait for its answer before the connection is dropped and remade.",
 )
 @click.option(
     "--db-session-timeout",
     default=db.Liveness.session_timeout,
     show_default=True,
-    type=click.FloatRange(1),
+    type=seconds(1, inclusive=True),
     help="Seconds after which PostgreSQL ends a silent lock-holding relay session (frees a cut-off relay's locks).",
 )
 @click.option(
@@ -292,9 +297,9 @@ def run(
         # by URL runs on every usable core unless told otherwise (docs/operations.md).
         how_many = processes if processes is not None else usable_cores()
         if how_many == 1:
-            run_coroutine(go(database_url, demo=False), relay=True)
+            run_coroutine(go(database_url, demo=False), relay=True, url=database_url)
         else:
-            run_coroutine(supervise(database_url, how_many), relay=True)
+            run_coroutine(supervise(database_url, how_many), relay=True, url=database_url)
         return
     if processes is not None and processes != 1:
         raise click.UsageError("the demo (no --database-url) runs one relay process; give --database-url "

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 import click
 import orjson
 
+import pgferry
 from pgferry.cli.common import (
     attempts_table,
     cell,
@@ -18,6 +22,14 @@ from pgferry.cli.common import (
     with_ferry,
 )
 from pgferry.ops import inspect
+from pgferry.params import INT8
+
+
+async def _known(f: pgferry.Ferry, subscription: str, action: Callable[[], Awaitable[int]]) -> int:
+    """``action``'s count, once SUBSCRIPTION is known to exist: of an unknown one the count is 0,
+    and "0 dead letter(s) queued" with exit 0 hid a typo."""
+    await on_conn(f, lambda c: inspect.require_subscription(c, subscription))
+    return await action()
 
 
 @click.group()
@@ -28,11 +40,17 @@ def dlq() -> None:
 @dlq.command("list")
 @database_url_option
 @click.option("--subscription", help="Only this subscription.")
-@click.option("--limit", default=100, show_default=True)
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1))
 @json_option
 def dlq_list(database_url: str | None, subscription: str | None, limit: int, as_json: bool) -> None:
     """List dead letters with their last error."""
-    rows = with_ferry(database_url, lambda f: f.dead_letters(subscription, limit))
+
+    async def read(f: pgferry.Ferry) -> list[dict[str, Any]]:
+        if subscription is not None:
+            await on_conn(f, lambda c: inspect.require_subscription(c, subscription))
+        return await f.dead_letters(subscription, limit)
+
+    rows = with_ferry(database_url, read)
     if as_json:
         print_json(rows)
         return
@@ -44,26 +62,30 @@ def dlq_list(database_url: str | None, subscription: str | None, limit: int, as_
 @dlq.command("replay")
 @database_url_option
 @click.argument("subscription")
-@click.option("--id", "ids", multiple=True, type=int, help="Dead letter id (repeatable); default: all.")
+@click.option("--id", "ids", multiple=True, type=INT8, help="Dead letter id (repeatable); default: all.")
 def dlq_replay(database_url: str | None, subscription: str, ids: tuple[int, ...]) -> None:
     """Queue dead letters of SUBSCRIPTION for delivery again."""
-    n = with_ferry(database_url, lambda f: f.replay_dead_letters(subscription, ids or None))
+    n = with_ferry(
+        database_url, lambda f: _known(f, subscription, lambda: f.replay_dead_letters(subscription, ids or None))
+    )
     click.echo(f"{n} dead letter(s) queued for delivery")
 
 
 @dlq.command("discard")
 @database_url_option
 @click.argument("subscription")
-@click.option("--id", "ids", multiple=True, type=int, help="Dead letter id (repeatable); default: all.")
+@click.option("--id", "ids", multiple=True, type=INT8, help="Dead letter id (repeatable); default: all.")
 def dlq_discard(database_url: str | None, subscription: str, ids: tuple[int, ...]) -> None:
     """Delete dead letters of SUBSCRIPTION for good."""
-    n = with_ferry(database_url, lambda f: f.discard_dead_letters(subscription, ids or None))
+    n = with_ferry(
+        database_url, lambda f: _known(f, subscription, lambda: f.discard_dead_letters(subscription, ids or None))
+    )
     click.echo(f"{n} dead letter(s) discarded")
 
 
 @dlq.command("show")
 @database_url_option
-@click.argument("letter_id", type=int)
+@click.argument("letter_id", type=INT8)
 @json_option
 def dlq_show(database_url: str | None, letter_id: int, as_json: bool) -> None:
     """Show dead letter LETTER_ID in full: event, last error and response, every attempt."""

@@ -19,12 +19,15 @@ from pgferry import sql
 from pgferry.capture import backfill as backfills
 from pgferry.cli.common import (
     BACKFILL_COLUMNS,
+    INTERVAL_HINT,
+    INTERVAL_REFUSALS,
     attempts_table,
     backfill_rows,
     console,
     database_url_option,
     escape,
     json_option,
+    naming,
     on_conn,
     print_json,
     require_url,
@@ -36,6 +39,7 @@ from pgferry.errors import PgferryError
 from pgferry.ops import apply as applying
 from pgferry.ops import inspect
 from pgferry.ops.tail import tail as follow
+from pgferry.params import INT8, seconds
 
 
 def parse_since(text: str) -> datetime:
@@ -162,8 +166,8 @@ def trace(database_url: str | None, event_id: int, as_json: bool) -> None:
 @database_url_option
 @click.argument("streams", nargs=-1)
 @json_option
-@click.option("--count", type=int, help="Exit after this many events.")
-@click.option("--timeout", type=float, help="Exit after this many seconds.")
+@click.option("--count", type=click.IntRange(1), help="Exit after this many events.")
+@click.option("--timeout", type=seconds(), help="Exit after this many seconds.")
 def tail(database_url: str | None, streams: tuple[str, ...], as_json: bool, count: int | None,
          timeout: float | None) -> None:  # fmt: skip
     """Print events of STREAMS (all streams if none) as they commit, until interrupted.
@@ -188,15 +192,16 @@ def tail(database_url: str | None, streams: tuple[str, ...], as_json: bool, coun
             await events.aclose()  # type: ignore[attr-defined]
 
     with contextlib.suppress(KeyboardInterrupt):
-        run_coroutine(go())
+        run_coroutine(go(), url=url)
 
 
 @click.command()
 @database_url_option
 @click.argument("subscription")
 @click.option("--since", help="Events created since this time: ISO 8601 (UTC if no zone) or '15m', '2h', '1d'.")
-@click.option("--from-event", type=int, help="Events from this event id on.")
-@click.option("--chunk", default=1000, show_default=True, help="About this many log events read per transaction.")
+@click.option("--from-event", type=click.IntRange(1, 2**63 - 1), help="Events from this event id on.")
+@click.option("--chunk", default=1000, show_default=True, type=click.IntRange(1, 1_000_000),
+              help="About this many log events read per transaction.")  # fmt: skip
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation (only asked in a terminal).")
 @json_option
 def replay(database_url: str | None, subscription: str, since: str | None, from_event: int | None, chunk: int,
@@ -234,7 +239,7 @@ def replay(database_url: str | None, subscription: str, since: str | None, from_
             target = await conn.fetchval(sql.query("subscription_url"), subscription)
             return {"matched": total, "queued": queued, "skipped": skipped}, str(target or "")
 
-    counts, target = run_coroutine(go())
+    counts, target = run_coroutine(go(), url=url)
     if as_json:
         print_json(counts)
         return
@@ -274,7 +279,7 @@ def apply(database_url: str | None, path: Path, dry_run: bool, prune: bool, as_j
             await applying.execute(conn, changes, dry_run=dry_run)
             return changes
 
-    changes = run_coroutine(go())
+    changes = run_coroutine(go(), url=url)
     for change in changes:
         for stream in change.unwritten:
             click.echo(f"warning: {change.name}: {inspect.unwritten_warning(stream)}", err=True)
@@ -442,12 +447,10 @@ def retention_show(database_url: str | None, as_json: bool) -> None:
 @retention.command("set")
 @database_url_option
 @click.option("--max-age", required=True, help="How far behind in time, e.g. '7 days', '36 hours'.")
-@click.option("--max-bytes", type=int, help="Size cap of the log in bytes (its partitions with indexes); "
+@click.option("--max-bytes", type=INT8, help="Size cap of the log in bytes (its partitions with indexes); "
               "left out: no size cap.")  # fmt: skip
 def retention_set(database_url: str | None, max_age: str, max_bytes: int | None) -> None:
     """Set the retention limit (both values: leaving --max-bytes out removes the size cap)."""
-    try:
+    with naming("--max-age", INTERVAL_REFUSALS, INTERVAL_HINT):
         with_ferry(database_url, lambda f: f.set_retention(max_age, max_bytes))
-    except PgferryError as exc:
-        raise click.ClickException(str(exc)) from None
     click.echo(f"retention limit: {max_age}" + (f", {max_bytes} bytes" if max_bytes is not None else ", no size cap"))

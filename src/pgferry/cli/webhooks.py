@@ -10,10 +10,20 @@ from typing import Any
 
 import click
 
-from pgferry.cli.common import database_url_option, json_option, print_json, table, with_ferry
+from pgferry.cli.common import (
+    INTERVAL_HINT,
+    INTERVAL_REFUSALS,
+    database_url_option,
+    json_option,
+    naming,
+    print_json,
+    table,
+    with_ferry,
+)
 from pgferry.delivery.http import endpoint_of
 from pgferry.delivery.signing import new_secret
 from pgferry.ops.inspect import unwritten_warning
+from pgferry.params import INT4
 
 
 @click.group()
@@ -29,8 +39,10 @@ def subscription() -> None:
                    "redis://host:6379/<db>?stream=<name> (Redis Streams); subjects and streams may use {stream} "
                    "and {key}. Broker credentials: `pgferry subscription credentials`.")  # fmt: skip
 @click.option("--stream", "streams", multiple=True, required=True, help="Stream to deliver (repeatable).")
-@click.option("--batch-size", default=1, show_default=True, help='Events per request; >1 sends {"data": [...]}.')
-@click.option("--max-in-flight", default=32, show_default=True, help="Requests in flight at once.")
+@click.option(
+    "--batch-size", default=1, show_default=True, type=INT4, help='Events per request; >1 sends {"data": [...]}.'
+)
+@click.option("--max-in-flight", default=32, show_default=True, type=INT4, help="Requests in flight at once.")
 @click.option("--ordered", is_flag=True, help="Keep per-key order (later events of a key wait behind a failed one).")
 @click.option(
     "--secret",
@@ -39,11 +51,11 @@ def subscription() -> None:
     "or set PGFERRY_WEBHOOK_SECRET. See `pgferry subscription secret`.",
 )
 @click.option("--header", "headers", multiple=True, metavar="NAME=VALUE", help="Extra header (repeatable).")
-@click.option("--timeout-ms", default=10000, show_default=True)
-@click.option("--max-attempts", default=12, show_default=True)
+@click.option("--timeout-ms", default=10000, show_default=True, type=INT4)
+@click.option("--max-attempts", default=12, show_default=True, type=INT4)
 @click.option("--max-age", default="3 days", show_default=True, help="Give up (dead letter) after this long.")
-@click.option("--retry-base-ms", default=1000, show_default=True)
-@click.option("--retry-max-ms", default=600000, show_default=True)
+@click.option("--retry-base-ms", default=1000, show_default=True, type=INT4)
+@click.option("--retry-max-ms", default=600000, show_default=True, type=INT4)
 @click.option("--from-beginning", is_flag=True, help="Also deliver the retained history, not only new events.")
 @click.option(
     "--filter",
@@ -65,12 +77,13 @@ def add(database_url: str | None, name: str, url: str, streams: tuple[str, ...],
         header_map[key.strip()] = value.strip()
     if options.get("secret") == "-":
         options["secret"] = sys.stdin.readline().strip()
-    unwritten = with_ferry(
-        database_url,
-        lambda f: f.subscribe(
-            name, streams, url, headers=header_map, start_at="beginning" if from_beginning else "now", **options
-        ),
-    )
+    with naming("--max-age", INTERVAL_REFUSALS, INTERVAL_HINT):
+        unwritten = with_ferry(
+            database_url,
+            lambda f: f.subscribe(
+                name, streams, url, headers=header_map, start_at="beginning" if from_beginning else "now", **options
+            ),
+        )
     click.echo(f"subscription {name} -> {url} saved")
     _warn_unresolvable(url)  # after the save: a URL ferry.subscribe refuses needs no other warning
     _warn_unwritten(unwritten)
@@ -97,7 +110,7 @@ def list_(database_url: str | None, as_json: bool) -> None:
 
 
 def _state_command(verb: str, method: str, done: str) -> click.Command:
-    """`pgferry subscription pause|resume|remove NAME`: one Ferry method each."""
+    """`pgferry subscription pause NAME` (and any other verb that is one Ferry method of NAME)."""
 
     def command(database_url: str | None, name: str) -> None:
         with_ferry(database_url, lambda f: getattr(f, method)(name))
@@ -124,7 +137,14 @@ def resume(database_url: str | None, name: str, from_position: str | None) -> No
     click.echo(f"subscription {name} resumed{where}")
 
 
-remove = _state_command("remove", "unsubscribe", "removed")
+@subscription.command("remove")
+@database_url_option
+@click.argument("name")
+def remove(database_url: str | None, name: str) -> None:
+    """Remove subscription NAME, with its cursor, parked retries and dead letters."""
+    if not with_ferry(database_url, lambda f: f.unsubscribe(name)):  # False: there was none to remove
+        raise click.ClickException(f"pgferry: subscription {name!r} does not exist; see `pgferry subscription list`")
+    click.echo(f"subscription {name} removed")
 
 
 @subscription.command("credentials")

@@ -99,6 +99,11 @@ def load(path: Path, env: Mapping[str, str] | None = None) -> list[Desired]:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise PgferryError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:  # TOML is UTF-8; this was a traceback (outside review)
+        raise PgferryError(
+            f"{path} is not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x}); TOML files are UTF-8: "
+            "save it as UTF-8"
+        ) from exc
     except tomllib.TOMLDecodeError as exc:
         raise PgferryError(f"{path} is not valid TOML: {exc}") from exc
     unknown_top = set(doc) - {"subscriptions"}

@@ -31,7 +31,7 @@ from aiohttp import web
 
 from pgferry import sql
 from pgferry.capture import backfill as backfills
-from pgferry.db import CONNECTION_ERRORS
+from pgferry.db import CONNECTION_ERRORS, describe
 from pgferry.errors import PgferryError
 from pgferry.ops import inspect, pages
 from pgferry.ops.pages import Sample
@@ -125,7 +125,11 @@ class Dashboard:
             form = await request.post()
             if not hmac.compare_digest(str(form.get("csrf", "")), self.csrf):
                 return web.Response(status=403, text="stale or missing form token; reload the page")
-        return await handler(request)
+        try:
+            return await handler(request)
+        except CONNECTION_ERRORS as exc:  # the database is down: was a bare 500 and a traceback (outside review)
+            log.debug("dashboard: %s %s: database unreachable: %s", request.method, request.path, describe(exc))
+            return _html(pages.unavailable_page(describe(exc)), status=503)
 
     def _authorized(self, request: web.Request) -> bool:
         assert self.token is not None

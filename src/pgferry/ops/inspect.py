@@ -87,12 +87,12 @@ def unwritten(streams: list[str], unknown: list[str]) -> str:
     return f"no events ever written to streams {', '.join(unknown)}"
 
 
-def unwritten_warning(stream: str) -> str:
-    """ferry.subscribe's NOTICE about a stream nothing has written yet, in one line."""
+def unwritten_warning(stream: str, then: str = "the subscription delivers once events arrive") -> str:
+    """ferry.subscribe's NOTICE about a stream nothing has written yet, in one line (``then``: what
+    happens when events do arrive)."""
     return (
         f"no events have been written to stream {orjson.dumps(stream).decode()} yet; check the spelling "
-        "(streams are written by captured tables, named schema.table, and by ferry.publish); "
-        "the subscription delivers once events arrive"
+        f"(streams are written by captured tables, named schema.table, and by ferry.publish); {then}"
     )
 
 
@@ -329,6 +329,14 @@ def gap_state(gap: dict[str, Any]) -> str:
 def _jsonb(value: Any) -> Any:
     """A jsonb value read back as a parameter: JSON too deep for orjson came as RawJSON text, sent back as is."""
     return value.encode() if isinstance(value, RawJSON) else value
+
+
+async def require_subscription(conn: asyncpg.Connection, name: str) -> None:
+    """Raise, as pause does, when there is no subscription ``name``: `subscription remove`, `dlq
+    replay|discard` and `dlq list --subscription` of a typo said "removed", "0 queued" or listed
+    nothing with exit 0, and a script could not tell (outside review)."""
+    if not await conn.fetchval(sql.query("subscription_exists"), name):
+        raise PgferryError(f"pgferry: subscription {name!r} does not exist; see `pgferry subscription list`")
 
 
 async def dead_letter(conn: asyncpg.Connection, letter_id: int, snippet: int = RESPONSE_SNIPPET) -> dict[str, Any]:

@@ -10,8 +10,10 @@ passwords in URLs, bearer/basic credentials and ``password=`` settings.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import sys
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -68,6 +70,36 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry).decode()
 
 
+class PoolFloorWarnings(logging.Filter):
+    """asyncpg's pool logs "Failed to restore the pool connection floor; retrying" with a whole
+    traceback at every retry while the database is down: 18 of them in a short outage filled the
+    relay's log (outside review), which already says the database is gone. This keeps one line
+    with the reason, at most every ``interval`` seconds, saying how many it left out."""
+
+    MESSAGE = "Failed to restore the pool connection floor"
+
+    def __init__(self, interval: float = 30.0) -> None:
+        super().__init__()
+        self.interval = interval
+        self._last = -math.inf
+        self.left_out = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(self.MESSAGE):
+            return True
+        now = time.monotonic()
+        if now - self._last < self.interval:
+            self.left_out += 1
+            return False
+        exc = record.exc_info[1] if record.exc_info else None
+        reason = (str(exc) or type(exc).__name__) if exc is not None else "unknown"
+        more = f" ({self.left_out} more failures since the last such line)" if self.left_out else ""
+        record.msg, record.args = "database pool: cannot reconnect (%s); retrying%s", (reason, more)
+        record.exc_info, record.exc_text = None, None
+        self._last, self.left_out = now, 0
+        return True
+
+
 def configure(*, verbose: bool = False, fmt: str = "human", process: str | None = None) -> None:
     """(Re)configure the root logger: pgferry's commands call this once their options are known.
 
@@ -84,3 +116,7 @@ def configure(*, verbose: bool = False, fmt: str = "human", process: str | None 
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     logging.getLogger("asyncio").setLevel(logging.WARNING)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    pool = logging.getLogger("asyncpg.pool")
+    for stale in [f for f in pool.filters if isinstance(f, PoolFloorWarnings)]:
+        pool.removeFilter(stale)
+    pool.addFilter(PoolFloorWarnings())

@@ -115,6 +115,13 @@ def token_page() -> str:
                 '<input name="token" type="password" autofocus></label> <button>Open</button></form>')  # fmt: skip
 
 
+def unavailable_page(reason: str) -> str:
+    """Answered (503) while the database cannot be reached, which every page reads. An open page
+    keeps what it showed (its refresh skips an answer that is not OK)."""
+    body = f'<p class="bad">The database cannot be reached: {esc(reason)}</p><p>Reload once it is back.</p>'
+    return page("database unreachable", body)
+
+
 def overview_page(
     flash: str | None,
     rows: list[dict[str, Any]],

@@ -22,6 +22,7 @@ from pgferry import db, sql
 from pgferry.aio import wait_for_event
 from pgferry.log.events import Event
 from pgferry.log.reader import TICK_CHANNEL
+from pgferry.ops.inspect import unwritten_warning
 from pgferry.schema import check_installed
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ async def tail(
 ) -> AsyncIterator[Event]:
     """Yield events of ``streams`` (all streams if None) as they commit, forever.
 
+    Warns of each of ``streams`` nothing has written yet (a misspelling?), as `subscription add` does.
     Says once (as a warning) when no tick came for a while: events only show
     once a relay's ticker records them, so a tail without a relay is silent.
     Raises SchemaMissing (saying how to install) on a database without the schema.
@@ -46,6 +48,9 @@ async def tail(
     conn = await db.connect(url, server_settings={"application_name": "pgferry tail"})
     try:
         await check_installed(conn)
+        for stream in await conn.fetchval(sql.query("unknown_streams"), list(streams or ())):
+            # a misspelt stream otherwise looked like a quiet one, forever (outside review)
+            log.warning("%s", unwritten_warning(stream, "tail prints its events once they arrive"))
         wake = asyncio.Event()
         await conn.add_listener(TICK_CHANNEL, lambda *_: wake.set())
         position = await conn.fetchval(sql.query("latest_tick"))

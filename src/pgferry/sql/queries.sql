@@ -564,6 +564,10 @@ select exists (select 1 from ferry.subscriptions where name = $1)
 -- name: subscription_url
 select url from ferry.subscriptions where name = $1
 
+-- name: subscription_exists
+-- Whether subscription $1 exists (the CLI's commands on one that found nothing say which name is unknown).
+select exists (select 1 from ferry.subscriptions where name = $1)
+
 -- name: api_token_create
 -- A new API token (its hash, never the token), by `pgferry token create`; returns its id.
 select ferry.token_create(name => $1, token_hash => $2, read_patterns => $3, write_patterns => $4)
