@@ -6,6 +6,7 @@ A leaf: it imports only click, so that ``pgferry.bench`` can use it without load
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import click
@@ -41,3 +42,19 @@ PORT = click.IntRange(0, 65535)
 INT4 = click.IntRange(0, 2**31 - 1)
 #: The same for a bigint (ids, byte counts).
 INT8 = click.IntRange(0, 2**63 - 1)
+
+
+class Origin(click.ParamType[str]):
+    """A browser origin as the ``Origin`` header carries it (``scheme://host[:port]``, no path), or
+    ``*``: anything else never matches a request, so `--api-cors-origin 'not a url'` (or a trailing
+    slash) was taken and every page stayed refused, silently (outside review)."""
+
+    name = "origin"
+    _FORM = re.compile(r"^https?://[^\s/?#@]+$")
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        if text != "*" and not self._FORM.match(text):
+            self.fail(f"{text!r} is not an origin: scheme://host[:port] with no path, e.g. https://app.example.com "
+                      "(or * for any)", param, ctx)  # fmt: skip
+        return text

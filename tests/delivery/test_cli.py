@@ -163,6 +163,8 @@ _REFUSED_NUMBERS = [
     (("backfill", "t", "--max-rate", "nan"), "'nan' is not a finite number"),
     (("dlq", "list", "--limit", "0"), "0 is not in the range x>=1"),
     (("replay", "x", "--since", "1h", "--chunk", "0"), "0 is not in the range 1<=x<=1000000"),
+    (("run", "--api-cors-origin", "not a url"), "'not a url' is not an origin"),
+    (("run", "--api-cors-origin", "https://app.example.com/"), "is not an origin"),  # a path: never matches
 ]
 
 

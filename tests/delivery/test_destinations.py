@@ -135,6 +135,17 @@ async def test_credentials_are_checked_kept_apart_and_never_listed(
         await conn.execute("""select ferry.set_subscription_credentials('b', '{"pass": "x"}')""")
     with pytest.raises(asyncpg.UndefinedObjectError, match="does not exist"):
         await conn.execute("""select ferry.set_subscription_credentials('nope', '{"token": "x"}')""")
+    await conn.execute("select ferry.subscribe('w', array['s'], 'https://127.0.0.1:9/x')")
+    await conn.execute("select ferry.subscribe('r', array['s'], 'redis://127.0.0.1:6379/0?stream=s')")
+    for name, credentials, says in [  # each taken before, and used by nothing (outside probe)
+        ("w", '{"token": "x"}', "subscription 'w' is a webhook: credentials are for NATS and Redis"),
+        ("b", '{"token": "x", "user": "u", "password": "p"}', "give one way to log in"),
+        ("r", '{"token": "x"}', "Redis takes a password, or a user and a password"),
+    ]:
+        with pytest.raises(asyncpg.InvalidParameterValueError, match=says):
+            await conn.execute("select ferry.set_subscription_credentials($1, $2::text::jsonb)", name, credentials)
+    await conn.execute("select ferry.set_subscription_credentials('w', '{}')")  # removing none is fine
+    await conn.execute("select ferry.unsubscribe('w'), ferry.unsubscribe('r')")
     done = await cli(pgferry_cmd, db_url, "subscription", "credentials", "b", "--user", "pf", "--password-env",
                      "PF_SECRET", env={"PF_SECRET": "hunter22"})  # fmt: skip
     assert done.returncode == 0, done.stderr

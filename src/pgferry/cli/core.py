@@ -28,7 +28,7 @@ from pgferry.delivery.addresses import ALLOW_ENV_VAR, STRICT_ENV_VAR, AddressPol
 from pgferry.embedded import embedded_postgres, free_port
 from pgferry.errors import PgferryError
 from pgferry.log.ticker import TickerSettings
-from pgferry.params import PORT, seconds
+from pgferry.params import PORT, Origin, seconds
 from pgferry.relay.surface import check_dashboard_binding
 from pgferry.schema import install_at
 from pgferry.streams.settings import ApiSettings
@@ -147,6 +147,7 @@ def install(database_url: str | None, pg_net: bool) -> None:
 @click.option(
     "--api-cors-origin",
     multiple=True,
+    type=Origin(),
     metavar="ORIGIN",
     help="Let browser pages from this origin call the streams API, e.g. https://app.example.com "
     "(repeatable; * for any).",
