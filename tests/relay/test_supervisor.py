@@ -108,6 +108,9 @@ async def test_two_processes_share_the_subscriptions_serve_one_metrics_port_and_
         return sorted(len(owned) for owned in (await children(conn, s.proc.pid)).values()) == [2, 2]
 
     await eventually(spread, timeout=30, what="both relay processes to claim their share")
+    # Each claimed its share at once (OwnershipSettings.peers): the first to start no longer took
+    # all four and handed two back, waiting up to stop_grace for their rounds (outside probe).
+    assert s.logged("handing") == 0
     pids = set(await children(conn, s.proc.pid))
     assert s.proc.pid not in pids
     assert s.logged("[process 1]") and s.logged("[process 2]")

@@ -57,6 +57,13 @@ HANDED_OVER_HOLD = 10.0
 class OwnershipSettings:
     claim_interval: float = 2.0
     stop_grace: float = 10.0
+    #: relays started together with this one (the processes of its supervisor): for its first
+    #: peers_wait seconds its fair share counts at least that many, though the others have not
+    #: shown up yet. The first process to start claimed every subscription and handed half back,
+    #: each hand-over waiting up to stop_grace for a round under way: with a backlog half of the
+    #: subscriptions delivered nothing for 15-35 s after each start (outside probe).
+    peers: int = 1
+    peers_wait: float = 10.0
 
 
 @dataclass
@@ -81,6 +88,7 @@ class Ownership:
         self.ctx = ctx
         self.settings = settings or OwnershipSettings()
         self.relay_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.started_at = time.monotonic()
         self.owned: dict[str, _Owned] = {}
         #: partitions handed over to spread their subscription, and when (see HANDED_OVER_HOLD)
         self._spread: dict[str, float] = {}
@@ -173,6 +181,8 @@ class Ownership:
             self.observe_round(time.perf_counter() - started)
         active = {sub.unit: sub for sub in map(Subscription.from_row, rows)}
         relays = max(1, rows[0]["live_relays"]) if rows else 1
+        if time.monotonic() - self.started_at < self.settings.peers_wait:
+            relays = max(relays, self.settings.peers)
         # Reap workers that ended on their own (e.g. 410 disabled them) or whose subscription went away.
         for name in list(self.owned):
             owned = self.owned[name]

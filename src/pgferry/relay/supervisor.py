@@ -195,6 +195,8 @@ class Supervisor:
             api=api,
             # N children together hold about the database connections one relay holds
             db_pool_size=max(MIN_CHILD_DB_POOL, math.ceil(self.relay.db_pool_size / self.settings.processes)),
+            # each claims its share at once, not everything to hand half back once the others show up
+            ownership=replace(self.relay.ownership, peers=self.settings.processes),
         )
 
     def view(self) -> SupervisorView:
