@@ -1,4 +1,5 @@
 import asyncio
+import re
 
 import asyncpg
 import pytest
@@ -62,3 +63,9 @@ async def test_suite_runs_on_uvloop_like_the_relay() -> None:
     import asyncio
 
     assert type(asyncio.get_running_loop()).__module__.startswith("uvloop")
+
+
+def test_every_named_query_is_defined_once() -> None:
+    """A second definition silently replaced the first (subscription_exists was written twice)."""
+    names = re.findall(r"^-- name: (\S+)", sql._read("queries.sql"), re.MULTILINE)
+    assert [n for n in set(names) if names.count(n) > 1] == []

@@ -50,10 +50,11 @@ class Origin(click.ParamType[str]):
     slash) was taken and every page stayed refused, silently (outside review)."""
 
     name = "origin"
-    _FORM = re.compile(r"^https?://[^\s/?#@]+$")
+    #: any scheme (https, chrome-extension, capacitor, app, ...), a host and maybe a port, no path
+    _FORM = re.compile(r"^[a-z][a-z0-9+.-]*://[^\s/?#@]+$")
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        text = str(value)
+        text = str(value).lower()  # browsers send scheme and host in lower case; the API compares exactly
         if text != "*" and not self._FORM.match(text):
             self.fail(f"{text!r} is not an origin: scheme://host[:port] with no path, e.g. https://app.example.com "
                       "(or * for any)", param, ctx)  # fmt: skip

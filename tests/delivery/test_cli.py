@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 import pgferry
+from pgferry.params import Origin
 from pgferry.receiver import Respond
 from tests.helpers import MakeReceiver, RunningRelay, cli, eventually
 
@@ -168,9 +169,21 @@ _REFUSED_NUMBERS = [
 ]
 
 
+def test_an_origin_is_taken_in_the_form_browsers_send() -> None:
+    kind = Origin()
+    assert kind.convert("https://App.Example.com:8443", None, None) == "https://app.example.com:8443"
+    assert kind.convert("chrome-extension://abcdef", None, None) == "chrome-extension://abcdef"
+    assert kind.convert("*", None, None) == "*"
+
+
 @pytest.mark.parametrize(("args", "says"), _REFUSED_NUMBERS, ids=lambda a: " ".join(a) if isinstance(a, tuple) else "")
-def test_numbers_no_command_can_use_are_refused_before_connecting(args: tuple[str, ...], says: str) -> None:
-    from pgferry.cli import main
+def test_numbers_no_command_can_use_are_refused_before_connecting(
+    args: tuple[str, ...], says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pgferry.cli import common, main
+
+    # In this process: the command's logging setup (root handler, asyncpg.pool filter) must not stay.
+    monkeypatch.setattr(common, "configure", lambda **_: None)
 
     # Nothing listens there: a value let through would fail to connect (exit 1), not be refused (2).
     done = CliRunner().invoke(main, [*args, "--database-url", "postgresql://postgres@127.0.0.1:1/x"])

@@ -205,3 +205,16 @@ def test_messages_made_once_per_subscription_are_those_message_of_makes(
         except request.BadRequest as exc:
             got = str(exc)
         assert got == expected
+
+
+def test_a_header_pgferry_sets_is_not_taken_from_a_subscription_saved_before_subscribe_refused_it() -> None:
+    """ferry.subscribe refuses them (any case); an older subscription's are left out, on both paths."""
+    legacy = {"Webhook-Signature": "forged", "NATS-MSG-ID": "mine", "Pgferry-Stream": "x", "X-Ok": "1"}
+    sub = subscription(name="s", headers=legacy)
+    dest = NatsDestination("127.0.0.1", 4222, Template("orders.{key}"))
+    event = OutEvent(7, "public.orders", "k", '{"n": 1}', None, NOW)
+    for message in (message_of(sub, dest, event), _Messages(sub, dest)(event)):
+        assert {k.lower(): v for k, v in message.headers.items()} == {
+            "x-ok": "1", "webhook-id": "evt_7", "pgferry-stream": "public.orders", "pgferry-key": "k",
+            "nats-msg-id": "s/evt_7",
+        }  # fmt: skip

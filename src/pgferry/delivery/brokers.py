@@ -209,7 +209,7 @@ def _ack_outcome(answer: tuple[bytes, bytes | None] | None) -> BaseException | N
     except orjson.JSONDecodeError:
         ack = None
     error = ack.get("error") if isinstance(ack, dict) else None
-    if error:
+    if isinstance(error, dict):
         return PublishRefused(False, error.get("err_code"), str(error.get("description") or error))
     if not (isinstance(ack, dict) and isinstance(ack.get("stream"), str) and isinstance(ack.get("seq"), int)):
         # A service that is not JetStream answered on the subject: any JSON was taken as stored,

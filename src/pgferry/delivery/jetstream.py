@@ -102,7 +102,8 @@ def header_block(headers: Mapping[str, str]) -> bytes:
 def message_of(sub: Subscription, dest: NatsDestination, event: OutEvent) -> Message:
     """One event as a JetStream message (``request.BadRequest`` if its subject or headers cannot be sent)."""
     webhook_id = request.message_id([event])
-    headers = {**sub.headers, **request.event_headers(event), "webhook-id": webhook_id, "pgferry-stream": event.stream}
+    own = {k: v for k, v in sub.headers.items() if k.lower() not in RESERVED}  # saved before subscribe refused them
+    headers = {**own, **request.event_headers(event), "webhook-id": webhook_id, "pgferry-stream": event.stream}
     if event.key is not None:
         headers["pgferry-key"], encoded = request.key_header(event.key)
         if encoded:
@@ -119,8 +120,9 @@ def _sendable(subject: str) -> bool:
     return bool(subject) and not _SUBJECT_BREAK.search(subject)
 
 
-#: The headers message_of sets on every message, over any header of the same name.
-_OWN_HEADERS = frozenset({"webhook-id", "pgferry-stream", "pgferry-key", "pgferry-key-encoding", "Nats-Msg-Id"})
+#: Headers a subscription's own may not set (message_of leaves them out): those a webhook request
+#: does not take from it, and JetStream's duplicate check (ferry._check_headers_map refuses them all).
+RESERVED = request.RESERVED | {"nats-msg-id"}
 #: Stream header lines kept by a sink's _Messages (a subscription has few streams).
 STREAM_LINES_MAX = 1_000
 
@@ -135,7 +137,7 @@ class _Messages:
 
     def __init__(self, sub: Subscription, dest: NatsDestination) -> None:
         self.sub, self.dest = sub, dest
-        self.general = bool(_OWN_HEADERS & sub.headers.keys()) or "\r" in sub.name or "\n" in sub.name
+        self.general = any(k.lower() in RESERVED for k in sub.headers) or "\r" in sub.name or "\n" in sub.name
         self.head = ""
         if not self.general:
             try:

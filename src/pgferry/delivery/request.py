@@ -36,9 +36,9 @@ _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 #: key_header checks it with str methods (tests/delivery/test_request.py holds them to this).
 PLAIN_KEY = re.compile(r"^[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?\Z")
 #: Headers pgferry writes itself: an event's or a subscription's of the same name is not sent
-#: (ferry.subscribe refuses them; a subscription saved before it did may still hold one).
-_RESERVED = {"webhook-id", "webhook-timestamp", "webhook-signature", "content-length", "host", "transfer-encoding",
-             "connection", "pgferry-stream", "pgferry-key", "pgferry-key-encoding"}  # fmt: skip
+#: (ferry._check_headers_map refuses them at subscribe; a subscription saved before may hold one).
+RESERVED = frozenset({"webhook-id", "webhook-timestamp", "webhook-signature", "content-length", "host",
+                      "transfer-encoding", "pgferry-stream", "pgferry-key", "pgferry-key-encoding"})  # fmt: skip
 
 
 class BadRequest(ValueError):
@@ -116,12 +116,12 @@ def build(sub: Subscription, events: Sequence[OutEvent], signer: Signer, *, max_
         )
     headers: dict[str, str] = {"content-type": "application/json"}
     for name, value in sub.headers.items():
-        if name.lower() not in _RESERVED:
+        if name.lower() not in RESERVED:
             headers[name.lower()] = value
     if not batched:
         event = events[0]
         for name, value in event_headers(event).items():
-            if name.lower() not in _RESERVED:
+            if name.lower() not in RESERVED:
                 headers[name.lower()] = value
         headers["pgferry-stream"] = event.stream
         if event.key is not None:

@@ -558,9 +558,6 @@ where a.error_class is not null and ($1::text is null or a.subscription = $1)
 order by a.id desc
 limit $2
 
--- name: subscription_exists
-select exists (select 1 from ferry.subscriptions where name = $1)
-
 -- name: subscription_url
 select url from ferry.subscriptions where name = $1
 

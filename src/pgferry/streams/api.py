@@ -332,7 +332,7 @@ class StreamsApi:
     async def no_such_route(self, request: web.Request) -> web.Response:
         """404 for a path the API does not serve (it was a 405: the preflight's route matched every
         path), 405 with Allow for a method a served path does not take; JSON like every error."""
-        parts = request.path.removeprefix("/v1/streams/").split("/")
+        parts = request.raw_path.split("?", 1)[0].removeprefix("/v1/streams/").split("/")  # a%2Fb is one name
         allowed = {1: "GET, POST", 2: {"events": "GET", "close": "POST"}.get(parts[-1])}.get(len(parts))
         if not parts[0] or not allowed:
             return web.json_response(

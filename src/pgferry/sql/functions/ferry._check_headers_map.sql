@@ -17,9 +17,10 @@
 -- strict also refuses the headers pgferry writes itself: the Standard
 -- Webhooks trio (webhook-id, webhook-timestamp, webhook-signature: a
 -- subscription header of that name replaced the signature, outside probe),
--- pgferry-* (the event's stream and key), JetStream's Nats-Msg-Id (its
--- duplicate check), and what frames the request (host, content-length,
--- transfer-encoding, connection).
+-- pgferry-stream, pgferry-key and pgferry-key-encoding (the event's stream
+-- and key), JetStream's Nats-Msg-Id (its duplicate check), and what frames
+-- the request (host, content-length, transfer-encoding). The same names as
+-- delivery/request.py's and delivery/jetstream.py's RESERVED.
 -- One loop over the map for both (migration 0026: the strict rule was
 -- ferry._check_header_values, a second loop).
 --
@@ -56,13 +57,13 @@ begin
         if v_name !~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]+$' then
             raise exception 'pgferry: % is not a valid HTTP header name', quote_literal(v_name) using errcode = '22023';
         end if;
-        if strict and (lower(v_name) in ('webhook-id', 'webhook-timestamp', 'webhook-signature', 'nats-msg-id', 'host',
-                                         'content-length', 'transfer-encoding', 'connection')
-                       or lower(v_name) like 'pgferry-%') then
+        if strict and lower(v_name) in ('webhook-id', 'webhook-timestamp', 'webhook-signature', 'pgferry-stream',
+                                        'pgferry-key', 'pgferry-key-encoding', 'nats-msg-id', 'host', 'content-length',
+                                        'transfer-encoding') then
             raise exception 'pgferry: header % is one pgferry sets itself on every delivery', quote_literal(v_name)
                 using errcode = '22023',
                       hint = 'webhook-id, webhook-timestamp and webhook-signature are computed per request (give '
-                             'a secret to sign), pgferry-* carry the event''s stream and key, Nats-Msg-Id is '
+                             'a secret to sign), pgferry-stream and pgferry-key carry the event''s stream and key, Nats-Msg-Id is '
                              'JetStream''s duplicate check, and the HTTP client frames the request.';
         end if;
         if jsonb_typeof(v_value) <> 'string' then
