@@ -198,11 +198,13 @@ async def test_a_chunk_stuck_on_a_lock_is_stopped_by_a_second_signal_and_another
     await conn.execute("create table t (id int primary key)")
     await conn.execute("insert into t select generate_series(1, 3000)")
     await conn.execute("select ferry.capture_table('t')")
+    env = pgferry_env(db_url)
+    pipes = {"stdout": asyncio.subprocess.PIPE, "stderr": asyncio.subprocess.PIPE}
     proc = await asyncio.create_subprocess_exec(
-        *pgferry_cmd, "backfill", "public.t", "--chunk", "100", "--max-rate", "500", "--quiet",
-        env=pgferry_env(db_url), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        *pgferry_cmd, "backfill", "public.t", "--chunk", "100", "--max-rate", "500", "--quiet", env=env, **pipes
+    )
     locker = await asyncpg.connect(db_url)
+    pausing: asyncio.subprocess.Process | None = None
     try:
         await eventually(lambda: _rows_done_over(conn, 200), timeout=30, what="the backfill to be under way")
         locking = locker.transaction()
@@ -216,19 +218,33 @@ async def test_a_chunk_stuck_on_a_lock_is_stopped_by_a_second_signal_and_another
 
         await eventually(chunk_waits, timeout=10, what="the next chunk to wait for the lock")
         backfill = await conn.fetchval("select id from ferry.backfills")
-        paused = await cli(pgferry_cmd, db_url, "backfill", "--pause", str(backfill))
-        assert paused.returncode == 1 and "a chunk in progress has held it for 5s" in paused.stderr, paused.stderr
-        proc.send_signal(signal.SIGINT)
+        pausing = await asyncio.create_subprocess_exec(*pgferry_cmd, "backfill", "--pause", str(backfill), env=env,
+                                                       **pipes)  # fmt: skip
+        assert pausing.stderr is not None
+        said = await asyncio.wait_for(pausing.stderr.readline(), 15)  # after 5 s of waiting, and it waits on
+        assert b"a chunk in progress holds it" in said and b"waiting for that chunk to end" in said, said
+        proc.send_signal(signal.SIGINT)  # pause after the chunk
         await asyncio.sleep(0.3)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)  # stop the chunk
+        try:  # a third while it stops (a third Ctrl-C was a CancelledError traceback): told it is stopping
+            proc.send_signal(signal.SIGTERM)
+            third = True
+        except ProcessLookupError:  # already gone
+            third = False
         _, stderr = await asyncio.wait_for(proc.communicate(), 10)
+        assert proc.returncode == 3 and b"Traceback" not in stderr, stderr  # stopped before the end
         assert b"pausing after the chunk in progress (again to stop it now)" in stderr, stderr
+        assert b"stopping the chunk in progress" in stderr, stderr
+        assert not third or b"still stopping" in stderr, stderr
+        paused_out, _ = await asyncio.wait_for(pausing.communicate(), 10)  # the chunk let go: it went on
+        assert pausing.returncode == 0 and b"paused" in paused_out, paused_out
         await locking.rollback()
         assert await conn.fetchval("select state from ferry.backfills") == "paused"
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        for p in (proc, pausing):
+            if p is not None and p.returncode is None:
+                p.kill()
+                await p.wait()
         await locker.close()
 
 

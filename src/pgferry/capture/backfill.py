@@ -177,23 +177,27 @@ async def start(
         raise
 
 
-#: How long a pause, resume or cancel waits for a chunk in progress to let go of its backfill.
+#: How long a pause, resume or cancel waits for a chunk in progress before it says that it waits.
 SET_STATE_WAIT = "5s"
 
 
-async def set_state(conn: asyncpg.Connection, backfill: int, action: str) -> str:
+async def set_state(
+    conn: asyncpg.Connection, backfill: int, action: str, *, on_wait: Callable[[], None] | None = None
+) -> str:
     """``cancel``, ``pause`` or ``resume`` a backfill; returns its state afterwards. A chunk in
     progress holds its backfill until it commits: one stuck on a lock made ``--cancel`` from
-    another shell hang without a word (outside probe), so this waits SET_STATE_WAIT at most."""
+    another shell hang without a word (outside probe). With ``on_wait``, it is called once the
+    wait passed SET_STATE_WAIT (to say so), and the wait goes on."""
+    query = sql.query("backfill_set_state")
     try:
-        async with conn.transaction():
-            await conn.execute(f"set local lock_timeout = '{SET_STATE_WAIT}'")
-            return str(await conn.fetchval(sql.query("backfill_set_state"), backfill, action))
-    except asyncpg.LockNotAvailableError:
-        raise InvalidBackfill(
-            f"backfill {backfill}: a chunk in progress has held it for {SET_STATE_WAIT} (it waits for a lock, or is "
-            f"slow); try again, or stop the `pgferry backfill` running it (a second Ctrl-C stops a chunk at once)"
-        ) from None
+        if on_wait is not None:
+            try:
+                async with conn.transaction():
+                    await conn.execute(f"set local lock_timeout = '{SET_STATE_WAIT}'")
+                    return str(await conn.fetchval(query, backfill, action))
+            except asyncpg.LockNotAvailableError:
+                on_wait()
+        return str(await conn.fetchval(query, backfill, action))
     except asyncpg.PostgresError as exc:
         if (refused := _refused(exc)) is not None:
             raise refused from None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import click
 
 import pgferry
@@ -110,10 +112,10 @@ def backfill(
                 if pause is not None or cancel is not None:
                     action, target = ("pause", pause) if pause is not None else ("cancel", cancel)
                     assert target is not None
-                    await backfills.set_state(conn, target, action)
+                    await backfills.set_state(conn, target, action, on_wait=_waiting(target))
                     return await backfills.progress(conn, target)
                 if resume is not None:
-                    await backfills.set_state(conn, resume, "resume")
+                    await backfills.set_state(conn, resume, "resume", on_wait=_waiting(resume))
                     started = resume
                 else:
                     assert table_name is not None
@@ -136,3 +138,12 @@ def backfill(
     driven = resume is not None or (table_name is not None and not detach)
     if driven and result.state in ("paused", "cancelled"):
         raise click.exceptions.Exit(EXIT_UNFINISHED)
+
+
+def _waiting(backfill: int) -> Callable[[], None]:
+    """What a pause, resume or cancel says once it has waited a while for a chunk in progress."""
+    return lambda: click.echo(
+        f"backfill {backfill}: a chunk in progress holds it (it waits for a lock, or is slow); waiting for that "
+        "chunk to end (Ctrl-C gives up; a second Ctrl-C where it runs stops it at once)",
+        err=True,
+    )

@@ -46,36 +46,57 @@ async def drive(
     or ``stop`` is set (then it is paused after the chunk in progress). Without ``stop``: Ctrl-C or
     SIGTERM, and a second one stops the chunk in progress at once (its statement is cancelled and
     rolled back): a chunk waiting on a lock made both signals wait for it, silently (outside probe)."""
+    signals = None
     if stop is None:
-        stop = _stop_on_signals(backfill)
+        signals = _Signals(backfill)
+        stop = signals.stop
     try:
-        return await _drive(ferry, backfill, show, max_rate, stop, console)
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is None or task.uncancel() > 0 or not stop.is_set():
-            raise
-    async with ferry.pool.acquire() as conn:  # a fresh connection: the cancelled one may still be resetting
-        await backfills.set_state(conn, backfill, "pause")
-        return await backfills.progress(conn, backfill)
+        try:
+            return await _drive(ferry, backfill, show, max_rate, stop, console)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            # Only our own cancel (the second signal) is a pause; any other goes on up.
+            if signals is None or not signals.cancelled or task is None or task.uncancel() > 0:
+                raise
+        async with ferry.pool.acquire() as conn:  # a fresh connection: the cancelled one may still be resetting
+            if (await backfills.progress(conn, backfill)).state == "running":  # not if it ended meanwhile
+                await backfills.set_state(conn, backfill, "pause")
+            return await backfills.progress(conn, backfill)
+    finally:
+        if signals is not None:
+            signals.close()
 
 
-def _stop_on_signals(backfill: int) -> asyncio.Event:
-    """The first SIGINT/SIGTERM sets the event (pause after the chunk in progress, said on stderr),
-    the second cancels the task driving the backfill."""
-    stop = asyncio.Event()
-    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+class _Signals:
+    """SIGINT/SIGTERM while a backfill runs here: the first sets ``stop`` (pause after the chunk in
+    progress), the second cancels the driving task once (the chunk's statement is cancelled), later
+    ones only say it is stopping (a third Ctrl-C cancelled the pause under way: a traceback)."""
 
-    def signalled() -> None:
-        if stop.is_set():
-            if task is not None:
-                task.cancel()
-            return
-        stop.set()
-        sys.stderr.write(f"\nbackfill {backfill}: pausing after the chunk in progress (again to stop it now)\n")
+    def __init__(self, backfill: int) -> None:
+        self.backfill = backfill
+        self.stop = asyncio.Event()
+        self.cancelled = False
+        self.loop, self.task = asyncio.get_running_loop(), asyncio.current_task()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self.loop.add_signal_handler(signum, self._signalled)
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, signalled)
-    return stop
+    def _signalled(self) -> None:
+        if not self.stop.is_set():
+            self.stop.set()
+            self._say("pausing after the chunk in progress (again to stop it now)")
+        elif not self.cancelled and self.task is not None:
+            self.cancelled = True
+            self.task.cancel()
+            self._say("stopping the chunk in progress")
+        else:
+            self._say("still stopping")
+
+    def _say(self, what: str) -> None:
+        sys.stderr.write(f"\nbackfill {self.backfill}: {what}\n")
+
+    def close(self) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self.loop.remove_signal_handler(signum)
 
 
 async def _drive(
