@@ -53,6 +53,10 @@ async def test_a_malformed_database_url_is_refused_in_one_line_saying_what_is_wr
         ("postgresql://me:secret@[::1/app", "'postgresql://me:***@[::1/app' is malformed (Invalid IPv6 URL)"),
         (f"{db_url}?connect_timeout=abc", "?connect_timeout= in the URL is not a connection parameter"),
         (f"postgresql://postgres@{host},{host}/app", "the database does not exist"),  # a host list still parses
+        # A password holding / or ? unencoded: urlsplit's host part ended there, no password was found
+        # to hide, and the URL was printed whole, blaming its "port" (a reviewer's base64 password).
+        ("postgresql://me:secret/k+Q2@127.0.0.1:5432/app", "percent-encode it (/ as %2F"),
+        ("postgresql://me:se?cret@127.0.0.1:5432/app", "'postgresql://me:***@127.0.0.1:5432/app': its password"),
     ]
     for url, says in cases:
         for opening in (db.connect(url), db.create_pool(url)):
@@ -60,3 +64,6 @@ async def test_a_malformed_database_url_is_refused_in_one_line_saying_what_is_wr
                 await opening
             assert says in str(refused.value) and "\n" not in str(refused.value), (url, str(refused.value))
             assert "secret" not in str(refused.value)
+    with pytest.raises(DatabaseUnreachable) as tried:  # an empty port is the default (5432), as libpq takes it
+        await db.connect("postgresql://postgres@127.0.0.1:/pgferry_no_such_database")
+    assert "has port" not in str(tried.value)

@@ -13,7 +13,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 import orjson
@@ -102,16 +102,15 @@ class Liveness:
         return {"command_timeout": self.command_timeout, "server_settings": settings}
 
 
+#: scheme://user: and everything up to the last @: a password that holds /, ?, # or @ unencoded
+#: ends urlsplit's netloc early, so it found no password and the URL was printed whole.
+_USER_PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/?#@]*:)(.*)@([^@]*)$", re.DOTALL)
+
+
 def redact(url: str) -> str:
-    """The URL with any password replaced, safe to print and log."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # malformed ("Invalid IPv6 URL"): shown as written, any password taken out
-        return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    """The URL with any password replaced, safe to print and log (also when it is malformed, or its
+    password holds characters that should have been percent-encoded)."""
+    return _USER_PASSWORD.sub(r"\1***@\3", url)
 
 
 def describe(exc: BaseException) -> str:
@@ -134,8 +133,13 @@ def check_url(url: str) -> None:
         raise DatabaseUnreachable(f"database URL {redact(url)!r} is malformed ({exc}); {_EXPECTED}") from None
     if parts.scheme not in ("postgres", "postgresql"):
         raise DatabaseUnreachable(f"database URL {redact(url)!r} is not a PostgreSQL URL; {_EXPECTED}")
+    if "@" not in parts.netloc and _USER_PASSWORD.match(url):  # user:pa/ss@host: the host part ended at the /
+        raise DatabaseUnreachable(
+            f"database URL {redact(url)!r}: its password holds a character that ends the host part (/, ?, # or @); "
+            "percent-encode it (/ as %2F, ? as %3F, # as %23, @ as %40)"
+        )
     for port in _ports(parts.netloc.rpartition("@")[2]):
-        if not (port.isdigit() and 1 <= int(port) <= 65535):
+        if port and not (port.isdigit() and 1 <= int(port) <= 65535):  # empty: the default, as libpq takes it
             raise DatabaseUnreachable(
                 f"database URL {redact(url)!r} has port {port!r}: a port is a number from 1 to 65535; {_EXPECTED}"
             )
