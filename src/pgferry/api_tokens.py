@@ -35,7 +35,7 @@ import asyncpg
 
 from pgferry import sql
 from pgferry.db import CONNECTION_ERRORS
-from pgferry.errors import InvalidTokenPattern, PgferryError, TokenStoreUnavailable
+from pgferry.errors import InvalidTokenPattern, PermissionDenied, PgferryError, TokenStoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -373,8 +373,8 @@ async def _admin(conn: asyncpg.Connection, method: str, query: str, *args: Any) 
     try:
         return await getattr(conn, method)(sql.query(query), *args)
     except asyncpg.InsufficientPrivilegeError as exc:
-        if query == "api_token_list":  # ferry_relay may: the CLI says to grant it
-            raise
+        if query == "api_token_list":  # ferry_relay may list them
+            raise PermissionDenied(f"{exc.message}: listing API tokens takes ferry_relay", exc) from None
         raise PgferryError(
             f"{exc.message}: creating and revoking API tokens takes the role that installed pgferry "
             "(ferry_relay may only read them), or one it granted INSERT and UPDATE on ferry.api_tokens"

@@ -66,3 +66,12 @@ class ConsumerStalled(PgferryError):
 
 class CaptureWarning(UserWarning):
     """A capture that will not see some writes of its table (e.g. a partitioned table by trigger)."""
+
+
+class PermissionDenied(PgferryError):
+    """PostgreSQL refused a statement for want of a privilege the role could be granted (``denied``
+    is its error: the CLI names the role and the grant)."""
+
+    def __init__(self, message: str, denied: BaseException) -> None:
+        super().__init__(message)
+        self.denied = denied

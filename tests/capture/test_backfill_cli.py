@@ -199,10 +199,11 @@ async def test_a_chunk_stuck_on_a_lock_is_stopped_by_a_second_signal_and_another
     await conn.execute("insert into t select generate_series(1, 3000)")
     await conn.execute("select ferry.capture_table('t')")
     env = pgferry_env(db_url)
-    pipes = {"stdout": asyncio.subprocess.PIPE, "stderr": asyncio.subprocess.PIPE}
+    pipe = asyncio.subprocess.PIPE
     proc = await asyncio.create_subprocess_exec(
-        *pgferry_cmd, "backfill", "public.t", "--chunk", "100", "--max-rate", "500", "--quiet", env=env, **pipes
-    )
+        *pgferry_cmd, "backfill", "public.t", "--chunk", "100", "--max-rate", "500", "--quiet", env=env,
+        stdout=pipe, stderr=pipe,
+    )  # fmt: skip
     locker = await asyncpg.connect(db_url)
     pausing: asyncio.subprocess.Process | None = None
     try:
@@ -219,7 +220,7 @@ async def test_a_chunk_stuck_on_a_lock_is_stopped_by_a_second_signal_and_another
         await eventually(chunk_waits, timeout=10, what="the next chunk to wait for the lock")
         backfill = await conn.fetchval("select id from ferry.backfills")
         pausing = await asyncio.create_subprocess_exec(*pgferry_cmd, "backfill", "--pause", str(backfill), env=env,
-                                                       **pipes)  # fmt: skip
+                                                       stdout=pipe, stderr=pipe)  # fmt: skip
         assert pausing.stderr is not None
         said = await asyncio.wait_for(pausing.stderr.readline(), 15)  # after 5 s of waiting, and it waits on
         assert b"a chunk in progress holds it" in said and b"waiting for that chunk to end" in said, said

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from datetime import datetime
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import asyncpg
 import click
@@ -25,7 +26,7 @@ import pgferry
 from pgferry import db
 from pgferry.capture.backfill import Progress as BackfillProgress
 from pgferry.delivery.signing import redact_secrets
-from pgferry.errors import PgferryError, one_line
+from pgferry.errors import PermissionDenied, PgferryError, one_line
 from pgferry.ops.backfill import rows_text
 from pgferry.ops.logs import configure
 
@@ -63,6 +64,10 @@ def run_coroutine(coro: Coroutine[Any, Any, Any], *, relay: bool = False, url: s
             pass
     try:
         return runner(coro)
+    except PermissionDenied as exc:
+        if isinstance(exc.denied, asyncpg.InsufficientPrivilegeError):
+            raise click.ClickException(permission_denied(exc.denied, url)) from None
+        raise click.ClickException(redact_secrets(str(exc))) from exc
     except PgferryError as exc:
         raise click.ClickException(redact_secrets(str(exc))) from exc
     except asyncpg.InsufficientPrivilegeError as exc:
@@ -85,10 +90,15 @@ def permission_denied(exc: asyncpg.InsufficientPrivilegeError, url: str | None) 
 
 
 def _role_of(url: str | None) -> str | None:
+    """The role of ``url``, written as a GRANT takes it (quoted unless a plain lower-case name)."""
     try:
-        return urlsplit(url).username if url else None
+        user = urlsplit(url).username if url else None
     except ValueError:
         return None
+    if not user:
+        return None
+    role = unquote(user)
+    return role if re.fullmatch(r"[a-z_][a-z0-9_$]*", role) else '"' + role.replace('"', '""') + '"'
 
 
 #: PostgreSQL's refusals of an interval's text, and what one looks like

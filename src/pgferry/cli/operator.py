@@ -199,7 +199,7 @@ def tail(database_url: str | None, streams: tuple[str, ...], as_json: bool, coun
 @database_url_option
 @click.argument("subscription")
 @click.option("--since", help="Events created since this time: ISO 8601 (UTC if no zone) or '15m', '2h', '1d'.")
-@click.option("--from-event", type=click.IntRange(1, 2**63 - 1), help="Events from this event id on.")
+@click.option("--from-event", type=click.IntRange(0, 2**63 - 1), help="Events from this event id on.")
 @click.option("--chunk", default=1000, show_default=True, type=click.IntRange(1, 1_000_000),
               help="About this many log events read per transaction.")  # fmt: skip
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation (only asked in a terminal).")

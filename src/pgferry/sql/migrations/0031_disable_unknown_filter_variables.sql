@@ -6,7 +6,10 @@
 -- failed for every subscription in it. Disabled, it is shown by `pgferry
 -- status` with what to do, and the others read on. The variables are found
 -- the way ferry._check_filter finds them: in the path's normalized text,
--- each quoted token taken whole from the left.
+-- each quoted token taken whole from the left. Whatever state such a
+-- subscription was in (paused, stalled, disabled for another reason), it
+-- is disabled with this reason: subscribing again with a fixed filter is
+-- the way back for all of them.
 
 update ferry.subscriptions s
 set state = 'disabled',
