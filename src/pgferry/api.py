@@ -10,6 +10,7 @@ async with pgferry.connect(url) as ferry:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import warnings
 from collections.abc import AsyncIterator, Generator, Iterable, Mapping, Sequence
@@ -56,6 +57,8 @@ def _non_finite(value: Any) -> bool:
             stack.extend(item.values())
         elif isinstance(item, list | tuple):
             stack.extend(item)
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):  # orjson writes these too
+            stack.extend(getattr(item, f.name) for f in dataclasses.fields(item))
     return False
 
 

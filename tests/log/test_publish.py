@@ -1,5 +1,7 @@
 """Publishing from SQL and from Python, and the errors for bad input."""
 
+from dataclasses import dataclass
+
 import asyncpg
 import pytest
 
@@ -62,7 +64,7 @@ async def test_publish_rejects_bad_input(ferry: pgferry.Ferry, conn: asyncpg.Con
         await ferry.publish("s", {"when": object()})
     with pytest.raises(pgferry.InvalidEvent, match="payload of event #1 is not JSON-serializable"):
         await ferry.publish_many([{"stream": "s", "payload": 1}, {"stream": "s", "payload": {1, 2}}])
-    for payload in (float("nan"), {"x": [1, {"y": float("inf")}]}, (None, -float("inf"))):  # orjson writes null
+    for payload in (float("nan"), {"x": [1, {"y": float("inf")}]}, (None, -float("inf")), _Reading(float("nan"))):
         with pytest.raises(pgferry.InvalidEvent, match="payload holds NaN or Infinity"):
             await ferry.publish("s", payload)
     with pytest.raises(pgferry.InvalidEvent, match="payload of event #0 holds NaN"):
@@ -130,3 +132,8 @@ async def test_connections_ferry_used_itself_skip_the_reset_and_yours_get_it(
             await ferry.close_stream("reset:check")
             await ferry.publish("reset:check", {"n": 7})  # fails: closed; the connection is reset
         assert resets == after_open + 3
+
+
+@dataclass
+class _Reading:  # orjson serializes dataclasses: a NaN field was written as null too
+    value: float

@@ -58,37 +58,22 @@ def capture(
         return
     with warnings.catch_warnings(record=True) as noted:
         warnings.simplefilter("always", CaptureWarning)
-        name = _capture(database_url, table, stream, method, key_columns, condition, columns, exclude_columns,
-                        changed_columns, operations)  # fmt: skip
+        name = with_ferry(
+            database_url,
+            lambda f: f.capture_table(
+                table,
+                stream=stream,
+                method=method,
+                key_columns=key_columns or None,
+                condition=condition,
+                columns=columns or None,
+                exclude_columns=exclude_columns or None,
+                changed_columns=changed_columns or None,
+                operations=operations or None,
+            ),
+        )
     how = "from the WAL (the relay decodes it)" if method == "wal" else "by trigger"
     click.echo(f"{table} is captured {how} into stream {name}")
     for warning in noted:
-        click.echo(f"warning: {warning.message}", err=True)
-
-
-def _capture(
-    database_url: str | None,
-    table: str,
-    stream: str | None,
-    method: str,
-    key_columns: tuple[str, ...],
-    condition: str | None,
-    columns: tuple[str, ...],
-    exclude_columns: tuple[str, ...],
-    changed_columns: tuple[str, ...],
-    operations: tuple[str, ...],
-) -> str:
-    return with_ferry(
-        database_url,
-        lambda f: f.capture_table(
-            table,
-            stream=stream,
-            method=method,
-            key_columns=key_columns or None,
-            condition=condition,
-            columns=columns or None,
-            exclude_columns=exclude_columns or None,
-            changed_columns=changed_columns or None,
-            operations=operations or None,
-        ),
-    )
+        if issubclass(warning.category, CaptureWarning):
+            click.echo(f"warning: {warning.message}", err=True)
