@@ -27,6 +27,17 @@ database_url_option = click.option(
 )
 
 
+#: The seed scenarios' size, and how long a run waits for the last delivery (webhooks, scale, sinks).
+scale_option = click.option(
+    "--scale", default=1.0, show_default=True, type=FiniteFloatRange(0.01),
+    help="Multiply every scenario's transaction count (1.0: the seed's pgbench -c 10 -t 1000).",
+)  # fmt: skip
+delivery_timeout_option = click.option(
+    "--timeout", default=120.0, show_default=True, type=seconds(),
+    help="Seconds to wait for deliveries after the inserts.",
+)  # fmt: skip
+
+
 def _run_bench(
     database_url: str | None,
     bench: Callable[[str], Coroutine[Any, Any, bool]],
@@ -166,16 +177,9 @@ def capture(
 
 @click.command()
 @database_url_option
-@click.option("--scale", default=1.0, show_default=True, type=FiniteFloatRange(0.01),
-              help="Multiply every scenario's transaction count (1.0: the seed's pgbench -c 10 -t 1000).")  # fmt: skip
+@scale_option
 @click.option("--only", "only", multiple=True, type=click.IntRange(1, 6), help="Scenario number(s) to run (1-6).")
-@click.option(
-    "--timeout",
-    default=120.0,
-    show_default=True,
-    type=seconds(),
-    help="Seconds to wait for deliveries after the inserts.",
-)
+@delivery_timeout_option
 @click.option(
     "--rate",
     type=FiniteFloatRange(1),
@@ -204,15 +208,8 @@ def webhooks(database_url: str | None, scale: float, only: tuple[int, ...], time
 @click.option("--layouts", default="1,2,4,2r", show_default=True, metavar="LIST",
               help="Relay layouts, one after the other: N (one relay of N processes), Mr (M relays of one "
                    "process), NxM (M relays of N processes); one partition per process.")  # fmt: skip
-@click.option("--scale", default=1.0, show_default=True, type=FiniteFloatRange(0.01),
-              help="Multiply every scenario's transaction count (1.0: the seed's pgbench -c 10 -t 1000).")  # fmt: skip
-@click.option(
-    "--timeout",
-    default=120.0,
-    show_default=True,
-    type=seconds(),
-    help="Seconds to wait for deliveries after the inserts.",
-)
+@scale_option
+@delivery_timeout_option
 @click.option("--rate", type=FiniteFloatRange(1), metavar="TX/S",
               help="Throttle pgbench to this many transactions/s in all (pgbench -R): a load the machine can "
                    "insert and deliver at once, instead of inserts taking every core.")  # fmt: skip
@@ -249,15 +246,8 @@ def scale(
               help="Scenario number(s) of `bench webhooks` to run (1-3).")  # fmt: skip
 @click.option("--sinks", "sinks", default="webhook,nats,redis", show_default=True, metavar="LIST",
               help="Destinations, one after the other: webhook, nats (JetStream), redis (Streams).")  # fmt: skip
-@click.option("--scale", default=1.0, show_default=True, type=FiniteFloatRange(0.01),
-              help="Multiply every scenario's transaction count (1.0: the seed's pgbench -c 10 -t 1000).")  # fmt: skip
-@click.option(
-    "--timeout",
-    default=120.0,
-    show_default=True,
-    type=seconds(),
-    help="Seconds to wait for deliveries after the inserts.",
-)
+@scale_option
+@delivery_timeout_option
 @click.option("--rate", type=FiniteFloatRange(1), metavar="TX/S",
               help="Throttle pgbench to this many transactions/s in all (pgbench -R).")  # fmt: skip
 def sinks(database_url: str | None, only: tuple[int, ...], sinks: str, scale: float, timeout: float,
