@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import asyncpg
+
 
 def one_line(exc: BaseException) -> str:
     """A PostgreSQL error as one line: its message, then its detail and hint. asyncpg's str()
@@ -72,6 +77,6 @@ class PermissionDenied(PgferryError):
     """PostgreSQL refused a statement for want of a privilege the role could be granted (``denied``
     is its error: the CLI names the role and the grant)."""
 
-    def __init__(self, message: str, denied: BaseException) -> None:
+    def __init__(self, message: str, denied: asyncpg.InsufficientPrivilegeError) -> None:
         super().__init__(message)
         self.denied = denied

@@ -65,9 +65,7 @@ def run_coroutine(coro: Coroutine[Any, Any, Any], *, relay: bool = False, url: s
     try:
         return runner(coro)
     except PermissionDenied as exc:
-        if isinstance(exc.denied, asyncpg.InsufficientPrivilegeError):
-            raise click.ClickException(permission_denied(exc.denied, url)) from None
-        raise click.ClickException(redact_secrets(str(exc))) from exc
+        raise click.ClickException(permission_denied(exc.denied, url)) from None
     except PgferryError as exc:
         raise click.ClickException(redact_secrets(str(exc))) from exc
     except asyncpg.InsufficientPrivilegeError as exc:

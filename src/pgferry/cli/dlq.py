@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TypeVar
 
 import click
 import orjson
@@ -24,11 +24,14 @@ from pgferry.cli.common import (
 from pgferry.ops import inspect
 from pgferry.params import INT8
 
+T = TypeVar("T")
 
-async def _known(f: pgferry.Ferry, subscription: str, action: Callable[[], Awaitable[int]]) -> int:
-    """``action``'s count, once SUBSCRIPTION is known to exist: of an unknown one the count is 0,
-    and "0 dead letter(s) queued" with exit 0 hid a typo."""
-    await on_conn(f, lambda c: inspect.require_subscription(c, subscription))
+
+async def _known(f: pgferry.Ferry, subscription: str | None, action: Callable[[], Awaitable[T]]) -> T:
+    """``action``'s answer, once SUBSCRIPTION (if given) is known to exist: of an unknown one the
+    answer is empty, and "0 dead letter(s) queued" with exit 0 hid a typo."""
+    if subscription is not None:
+        await on_conn(f, lambda c: inspect.require_subscription(c, subscription))
     return await action()
 
 
@@ -44,13 +47,7 @@ def dlq() -> None:
 @json_option
 def dlq_list(database_url: str | None, subscription: str | None, limit: int, as_json: bool) -> None:
     """List dead letters with their last error."""
-
-    async def read(f: pgferry.Ferry) -> list[dict[str, Any]]:
-        if subscription is not None:
-            await on_conn(f, lambda c: inspect.require_subscription(c, subscription))
-        return await f.dead_letters(subscription, limit)
-
-    rows = with_ferry(database_url, read)
+    rows = with_ferry(database_url, lambda f: _known(f, subscription, lambda: f.dead_letters(subscription, limit)))
     if as_json:
         print_json(rows)
         return

@@ -22,7 +22,7 @@ from pgferry.cli.common import (
 )
 from pgferry.delivery.http import endpoint_of
 from pgferry.delivery.signing import new_secret
-from pgferry.ops.inspect import unwritten_warning
+from pgferry.ops.inspect import no_such_subscription, unwritten_warning
 from pgferry.params import INT4
 
 
@@ -109,18 +109,13 @@ def list_(database_url: str | None, as_json: bool) -> None:
     table("subscriptions", rows, columns)
 
 
-def _state_command(verb: str, method: str, done: str) -> click.Command:
-    """`pgferry subscription pause NAME` (and any other verb that is one Ferry method of NAME)."""
-
-    def command(database_url: str | None, name: str) -> None:
-        with_ferry(database_url, lambda f: getattr(f, method)(name))
-        click.echo(f"subscription {name} {done}")
-
-    command.__doc__ = f"{verb.capitalize()} subscription NAME."
-    return subscription.command(verb)(database_url_option(click.argument("name")(command)))
-
-
-pause = _state_command("pause", "pause", "paused")
+@subscription.command("pause")
+@database_url_option
+@click.argument("name")
+def pause(database_url: str | None, name: str) -> None:
+    """Pause subscription NAME."""
+    with_ferry(database_url, lambda f: f.pause(name))
+    click.echo(f"subscription {name} paused")
 
 
 @subscription.command("resume")
@@ -143,7 +138,7 @@ def resume(database_url: str | None, name: str, from_position: str | None) -> No
 def remove(database_url: str | None, name: str) -> None:
     """Remove subscription NAME, with its cursor, parked retries and dead letters."""
     if not with_ferry(database_url, lambda f: f.unsubscribe(name)):  # False: there was none to remove
-        raise click.ClickException(f"pgferry: subscription {name!r} does not exist; see `pgferry subscription list`")
+        raise click.ClickException(no_such_subscription(name))
     click.echo(f"subscription {name} removed")
 
 

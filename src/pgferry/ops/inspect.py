@@ -331,12 +331,16 @@ def _jsonb(value: Any) -> Any:
     return value.encode() if isinstance(value, RawJSON) else value
 
 
+def no_such_subscription(name: str) -> str:
+    return f"pgferry: subscription {name!r} does not exist; see `pgferry subscription list`"
+
+
 async def require_subscription(conn: asyncpg.Connection, name: str) -> None:
     """Raise, as pause does, when there is no subscription ``name``: `subscription remove`, `dlq
     replay|discard` and `dlq list --subscription` of a typo said "removed", "0 queued" or listed
     nothing with exit 0, and a script could not tell (outside review)."""
     if not await conn.fetchval(sql.query("subscription_exists"), name):
-        raise PgferryError(f"pgferry: subscription {name!r} does not exist; see `pgferry subscription list`")
+        raise PgferryError(no_such_subscription(name))
 
 
 async def dead_letter(conn: asyncpg.Connection, letter_id: int, snippet: int = RESPONSE_SNIPPET) -> dict[str, Any]:
