@@ -130,11 +130,7 @@ async def test_a_backfill_paused_by_sigterm_exits_3_so_a_script_knows_it_did_not
         env=pgferry_env(db_url), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
-
-        async def under_way() -> bool:
-            return bool(await conn.fetchval("select coalesce(rows_done, 0) >= 100 from ferry.backfills"))
-
-        await eventually(under_way, timeout=30, what="the backfill to be under way")
+        await eventually(lambda: _rows_done_over(conn, 99), timeout=30, what="the backfill to be under way")
         proc.send_signal(signal.SIGTERM)
         out, _ = await asyncio.wait_for(proc.communicate(), 30)
     finally:
