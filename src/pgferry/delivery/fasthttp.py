@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from urllib.parse import urljoin, urlsplit
 
+from pgferry.aio import Slots
 from pgferry.delivery.addresses import DEFAULT_POLICY, AddressPolicy, RefusedAddress, allowed_addresses
 from pgferry.delivery.http import (
     MAX_CAPTURED_BYTES,
@@ -227,7 +228,7 @@ class _Pool:
         #: most recently given back last; kept in step with idle_set
         self.idle: list[_Connection] = []
         self.idle_set = idle_set
-        self.slots = asyncio.Semaphore(size)
+        self.slots = Slots(size)
 
     def take_idle(self) -> _Connection | None:
         """The most recently used idle connection that is still open and not about to be closed

@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+from pgferry.aio import Slots
+
 #: Requests any subscription with something to send may have in flight, however many others
 #: do: one may hang (until its round lets go of it) while the next goes out.
 MIN_SHARE = 2
@@ -33,7 +35,7 @@ class RelayInFlight:
         if total < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {total}")
         self.total = total
-        self.slots = asyncio.Semaphore(total)
+        self.slots = Slots(total)
         #: subscriptions with requests in flight or waiting to be
         self.active = 0
 
