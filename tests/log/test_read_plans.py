@@ -65,3 +65,31 @@ async def test_the_relays_reads_use_the_txid_index_after_the_empty_log_was_analy
     assert any(row["id"] is not None for row in rows)  # it read the event
     reads = [p for p in plans if "events_0" in p]
     assert reads and not any("Seq Scan on events" in p for p in reads), reads
+
+
+async def test_the_tickers_look_for_news_uses_the_txid_index_and_compiles_nothing(
+    db_url: str, conn: asyncpg.Connection
+) -> None:
+    """ferry._tick_snapshot's plans live in the ticker's session: one made while the log was
+    empty scanned the whole partition on every round with nothing new (110 ms a round with
+    300,000 events retained). With enable_seqscan off in the function, the scans of the sequence
+    and of ferry.config cost enough for JIT (200 ms a call): it has jit off too."""
+    await conn.execute("vacuum analyze ferry.events, ferry.ticks")
+    await conn.execute("select ferry.publish('s', '1')")
+    await conn.execute("select ferry._tick()")  # nothing new after it: every condition is looked at
+    plans: list[str] = []
+    ticker = await db.connect(db_url)
+    try:
+        ticker.add_log_listener(lambda _conn, message: plans.append(message.message))
+        await ticker.execute("load 'auto_explain'")
+        settings = {"auto_explain.log_min_duration": "0", "auto_explain.log_nested_statements": "on",
+                    "auto_explain.log_level": "notice", "plan_cache_mode": "force_generic_plan",
+                    "jit_above_cost": "0"}  # fmt: skip
+        for setting, value in settings.items():
+            await ticker.execute(f"set {setting} = '{value}'")
+        assert await ticker.fetchval("select count(*) from ferry._tick_snapshot(false, pg_current_snapshot())") == 0
+    finally:
+        await ticker.close()
+    looks = [p for p in plans if "events_0" in p]
+    assert looks and not any("Seq Scan on events" in p for p in looks), looks
+    assert not any("JIT" in p for p in plans), plans
