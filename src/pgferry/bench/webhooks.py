@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import asyncpg
 import click
+import orjson
 
 from pgferry import db
 from pgferry.bench.pgbench import run_pgbench
@@ -34,7 +35,7 @@ from pgferry.bench.procstat import cpu_by_command, cpu_spent
 from pgferry.bench.relay import running_relays
 from pgferry.bench.report import Latency, ms, num
 from pgferry.bench.sqlfiles import named
-from pgferry.bench.tracking_receiver import RESET_PATH, STATS_PATH
+from pgferry.bench.tracking_receiver import LATENCIES_PATH, RESET_PATH, STATS_PATH
 from pgferry.errors import PgferryError
 from pgferry.schema import install
 
@@ -137,11 +138,17 @@ class ReceiverStats:
         parts = urlsplit(url)
         self.url = f"{parts.scheme}://{parts.netloc}{STATS_PATH}"
         self.reset_url = f"{parts.scheme}://{parts.netloc}{RESET_PATH}"
+        self.latencies_url = f"{parts.scheme}://{parts.netloc}{LATENCIES_PATH}"
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
 
     async def __call__(self) -> dict[str, Any]:
         async with self.session.get(self.url) as resp:
             return dict(await resp.json(content_type=None))
+
+    async def latencies(self) -> list[float]:
+        """Every commit-to-receipt latency since the reset (ms): once, at the end."""
+        async with self.session.get(self.latencies_url) as resp:
+            return list(orjson.loads(await resp.read()))
 
     async def reset(self) -> None:
         async with self.session.get(self.reset_url) as resp:
@@ -276,6 +283,7 @@ async def run_scenario(
                     stats = await receiver_stats()
                     delivered, last_at = await _delivered(conn, scenario, stats, before)
                 cpu = cpu_spent(cpu_before, cpu_by_command(WEBHOOK_PARTIES))
+                latencies = await receiver_stats.latencies()
                 time_wait_running = time_wait_sockets(port)
             time_wait_after = time_wait_sockets(port)
             dead = await conn.fetchval(named("webhooks.sql", "dead")) - before.dead
@@ -296,7 +304,7 @@ async def run_scenario(
         failed_attempts=failed,
         insert_seconds=insert_end - started,
         throughput=delivered / max(1e-9, last_at - delivering_since),
-        latency=Latency.of(stats["latencies_ms"]),
+        latency=Latency.of(latencies),
         last_after_commit_s=last_at - insert_end,
         time_wait_running=time_wait_running,
         time_wait_after=time_wait_after,
