@@ -11,7 +11,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pgferry.aio import Slots
+from pgferry.aio import Slots, Wake
 
 ops = st.lists(
     st.one_of(
@@ -94,3 +94,29 @@ async def test_a_waiter_cancelled_after_it_was_handed_a_slot_passes_it_on() -> N
 def test_negative_size_is_refused() -> None:
     with pytest.raises(ValueError, match="must not be negative"):
         Slots(-1)
+
+
+async def test_wake_ends_a_wait_by_its_flag_or_by_the_future_beside_it_and_keeps_no_callback() -> None:
+    wake = Wake()
+    loop = asyncio.get_running_loop()
+    for _ in range(100):  # each wait ended by its future: nothing of it stays with the flag
+        head: asyncio.Future[None] = loop.create_future()
+        waiting = asyncio.create_task(wake.wait(head))
+        await asyncio.sleep(0)
+        head.set_result(None)
+        await asyncio.wait_for(waiting, 1)
+    assert not wake._callbacks and not wake.is_set()
+    head = loop.create_future()
+    waiting = asyncio.create_task(wake.wait(head))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    wake.set()
+    await asyncio.wait_for(waiting, 1)
+    await asyncio.wait_for(wake.wait(), 1)  # set: at once
+    wake.clear()
+    waiting = asyncio.create_task(wake.wait())
+    await asyncio.sleep(0)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert not wake._callbacks

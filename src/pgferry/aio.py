@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import random
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 
 async def wait_for_event(event: asyncio.Event, seconds: float) -> bool:
@@ -71,3 +73,53 @@ class Slots:
 
     async def __aexit__(self, *exc: object) -> None:
         self.release()
+
+
+class Wake:
+    """A flag a task waits on together with a future, without a task per wait.
+
+    A subscription's worker waits, between each of its batches, for its oldest batch in flight
+    or for the LogWatch's wake-up. ``asyncio.wait`` on that batch and on a task of
+    ``Event.wait()`` made a task, two futures and their callbacks every time: 8% of the relay's
+    CPU with 1,000 subscriptions at 1,000 deliveries a second (py-spy, `bench fanout --rate 1`).
+    """
+
+    __slots__ = ("_callbacks", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            callbacks, self._callbacks = self._callbacks, []
+            for callback in callbacks:
+                callback()
+
+    def clear(self) -> None:
+        self._set = False
+
+    async def wait(self, head: asyncio.Future[Any] | None = None) -> None:
+        """Until the flag is set, or ``head`` is done."""
+        if self._set or (head is not None and head.done()):
+            return
+        done = asyncio.get_running_loop().create_future()
+
+        def finish(_: object = None) -> None:
+            if not done.done():
+                done.set_result(None)
+
+        self._callbacks.append(finish)
+        if head is not None:
+            head.add_done_callback(finish)
+        try:
+            await done
+        finally:
+            if head is not None:
+                head.remove_done_callback(finish)
+            with contextlib.suppress(ValueError):  # called already by set()
+                self._callbacks.remove(finish)

@@ -49,7 +49,7 @@ from typing import Any
 import asyncpg
 
 from pgferry import db, sql
-from pgferry.aio import wait_for_event
+from pgferry.aio import Wake, wait_for_event
 from pgferry.delivery.bookkeeping import Bookkeeper, Books
 from pgferry.delivery.context import (
     PIPELINE_DEPTH,
@@ -151,7 +151,7 @@ class SubscriptionWorker:
         #: checks it, so that a relay that lost the subscription stops (migration 0016)
         self.epoch = epoch
         self.sink: Sink = sink_for(sub, ctx)
-        self.wake = asyncio.Event()
+        self.wake = Wake()
         self.stopping = asyncio.Event()
         #: records what rounds did; its counters are the worker's delivered and failed
         self.books = Bookkeeper(ctx, epoch)
@@ -478,15 +478,11 @@ class SubscriptionWorker:
 
     async def _wait(self, head: asyncio.Task[Books] | None, *, wake: bool) -> None:
         """Until the oldest batch in flight is done, or (``wake``) the LogWatch wakes us."""
-        waiters: set[asyncio.Future[Any]] = set() if head is None else {head}
-        waker = asyncio.ensure_future(self.wake.wait()) if wake else None
-        if waker is not None:
-            waiters.add(waker)
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if waker is not None:
-                waker.cancel()
+        if wake:
+            await self.wake.wait(head)
+        else:
+            assert head is not None  # not waking only while batches are in flight
+            await asyncio.wait({head})
 
     async def _retry_loop(self) -> None:
         expired_at = 0.0  # when held events were last checked against max_age
