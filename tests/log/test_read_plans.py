@@ -1,5 +1,8 @@
 """Readers' sessions keep the log's index in their plans, whatever the statistics say."""
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import asyncpg
 import pytest
 
@@ -22,6 +25,24 @@ async def _generic_plan(url: str, settings: dict[str, str], name: str) -> str:
         return "\n".join(r[0] for r in await conn.fetch(f"explain execute p({values})"))
     finally:
         await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def _explained(url: str, **settings: str) -> AsyncIterator[tuple[asyncpg.Connection, list[str]]]:
+    """A session whose statements' plans, nested ones included, come back as notices (auto_explain),
+    with the generic plans a long-lived session settles on; and the list they are collected in."""
+    plans: list[str] = []
+    session = await db.connect(url)
+    try:
+        session.add_log_listener(lambda _conn, message: plans.append(message.message))
+        await session.execute("load 'auto_explain'")
+        explain = {"auto_explain.log_min_duration": "0", "auto_explain.log_nested_statements": "on",
+                   "auto_explain.log_level": "notice", "plan_cache_mode": "force_generic_plan"}  # fmt: skip
+        for setting, value in {**explain, **settings}.items():
+            await session.execute(f"set {setting} = '{value}'")
+        yield session, plans
+    finally:
+        await session.close()
 
 
 @pytest.mark.parametrize("name", READS)
@@ -47,21 +68,11 @@ async def test_the_relays_reads_use_the_txid_index_after_the_empty_log_was_analy
     await conn.execute("select ferry.publish('s', '1')")
     await conn.execute("select ferry._tick()")
     await conn.execute("vacuum analyze ferry.events, ferry.ticks")
-    plans: list[str] = []
-    relay = await db.connect(db_url)
-    try:
-        relay.add_log_listener(lambda _conn, message: plans.append(message.message))
-        await relay.execute("load 'auto_explain'")
-        settings = {"auto_explain.log_min_duration": "0", "auto_explain.log_nested_statements": "on",
-                    "auto_explain.log_level": "notice", "plan_cache_mode": "force_generic_plan"}  # fmt: skip
-        for setting, value in settings.items():
-            await relay.execute(f"set {setting} = '{value}'")
+    async with _explained(db_url) as (relay, plans):
         # one read of subscription w from its cursor, nothing to acknowledge
         args: tuple[object, ...] = (["w"], ["webhook:w"], [None], [False], [None], [None], [True], [None],
                                     [], [], [], [], [], 100, None, None, None, None, None, None)  # fmt: skip
         rows = await relay.fetch(sql.query("webhook_steps"), *args)
-    finally:
-        await relay.close()
     assert any(row["id"] is not None for row in rows)  # it read the event
     reads = [p for p in plans if "events_0" in p]
     assert reads and not any("Seq Scan on events" in p for p in reads), reads
@@ -77,19 +88,8 @@ async def test_the_tickers_look_for_news_uses_the_txid_index_and_compiles_nothin
     await conn.execute("vacuum analyze ferry.events, ferry.ticks")
     await conn.execute("select ferry.publish('s', '1')")
     await conn.execute("select ferry._tick()")  # nothing new after it: every condition is looked at
-    plans: list[str] = []
-    ticker = await db.connect(db_url)
-    try:
-        ticker.add_log_listener(lambda _conn, message: plans.append(message.message))
-        await ticker.execute("load 'auto_explain'")
-        settings = {"auto_explain.log_min_duration": "0", "auto_explain.log_nested_statements": "on",
-                    "auto_explain.log_level": "notice", "plan_cache_mode": "force_generic_plan",
-                    "jit_above_cost": "0"}  # fmt: skip
-        for setting, value in settings.items():
-            await ticker.execute(f"set {setting} = '{value}'")
+    async with _explained(db_url, jit_above_cost="0") as (ticker, plans):
         assert await ticker.fetchval("select count(*) from ferry._tick_snapshot(false, pg_current_snapshot())") == 0
-    finally:
-        await ticker.close()
     looks = [p for p in plans if "events_0" in p]
     assert looks and not any("Seq Scan on events" in p for p in looks), looks
     assert not any("JIT" in p for p in plans), plans
