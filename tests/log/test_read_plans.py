@@ -1,7 +1,7 @@
 """Readers' sessions keep the log's index in their plans, whatever the statistics say."""
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import asyncpg
 import pytest
@@ -78,18 +78,34 @@ async def test_the_relays_reads_use_the_txid_index_after_the_empty_log_was_analy
     assert reads and not any("Seq Scan on events" in p for p in reads), reads
 
 
-async def test_the_tickers_look_for_news_uses_the_txid_index_and_compiles_nothing(
-    db_url: str, conn: asyncpg.Connection
+#: Statements the relay repeats in its long-lived sessions over the log, each a function with
+#: enable_seqscan and jit off: (what, the statement, its arguments from the newest tick's id).
+RELAY_LOOKS: dict[str, tuple[str, Callable[[int], tuple[object, ...]]]] = {
+    # the ticker's "did anything commit since the last tick" (nothing did: every condition is looked at)
+    "tick": ("select count(*) from ferry._tick_snapshot(false, pg_current_snapshot())", lambda latest: ()),
+    # the LogWatch's "which streams moved" for an idle subscription
+    "log_watch": (sql.query("log_watch"), lambda latest: (latest - 1, [], [], ["x"], [None])),
+    # housekeeping's catalogue of streams
+    "catalog": ("select ferry._catalog_streams()", lambda latest: ()),
+}
+
+
+@pytest.mark.parametrize("look", RELAY_LOOKS)
+async def test_the_relays_looks_at_the_log_use_the_txid_index_and_compile_nothing(
+    db_url: str, conn: asyncpg.Connection, look: str
 ) -> None:
-    """ferry._tick_snapshot's plans live in the ticker's session: one made while the log was
-    empty scanned the whole partition on every round with nothing new (110 ms a round with
-    300,000 events retained). With enable_seqscan off in the function, the scans of the sequence
-    and of ferry.config cost enough for JIT (200 ms a call): it has jit off too."""
+    """Their plans are cached in the relay's sessions: one made while a partition was empty
+    scanned it whole on every call until autovacuum analyzed it (the ticker's: 110 ms a round
+    with 300,000 events retained, on every round with nothing new). With enable_seqscan off,
+    the scans of a sequence or of ferry.config cost enough for JIT (200 ms a call): jit off."""
     await conn.execute("vacuum analyze ferry.events, ferry.ticks")
-    await conn.execute("select ferry.publish('s', '1')")
-    await conn.execute("select ferry._tick()")  # nothing new after it: every condition is looked at
-    async with _explained(db_url, jit_above_cost="0") as (ticker, plans):
-        assert await ticker.fetchval("select count(*) from ferry._tick_snapshot(false, pg_current_snapshot())") == 0
+    for n in (1, 2):
+        await conn.execute(f"select ferry.publish('s', '{n}')")
+        await conn.execute("select ferry._tick()")
+    statement, args = RELAY_LOOKS[look]
+    latest = await conn.fetchval("select max(id) from ferry.ticks")
+    async with _explained(db_url, jit_above_cost="0") as (relay, plans):
+        await relay.fetch(statement, *args(latest))
     looks = [p for p in plans if "events_0" in p]
     assert looks and not any("Seq Scan on events" in p for p in looks), looks
     assert not any("JIT" in p for p in plans), plans

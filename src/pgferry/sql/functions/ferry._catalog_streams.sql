@@ -18,9 +18,12 @@
 -- Tables:     reads ferry.events, ferry.ticks; writes ferry.streams, ferry.stream_scan.
 -- Raises:     nothing of its own (42501 without privileges on those tables).
 -- Roles:      ferry_relay, through ferry.housekeeping.
+-- Settings:   enable_seqscan and jit off, as ferry._tick_snapshot: its plans are
+--             cached in the relay's session, and one made while a partition was
+--             empty scanned it whole.
 
 create or replace function ferry._catalog_streams() returns integer
-language plpgsql as $$
+language plpgsql set enable_seqscan = off set jit = off as $$
 declare
     v_from      pg_snapshot;
     v_from_tick bigint;
