@@ -120,3 +120,14 @@ async def test_wake_ends_a_wait_by_its_flag_or_by_the_future_beside_it_and_keeps
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert not wake._callbacks
+
+
+async def test_a_wait_ended_without_a_cancel_loses_no_slot() -> None:
+    """A coroutine closed (or thrown into) while it waits is not handed the next slot."""
+    slots = Slots(1)
+    await slots.acquire()
+    waiting = slots.acquire()
+    waiting.send(None)  # runs up to its wait
+    waiting.close()
+    slots.release()
+    await asyncio.wait_for(slots.acquire(), 1)

@@ -56,7 +56,9 @@ class Slots:
         try:
             await waiter
         except BaseException:
-            if waiter.done() and not waiter.cancelled():
+            if not waiter.done():
+                waiter.cancel()  # ended otherwise than by a cancel (close, throw): never handed a slot
+            elif not waiter.cancelled():
                 self.release()  # handed a slot as it was cancelled: the slot goes on
             raise
 

@@ -179,8 +179,8 @@ class Sender:
         sub = self.sub
         batch_size = self.sink.batch_size
         if not sub.ordered:
-            if len(events) <= batch_size:  # one request: no task of its own
-                await self._send_in(sending, events[:batch_size])
+            if 0 < len(events) <= batch_size:  # one request: no task of its own
+                await self._send_in(sending, events)
                 return
             chunks = deque(events[i : i + batch_size] for i in range(0, len(events), batch_size))
 

@@ -193,7 +193,8 @@ class RelayMetrics:
         )  # fmt: skip
         self._refreshed = 0.0
         #: each subscription's series of observe_outcomes, looked up once: labels() per round was a
-        #: third of its cost with 1,000 subscriptions (a lock and a dict of tuples each)
+        #: third of its cost with 1,000 subscriptions (a lock and a dict of tuples each); never pruned,
+        #: as the families' own children are not
         self._per_subscription: dict[str, _SubscriptionSeries] = {}
 
     # -- fed by the relay ----------------------------------------------------

@@ -12,13 +12,11 @@
 -- Reads:   ferry.events, ferry.ticks
 -- Writes:  -
 -- Raises:  -
--- Runs as: the caller (SECURITY INVOKER), with enable_seqscan and jit off, as
---          ferry._tick_snapshot: the LogWatch's statement is prepared, and
---          its generic plan, made while a partition was empty, scanned it whole.
+-- Runs as: the caller (SECURITY INVOKER)
 -- Callers: PUBLIC (the default)
 
 create or replace function ferry._range_streams(start_tick bigint, end_tick bigint) returns text[]
-language sql stable set enable_seqscan = off set jit = off as $$
+language sql stable as $$
     with a as (select snapshot from ferry.ticks where id = start_tick),
          b as (select snapshot from ferry.ticks where id = end_tick)
     select case when exists (select from a) and exists (select from b) then
