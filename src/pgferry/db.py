@@ -248,6 +248,15 @@ SESSION_DEFAULTS: Mapping[str, str] = {"jit": "off"}
 #: 1,000-name array each time cost 9-11 ms a read against 0.6 ms.
 LOG_READER_SETTINGS: Mapping[str, str] = {"enable_seqscan": "off"}
 
+#: The relay's delivery pool: its statements are planned for each call, with its values and the
+#: tables' sizes now. The tables they read swing between empty and large: ferry.retries holds
+#: nothing until an endpoint fails, then every event parked for it. A retry read prepared while
+#: ferry.retries was empty kept that plan, a sequential scan, for as long as the connection
+#: lived: 55 ms a read once an outage had parked 300,000 events (0.4 ms planned per call), for
+#: each of 1,000 subscriptions' retry loops, just when they all retry. Planning these statements
+#: costs ~0.2 ms; the relay's hot read, ferry.webhook_steps, keeps generic plans by its own setting.
+DELIVERY_SETTINGS: Mapping[str, str] = {"synchronous_commit": "off", "plan_cache_mode": "force_custom_plan"}
+
 
 def _session_settings(server_settings: Mapping[str, str] | None) -> dict[str, str]:
     return {**SESSION_DEFAULTS, **(server_settings or {})}

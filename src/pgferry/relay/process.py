@@ -262,13 +262,13 @@ class Relay:
             # Delivery bookkeeping commits without waiting for its WAL flush: if a
             # crash loses such a commit, the batch's cursor move is lost with it
             # and the batch is sent again (at-least-once, same webhook-ids), so
-            # nothing is lost, and a delivery round saves an fsync.
+            # nothing is lost, and a delivery round saves an fsync (db.DELIVERY_SETTINGS).
             pool_kwargs = self.settings.liveness.connect_kwargs("pgferry delivery", holds_locks=False)
             pool = await db.create_pool(
                 self.url,
                 min_size=1,
                 max_size=self.settings.db_pool_size,
-                server_settings={**pool_kwargs["server_settings"], "synchronous_commit": "off"},
+                server_settings={**pool_kwargs["server_settings"], **db.DELIVERY_SETTINGS},
                 command_timeout=self.settings.liveness.delivery_timeout,
                 reset=db.rollback_if_open,
             )
