@@ -119,16 +119,24 @@ async def test_a_backfill_for_one_subscription_reaches_only_its_receiver_and_tra
     assert states == {"mine": "delivered", "other": "not for this subscription (a backfill for webhook:mine)"}
 
 
+async def _backfilling(
+    conn: asyncpg.Connection, pgferry_cmd: list[str], db_url: str, *, rows: int, max_rate: int
+) -> asyncio.subprocess.Process:
+    """A captured table t of ``rows`` rows, and `pgferry backfill public.t` running on it: 100 rows
+    a chunk, at most ``max_rate`` a second (slow enough to signal it mid-way), output piped."""
+    await conn.execute("create table t (id int primary key)")
+    await conn.execute(f"insert into t select generate_series(1, {rows})")
+    await conn.execute("select ferry.capture_table('t')")
+    return await asyncio.create_subprocess_exec(
+        *pgferry_cmd, "backfill", "public.t", "--chunk", "100", "--max-rate", str(max_rate), "--quiet",
+        env=pgferry_env(db_url), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+
+
 async def test_a_backfill_paused_by_sigterm_exits_3_so_a_script_knows_it_did_not_finish(
     conn: asyncpg.Connection, db_url: str, pgferry_cmd: list[str]
 ) -> None:
-    await conn.execute("create table t (id int primary key)")
-    await conn.execute("insert into t select generate_series(1, 2000)")
-    await conn.execute("select ferry.capture_table('t')")
-    proc = await asyncio.create_subprocess_exec(
-        *pgferry_cmd, "backfill", "public.t", "--chunk", "100", "--max-rate", "400", "--quiet",
-        env=pgferry_env(db_url), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    proc = await _backfilling(conn, pgferry_cmd, db_url, rows=2000, max_rate=400)
     try:
         await eventually(lambda: _rows_done_over(conn, 99), timeout=30, what="the backfill to be under way")
         proc.send_signal(signal.SIGTERM)
@@ -191,15 +199,9 @@ async def test_a_chunk_stuck_on_a_lock_is_stopped_by_a_second_signal_and_another
     conn: asyncpg.Connection, db_url: str, pgferry_cmd: list[str]
 ) -> None:
     """Both signals, and --pause from another shell, waited silently for a chunk blocked by a lock (outside probe)."""
-    await conn.execute("create table t (id int primary key)")
-    await conn.execute("insert into t select generate_series(1, 3000)")
-    await conn.execute("select ferry.capture_table('t')")
     env = pgferry_env(db_url)
     pipe = asyncio.subprocess.PIPE
-    proc = await asyncio.create_subprocess_exec(
-        *pgferry_cmd, "backfill", "public.t", "--chunk", "100", "--max-rate", "500", "--quiet", env=env,
-        stdout=pipe, stderr=pipe,
-    )  # fmt: skip
+    proc = await _backfilling(conn, pgferry_cmd, db_url, rows=3000, max_rate=500)
     locker = await asyncpg.connect(db_url)
     pausing: asyncio.subprocess.Process | None = None
     try:
