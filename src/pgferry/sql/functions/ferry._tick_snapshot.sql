@@ -17,8 +17,10 @@
 --          of the log was empty (after a truncate or a rotation) scanned it whole
 --          once it was full: 110 ms a call with 300,000 events retained, on
 --          every round of the ticker with nothing new, until something made the
---          session plan again. And jit off: with seq scans costed as disabled,
---          the scans of the sequence and of ferry.config were compiled (200 ms).
+--          session plan again. And jit off: pgferry's sessions have it off
+--          (db.SESSION_DEFAULTS), but ferry.tick() is anyone's to call, and in
+--          psql, with seq scans costed as disabled, the scans of the sequence and
+--          of ferry.config were compiled (200 ms a call).
 -- Callers: PUBLIC (the default)
 
 create or replace function ferry._tick_snapshot(force boolean, snap pg_snapshot, out tick_id bigint, out idle boolean)
