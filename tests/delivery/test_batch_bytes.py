@@ -168,6 +168,22 @@ async def test_an_event_larger_than_the_bound_goes_alone(conn: asyncpg.Connectio
     assert order == sorted(ticks)  # one tick: id order
 
 
+async def test_the_bound_counts_only_the_events_a_read_returns(conn: asyncpg.Connection) -> None:
+    # Events a subscription's filter (or its partition) leaves out are not rendered, and take
+    # none of its bound: half of ten 1.5 KB events pass, and they fit in one 10 KB read.
+    await conn.execute("select ferry.subscribe('f', array['s'], 'http://127.0.0.1:9/', filter => '$.keep == true')")
+    await conn.execute(
+        """select ferry.publish_many(array_fill('s'::text, array[10]),
+                                     array(select jsonb_build_object('keep', g % 2 = 0, 'p', repeat('x', 1500))
+                                           from generate_series(1, 10) g))"""
+    )
+    await tick(conn)
+    reads = await drain(conn, BOUND, "webhook:f")
+    assert [(len(r.ids), r.cut_after) for r in reads] == [(5, None)], reads
+    kept = await conn.fetch("select id from ferry.events where (payload ->> 'keep')::boolean order by id")
+    assert reads[0].ids == [r["id"] for r in kept]
+
+
 async def test_a_part_of_a_range_cut_inside_one_transaction_keeps_the_cursor(conn: asyncpg.Connection) -> None:
     await conn.execute("select ferry.register_consumer('c', null, 'beginning')")
     start = await conn.fetchval("select tick_id from ferry.consumers where name = 'c'")
