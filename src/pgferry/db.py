@@ -255,7 +255,12 @@ LOG_READER_SETTINGS: Mapping[str, str] = {"enable_seqscan": "off"}
 #: lived: 55 ms a read once an outage had parked 300,000 events (0.4 ms planned per call), for
 #: each of 1,000 subscriptions' retry loops, just when they all retry. Planning these statements
 #: costs ~0.2 ms; the relay's hot read, ferry.webhook_steps, keeps generic plans by its own setting.
-DELIVERY_SETTINGS: Mapping[str, str] = {"synchronous_commit": "off", "plan_cache_mode": "force_custom_plan"}
+#: DateStyle ISO: the hot read returns its events' created_at as text, which the relay parses.
+DELIVERY_SETTINGS: Mapping[str, str] = {
+    "synchronous_commit": "off",
+    "plan_cache_mode": "force_custom_plan",
+    "DateStyle": "ISO",
+}
 
 
 def _session_settings(server_settings: Mapping[str, str] | None) -> dict[str, str]:

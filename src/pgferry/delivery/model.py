@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -98,6 +99,13 @@ class Subscription:
         )
 
 
+@functools.lru_cache(maxsize=64)
+def _utc(text: str) -> datetime:
+    """PostgreSQL's text of a UTC timestamp (DateStyle ISO) as an aware datetime, parsed once for
+    the events of a transaction (they share it) while they come."""
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
 @dataclass(slots=True)
 class OutEvent:
     """An event on its way out. The payload stays raw JSON text: it is sent as is."""
@@ -123,6 +131,12 @@ class OutEvent:
             attempts=row.get("attempts", 0),
             first_failed_at=row.get("first_failed_at"),
         )
+
+    @classmethod
+    def from_batch_row(cls, row: asyncpg.Record) -> OutEvent:
+        """An event of a ``webhook_steps`` read: ``created_at`` is UTC text (sql/queries.sql). Half
+        the cost of ``from_row`` (no keywords, no optional columns), which a batch pays per event."""
+        return cls(row["id"], row["stream"], row["key"], row["payload"], row["headers"], _utc(row["created_at"]))
 
     def header_map(self) -> dict[str, Any]:
         value = orjson.loads(self.headers) if self.headers else {}

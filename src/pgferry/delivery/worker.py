@@ -424,7 +424,7 @@ class SubscriptionWorker:
         """A read's batch on its way: the flight sending it, whether there is more to read, the
         events the next read's range is sized for, and whether the next read asks the read
         budget for its whole share (a backlog of large events)."""
-        events = [OutEvent.from_row(r) for r in rows if r["id"] is not None]
+        events = [OutEvent.from_batch_row(r) for r in rows if r["id"] is not None]
         if events:
             self.read_events_at = time.monotonic()
         blocked = {r["key"] for r in rows if r["blocked"]}
