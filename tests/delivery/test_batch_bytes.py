@@ -45,7 +45,7 @@ async def step(
         [r[0].removeprefix("webhook:") for r in requests], [r[0] for r in requests], [None] * n, [False] * n,
         [None] * n, [None] * n, [True] * n, [r[1] for r in requests], [], [], [], [], [], None,
         max_bytes, None, [r[2][0] if r[2] else None for r in requests], [r[2][1] if r[2] else None for r in requests],
-        None, None,
+        None, None, None,
     )  # fmt: skip
 
 
@@ -227,7 +227,7 @@ async def ack_part(conn: asyncpg.Connection, consumer: str, read: Read) -> None:
     """Acknowledges a part the way the worker does (cursor stays at its start), with its progress."""
     await conn.fetch(
         sql.query("webhook_steps"), [consumer], [consumer], [None], [False], [read.start], [read.start], [False],
-        [None], [], [], [], [], [], None, BOUND * 100, None, [None], [None], [read.end], [read.cut_after],
+        [None], [], [], [], [], [], None, BOUND * 100, None, [None], [None], [read.end], [read.cut_after], None,
     )  # fmt: skip
 
 
@@ -268,7 +268,7 @@ async def test_bad_byte_bounds_are_refused_with_their_sqlstate(conn: asyncpg.Con
     with pytest.raises(asyncpg.PostgresError, match="resume_after needs peek_after and peek_until") as raised:
         await conn.fetch(
             sql.query("webhook_steps"), ["nosub"], ["c"], [None], [False], [None], [None], [True], [None],
-            [], [], [], [], [], None, 100, None, [None], [5], None, None,
+            [], [], [], [], [], None, 100, None, [None], [5], None, None, None,
         )  # fmt: skip
     assert raised.value.sqlstate == "22023"
 

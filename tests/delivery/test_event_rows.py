@@ -43,7 +43,7 @@ async def test_a_reads_events_carry_their_commit_transactions_time(db_url: str, 
     try:
         rows = await relay.fetch(
             sql.query("webhook_steps"), ["c"], ["c"], [None], [False], [None], [None], [True], [None],
-            [], [], [], [], [], None, 1 << 20, None, [None], [None], None, None,
+            [], [], [], [], [], None, 1 << 20, None, [None], [None], None, None, None,
         )  # fmt: skip
     finally:
         await relay.close()

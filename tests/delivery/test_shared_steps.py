@@ -34,7 +34,7 @@ async def _steps(
         col("subscription"), ["webhook:" + r["subscription"] for r in requests], col("epoch"), col("ordered", False),
         col("ack_from"), col("ack_to"), col("peek", True), col("peek_after"),
         [a[0] for a in attempts], [a[1] for a in attempts], [a[2] for a in attempts], [a[3] for a in attempts],
-        [a[4] for a in attempts], None, None, None, None, None, None, None,
+        [a[4] for a in attempts], None, None, None, None, None, None, None, None,  # per event: as a relay of 0031
     )  # fmt: skip
 
 

@@ -71,7 +71,7 @@ async def test_the_relays_reads_use_the_txid_index_after_the_empty_log_was_analy
     async with _explained(db_url) as (relay, plans):
         # one read of subscription w from its cursor, nothing to acknowledge
         args: tuple[object, ...] = (["w"], ["webhook:w"], [None], [False], [None], [None], [True], [None],
-                                    [], [], [], [], [], 100, None, None, None, None, None, None)  # fmt: skip
+                                    [], [], [], [], [], 100, None, None, None, None, None, None, None)  # fmt: skip
         rows = await relay.fetch(sql.query("webhook_steps"), *args)
     assert any(row["id"] is not None for row in rows)  # it read the event
     reads = [p for p in plans if "events_0" in p]

@@ -139,7 +139,7 @@ async def test_each_partition_reads_its_own_events_alone_or_sharing_a_read(
         sql.query("webhook_steps"),
         [s for s, _ in requests], [consumer_name(s, p, 2) for s, p in requests], [None] * n, [False] * n,
         [None] * n, [None] * n, [True] * n, [start] * n, [], [], [], [], [], None, max_bytes, None, None, None,
-        None, None,
+        None, None, None,
     )  # fmt: skip
     got: dict[int, list[int]] = defaultdict(list)
     for row in rows:

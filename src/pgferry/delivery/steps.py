@@ -177,7 +177,7 @@ class Stepper:
         return batch, bound if chosen else self.max_bytes, bound * len(chosen)
 
     async def _send(self, batch: list[Step], max_bytes: int | None, reserved: int = 0) -> None:
-        attempts = [(i, *a) for i, s in enumerate(batch, 1) if s.ack is not None for a in s.ack[2]]
+        attempts = attempt_runs(batch)
         try:
             async with self.pool.acquire() as conn:
                 rows = await conn.fetch(
@@ -190,11 +190,11 @@ class Stepper:
                     [s.ack[1] if s.ack else None for s in batch],
                     [s.peek for s in batch],
                     [s.peek_after for s in batch],
-                    [a[0] for a in attempts],
-                    [a[1] for a in attempts],
-                    [a[2] for a in attempts],
-                    [a[3] for a in attempts],
-                    [a[4] for a in attempts],
+                    attempts.reqs,
+                    attempts.event_ids,
+                    attempts.numbers,
+                    attempts.statuses,
+                    attempts.latencies,
                     self.max_batch_events,
                     max_bytes,
                     [s.span for s in batch],
@@ -202,6 +202,7 @@ class Stepper:
                     [s.resume[1] if s.resume else None for s in batch],
                     [s.ack[3][0] if s.ack and s.ack[3] else None for s in batch],
                     [s.ack[3][1] if s.ack and s.ack[3] else None for s in batch],
+                    attempts.runs,
                 )
         except BaseException as exc:
             if self.budget is not None:
@@ -237,3 +238,40 @@ class Stepper:
                 batch[i].held = held
         for i in answered:
             batch[i].result.set_result(results[i])
+
+
+@dataclass
+class AttemptRuns:
+    """A statement's attempts as ``ferry.webhook_steps`` takes them (migration 0032): each run of
+    events that share a step, attempt number, status and latency (a request's events do) is one
+    element of ``reqs``, ``numbers``, ``statuses``, ``latencies`` and ``runs`` (its length), and
+    its events the next ``runs[k]`` of ``event_ids``."""
+
+    reqs: list[int] = field(default_factory=list)
+    event_ids: list[int] = field(default_factory=list)
+    numbers: list[int] = field(default_factory=list)
+    statuses: list[int | None] = field(default_factory=list)
+    latencies: list[float | None] = field(default_factory=list)
+    runs: list[int] = field(default_factory=list)
+
+
+def attempt_runs(batch: Sequence[Step]) -> AttemptRuns:
+    """The acknowledgements' attempts of ``batch`` (step i is request i, 1-based) in runs."""
+    out = AttemptRuns()
+    last: tuple[object, ...] | None = None
+    for i, step in enumerate(batch, 1):
+        if step.ack is None:
+            continue
+        for event_id, number, status, latency in step.ack[2]:
+            shared = (i, number, status, latency)
+            if shared == last:
+                out.runs[-1] += 1
+            else:
+                last = shared
+                out.reqs.append(i)
+                out.numbers.append(number)
+                out.statuses.append(status)
+                out.latencies.append(latency)
+                out.runs.append(1)
+            out.event_ids.append(event_id)
+    return out

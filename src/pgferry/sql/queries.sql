@@ -114,17 +114,17 @@ select pg_advisory_lock_shared($1::int, $2::int)
 -- Acknowledge delivered batches and read the next, for many subscriptions; each read at most $15
 -- bytes (a part of a range when one transaction is larger: $17, $18 continue it, per request;
 -- $16 sizes each request's range in events; $19, $20: the part of such a range an acknowledgement
--- ends with, kept with the cursor; ferry.webhook_steps' file says how). created_at comes as
--- UTC text (DateStyle ISO: db.DELIVERY_SETTINGS), parsed once per transaction's events
--- (delivery.model.OutEvent.from_batch_row): a timestamptz took asyncpg 2 us a row, a third of
--- decoding a batch.
+-- ends with, kept with the cursor; $9, $11-$13: each run of $21 events of $10 shares them;
+-- ferry.webhook_steps' file says how). created_at comes as UTC text (DateStyle ISO:
+-- db.DELIVERY_SETTINGS), parsed once per transaction's events (delivery.model.OutEvent.
+-- from_batch_row): a timestamptz took asyncpg 2 us a row, a third of decoding a batch.
 select reqs, refused, start_tick, end_tick, more, id, stream, key, payload, headers,
        (created_at at time zone 'UTC')::text as created_at, blocked, cut_after
 from ferry.webhook_steps(subscriptions => $1, consumers => $2, epochs => $3, ordered => $4,
                          ack_from => $5, ack_to => $6, peeks => $7, peek_after => $8,
                          attempt_req => $9, event_ids => $10, attempt_nos => $11, statuses => $12, latencies => $13,
                          max_events => $14, max_bytes => $15, spans => $16, peek_until => $17, resume_after => $18,
-                         ack_part_end => $19, ack_part_done => $20)
+                         ack_part_end => $19, ack_part_done => $20, attempt_runs => $21)
 
 -- name: advance_consumer
 select ferry.advance_consumer($1, $2, $3)

@@ -1,10 +1,15 @@
--- ferry.webhook_steps( subscriptions text[], consumers text[], epochs bigint[], ordered boolean[], ack_from bigint[], ack_to bigint[], peeks boolean[], peek_after bigint[], attempt_req integer[], event_ids bigint[], attempt_nos integer[], statuses integer[], latencies real[], max_events integer, max_bytes integer default null, spans integer[] default null, peek_until bigint[] default null, resume_after bigint[] default null, ack_part_end bigint[] default null, ack_part_done bigint[] default null) returns table (reqs integer[], refused text, start_tick bigint, end_tick bigint, more boolean, id bigint, stream text, key text, payload text, headers text, created_at timestamptz, blocked boolean, cut_after bigint)
+-- ferry.webhook_steps( subscriptions text[], consumers text[], epochs bigint[], ordered boolean[], ack_from bigint[], ack_to bigint[], peeks boolean[], peek_after bigint[], attempt_req integer[], event_ids bigint[], attempt_nos integer[], statuses integer[], latencies real[], max_events integer, max_bytes integer default null, spans integer[] default null, peek_until bigint[] default null, resume_after bigint[] default null, ack_part_end bigint[] default null, ack_part_done bigint[] default null, attempt_runs integer[] default null) returns table (reqs integer[], refused text, start_tick bigint, end_tick bigint, more boolean, id bigint, stream text, key text, payload text, headers text, created_at timestamptz, blocked boolean, cut_after bigint)
 --
 -- ferry.webhook_step for many subscriptions in one round trip: a relay with
 -- 1,000 subscriptions on one stream makes one statement per tick, not 1,000,
 -- and reads the tick's events once. Request i is the i-th element of every
 -- array but the attempts', whose attempt_req says which request each
--- attempt belongs to (1-based).
+-- attempt belongs to (1-based). attempt_runs (migration 0032; NULL: one
+-- event each, as a relay older than 0032 passes them): attempt k's request,
+-- attempt number, status and latency apply to the next attempt_runs[k]
+-- events of event_ids. A round's events mostly share them (a request's
+-- hundred events): per event, encoding the four arrays was a sixth of a
+-- relay's CPU draining a backlog (py-spy, `pgferry bench scale --backlog`).
 --  1. Acknowledgements (ack_to[i] not NULL): the cursors still at ack_from[i]
 --     and still of ownership epoch epochs[i] (NULL: any) move to ack_to[i],
 --     in one UPDATE, and only their attempts are recorded. The others are
@@ -93,7 +98,7 @@ create or replace function ferry.webhook_steps(
     attempt_req integer[], event_ids bigint[], attempt_nos integer[], statuses integer[], latencies real[],
     max_events integer, max_bytes integer default null, spans integer[] default null,
     peek_until bigint[] default null, resume_after bigint[] default null,
-    ack_part_end bigint[] default null, ack_part_done bigint[] default null)
+    ack_part_end bigint[] default null, ack_part_done bigint[] default null, attempt_runs integer[] default null)
 returns table (reqs integer[], refused text, start_tick bigint, end_tick bigint, more boolean, id bigint,
                stream text, key text, payload text, headers text, created_at timestamptz, blocked boolean,
                cut_after bigint)
@@ -147,11 +152,20 @@ begin
     select coalesce(array_agg(m.i), '{}') into v_moved from moved m;
 
     -- one row per acknowledgement, attempt number and status (migration 0029)
+    with runs as (
+        select x.r, x.a, x.s, x.l, coalesce(x.n, 1) as n,
+               sum(coalesce(x.n, 1)) over (order by x.k) - coalesce(x.n, 1) as done  -- events of earlier runs
+        from unnest(attempt_req, attempt_nos, statuses, latencies, attempt_runs) with ordinality as x(r, a, s, l, n, k)
+    ), u as (
+        select runs.r, event_ids[runs.done + nth.j] as e, runs.a, runs.s, runs.l
+        from runs
+        join unnest(v_moved) as m(i) on m.i = runs.r  -- not "= any (v_moved)": a scan of it per run
+        cross join generate_series(1, runs.n) as nth(j)
+    )
     insert into ferry.deliveries (subscription, events, event_ids, latencies_ms, attempt, status)
     select subscriptions[u.r], int8range(min(u.e), max(u.e), '[]'), array_agg(u.e order by u.e),
            array_agg(u.l order by u.e), u.a, u.s
-    from unnest(attempt_req, event_ids, attempt_nos, statuses, latencies) as u(r, e, a, s, l)
-    join unnest(v_moved) as m(i) on m.i = u.r  -- not "= any (v_moved)": a scan of it per attempt
+    from u
     group by u.r, u.a, u.s;
 
     for g in
