@@ -184,6 +184,23 @@ async def test_the_bound_counts_only_the_events_a_read_returns(conn: asyncpg.Con
     assert reads[0].ids == [r["id"] for r in kept]
 
 
+async def test_a_read_cut_at_a_tick_looks_for_the_tick_once(conn: asyncpg.Connection) -> None:
+    # ferry._batch_split searches the range's ticks (a scan of events per step): its result is
+    # used in several places of the read's statement, which must not call it for each.
+    await conn.execute("select ferry.register_consumer('c', null, 'beginning')")
+    for _ in range(6):
+        await publish(conn, 3_000)
+        await tick(conn)
+    async with conn.transaction():
+        await conn.execute("set local track_functions = 'pl'")
+        read = as_read(await step(conn, BOUND, ("c", None, None)))
+        calls = await conn.fetchval(
+            "select calls from pg_stat_xact_user_functions where schemaname = 'ferry' and funcname = '_batch_split'"
+        )
+    assert len(read.ids) == 3 and read.cut_after is None, read
+    assert calls == 1
+
+
 async def test_a_part_of_a_range_cut_inside_one_transaction_keeps_the_cursor(conn: asyncpg.Connection) -> None:
     await conn.execute("select ferry.register_consumer('c', null, 'beginning')")
     start = await conn.fetchval("select tick_id from ferry.consumers where name = 'c'")
