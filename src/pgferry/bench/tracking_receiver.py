@@ -46,6 +46,7 @@ MODES = ("up", "503", "hang")
 #: Every event id answered 2xx so far, as a JSON array.
 IDS_PATH = "/__ids"
 #: Start scoring afresh (after a warm-up); events seen before still count as duplicates if they come again.
+#: The answer is the score it ended, as ``/__stats`` would have given it.
 RESET_PATH = "/__reset"
 
 
@@ -139,9 +140,11 @@ def control(score: Score, request: Received) -> Action | None:
     if request.path in (STATS_PATH, LATENCIES_PATH):
         score.settle()
         return Respond(200, score.as_json() if request.path == STATS_PATH else orjson.dumps(score.latencies_ms))
-    if request.path == RESET_PATH:
+    if request.path == RESET_PATH:  # answers with the score it ends (nothing comes between)
+        score.settle()
+        ended = score.as_json()
         score.reset()
-        return Respond()
+        return Respond(200, ended)
     if request.path == IDS_PATH:
         score.settle()
         return Respond(200, orjson.dumps(sorted(score.seen)))

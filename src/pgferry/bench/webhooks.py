@@ -150,9 +150,11 @@ class ReceiverStats:
         async with self.session.get(self.latencies_url) as resp:
             return list(orjson.loads(await resp.read()))
 
-    async def reset(self) -> None:
+    async def reset(self) -> dict[str, Any]:
+        """Starts the score afresh; returns the one it ended (no receipt falls between the two)."""
         async with self.session.get(self.reset_url) as resp:
             resp.raise_for_status()
+            return dict(await resp.json(content_type=None))
 
     async def close(self) -> None:
         await self.session.close()
@@ -275,9 +277,8 @@ async def run_scenario(
                 # (unique, duplicates), counted apart, so that the drain's first receipt starts its rate.
                 early, early_dups = 0, 0
                 if backlog:
-                    score = await receiver_stats()
+                    score = await receiver_stats.reset()
                     early, early_dups = score["unique"], score["duplicates"]
-                    await receiver_stats.reset()
                     await conn.execute(named("webhooks.sql", "resume"))
                 rows = await conn.fetchval(named("webhooks.sql", "rows").replace("spice_harvests", table))
                 inserted = rows - before.rows
