@@ -10,6 +10,7 @@ bytes and header text.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,22 +52,26 @@ async def _both_ways(url: str, messages: list[tuple[str, bytes, dict[str, str]]]
     with either writer.)"""
     client = await nats.connect(url)
     ours_client = await nats.connect(url)
+    # A stream and subjects of this call's own: a message of an earlier example that a writer
+    # re-sent after a reconnect landed in the next example's stream (a CI run under load).
+    run = uuid.uuid4().hex[:12]
+    stream = f"FRAMES_{run}"
     try:
         js = client.jetstream()
-        await js.add_stream(name="FRAMES", subjects=["ours.>", "theirs.>"])
+        await js.add_stream(name=stream, subjects=[f"{run}.ours.>", f"{run}.theirs.>"])
         publisher = AckedPublisher(ours_client)
         await publisher.start()
         assert publisher.fast, "nats-py's internals changed: the publisher fell back to per-message publish"
         publisher.fast = fast
         outcomes = await publisher.publish_all(
-            [(f"ours.{s}", data, headers, header_block(headers)) for s, data, headers in messages], timeout=10
+            [(f"{run}.ours.{s}", data, headers, header_block(headers)) for s, data, headers in messages], timeout=10
         )
         for s, data, headers in messages:
-            await js.publish(f"theirs.{s}", data, headers=headers, timeout=10)
-        last = (await js.stream_info("FRAMES")).state.last_seq
-        stored = [await js.get_msg("FRAMES", seq) for seq in range(1, last + 1)]
-        await js.delete_stream("FRAMES")
-        got = {who: [m for m in stored if (m.subject or "").startswith(who + ".")] for who in ("ours", "theirs")}
+            await js.publish(f"{run}.theirs.{s}", data, headers=headers, timeout=10)
+        last = (await js.stream_info(stream)).state.last_seq
+        stored = [await js.get_msg(stream, seq) for seq in range(1, last + 1)]
+        await js.delete_stream(stream)
+        got = {who: [m for m in stored if (m.subject or "").startswith(f"{run}.{who}.")] for who in ("ours", "theirs")}
         return outcomes, got
     finally:
         for c in (client, ours_client):
@@ -79,7 +84,7 @@ def _seen(msgs: list[Any]) -> list[tuple[str, bytes, dict[str, str] | None]]:
     flushed when it reconnects, as under a loaded CI), and the comparison is of what frames carry."""
     seen: list[tuple[str, bytes, dict[str, str] | None]] = []
     for m in msgs:
-        item = (m.subject.partition(".")[2], m.data, m.headers)
+        item = (m.subject.split(".", 2)[2], m.data, m.headers)  # without the run and the writer
         if item not in seen:
             seen.append(item)
     return seen
