@@ -85,6 +85,10 @@ RELAY_LOOKS = {
     "tick": "select count(*) from ferry._tick_snapshot(false, pg_current_snapshot())",
     # housekeeping's catalogue of streams
     "catalog": "select ferry._catalog_streams()",
+    # the hot read of subscription w (nothing acknowledged, so the second call reads all 5,001 events)
+    "steps": "select count(*) from ferry.webhook_steps(array['w'], array['webhook:w'], array[null::bigint],"
+    " array[false], array[null::bigint], array[null::bigint], array[true], array[null::bigint], '{}', '{}', '{}',"
+    " '{}', '{}', null, 1 << 30)",
 }
 
 
@@ -96,6 +100,7 @@ async def test_the_relays_looks_at_the_log_keep_the_txid_index_once_the_log_fill
     partition whole on every later call, until autovacuum analyzed it (the ticker's: 110 ms a
     round with 300,000 events retained, on every round with nothing new). With enable_seqscan
     off, the scans of a sequence or of ferry.config cost enough for JIT (200 ms a call): jit off."""
+    await conn.execute("select ferry.subscribe('w', array['s'], 'http://127.0.0.1:9/')")
     await conn.execute("vacuum analyze ferry.events, ferry.ticks")
     await conn.execute("select ferry.publish('s', '1')")
     await conn.execute("select ferry._tick()")
