@@ -25,6 +25,7 @@ import aiohttp
 import asyncpg
 
 import pgferry
+from pgferry import db
 from pgferry.delivery.model import Subscription
 from pgferry.embedded import free_port
 from pgferry.log.ticker import TickerSettings
@@ -323,3 +324,22 @@ async def all_delivered(receiver: Receiver, expected: set[int]) -> None:
         return expected <= set(received_ids(receiver))
 
     await eventually(check, timeout=30, what=f"{len(expected)} deliveries")
+
+
+@contextlib.asynccontextmanager
+async def explained(url: str, **settings: str) -> AsyncIterator[tuple[asyncpg.Connection, list[str]]]:
+    """A session whose statements' plans, nested ones included, come back as notices (auto_explain),
+    with the generic plans a long-lived session settles on unless ``settings`` say otherwise (each
+    ``set`` in the session); and the list they are collected in."""
+    plans: list[str] = []
+    session = await db.connect(url)
+    try:
+        session.add_log_listener(lambda _conn, message: plans.append(message.message))
+        await session.execute("load 'auto_explain'")
+        explain = {"auto_explain.log_min_duration": "0", "auto_explain.log_nested_statements": "on",
+                   "auto_explain.log_level": "notice", "plan_cache_mode": "force_generic_plan"}  # fmt: skip
+        for setting, value in {**explain, **settings}.items():
+            await session.execute(f"set {setting} = '{value}'")
+        yield session, plans
+    finally:
+        await session.close()

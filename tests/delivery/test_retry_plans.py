@@ -9,6 +9,7 @@ import asyncpg
 import pytest
 
 from pgferry import db, sql
+from tests.helpers import explained
 
 
 async def _retry_read_plan(url: str, conn: asyncpg.Connection, settings: Mapping[str, str]) -> str:
@@ -17,13 +18,7 @@ async def _retry_read_plan(url: str, conn: asyncpg.Connection, settings: Mapping
     for i in range(100):
         await conn.execute(f"select ferry.subscribe('w{i}', array['s'], 'http://127.0.0.1:9/')")
     await conn.execute("vacuum analyze ferry.retries")
-    plans: list[str] = []
-    session = await db.connect(url, server_settings=dict(settings))
-    try:
-        session.add_log_listener(lambda _conn, message: plans.append(message.message))
-        await session.execute("load 'auto_explain'")
-        await session.execute("set auto_explain.log_min_duration = '0'")
-        await session.execute("set auto_explain.log_level = 'notice'")
+    async with explained(url, **settings) as (session, plans):
         args = ("w0", False, 100, None, 0, 1)
         for _ in range(8):  # prepared once (asyncpg), planned while the table is empty
             await session.fetch(sql.query("due_retries"), *args)
@@ -35,18 +30,17 @@ async def _retry_read_plan(url: str, conn: asyncpg.Connection, settings: Mapping
         )
         plans.clear()
         await session.fetch(sql.query("due_retries"), *args)
-    finally:
-        await session.close()
     return "\n".join(plans)
 
 
-@pytest.mark.parametrize("settings", [{}, db.DELIVERY_SETTINGS], ids=["default", "delivery"])
+# "default": PostgreSQL's own plan_cache_mode (explained forces generic plans otherwise)
+@pytest.mark.parametrize("settings", [{"plan_cache_mode": "auto"}, db.DELIVERY_SETTINGS], ids=["default", "delivery"])
 async def test_a_retry_read_uses_the_index_once_an_outage_fills_the_retries(
     db_url: str, conn: asyncpg.Connection, settings: Mapping[str, str]
 ) -> None:
     plan = await _retry_read_plan(db_url, conn, settings)
     assert "on retries" in plan, plan
-    if settings:
+    if settings is db.DELIVERY_SETTINGS:
         assert "Seq Scan on retries" not in plan, plan
     else:  # the trap, without the delivery pool's settings
         assert "Seq Scan on retries" in plan, plan

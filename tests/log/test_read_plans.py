@@ -1,12 +1,10 @@
 """Readers' sessions keep the log's index in their plans, whatever the statistics say."""
 
-import contextlib
-from collections.abc import AsyncIterator
-
 import asyncpg
 import pytest
 
 from pgferry import db, sql
+from tests.helpers import explained
 
 #: (query, its parameter types, values to explain it with)
 READS = {
@@ -25,24 +23,6 @@ async def _generic_plan(url: str, settings: dict[str, str], name: str) -> str:
         return "\n".join(r[0] for r in await conn.fetch(f"explain execute p({values})"))
     finally:
         await conn.close()
-
-
-@contextlib.asynccontextmanager
-async def _explained(url: str, **settings: str) -> AsyncIterator[tuple[asyncpg.Connection, list[str]]]:
-    """A session whose statements' plans, nested ones included, come back as notices (auto_explain),
-    with the generic plans a long-lived session settles on; and the list they are collected in."""
-    plans: list[str] = []
-    session = await db.connect(url)
-    try:
-        session.add_log_listener(lambda _conn, message: plans.append(message.message))
-        await session.execute("load 'auto_explain'")
-        explain = {"auto_explain.log_min_duration": "0", "auto_explain.log_nested_statements": "on",
-                   "auto_explain.log_level": "notice", "plan_cache_mode": "force_generic_plan"}  # fmt: skip
-        for setting, value in {**explain, **settings}.items():
-            await session.execute(f"set {setting} = '{value}'")
-        yield session, plans
-    finally:
-        await session.close()
 
 
 @pytest.mark.parametrize("name", READS)
@@ -68,7 +48,7 @@ async def test_the_relays_reads_use_the_txid_index_after_the_empty_log_was_analy
     await conn.execute("select ferry.publish('s', '1')")
     await conn.execute("select ferry._tick()")
     await conn.execute("vacuum analyze ferry.events, ferry.ticks")
-    async with _explained(db_url) as (relay, plans):
+    async with explained(db_url) as (relay, plans):
         # one read of subscription w from its cursor, nothing to acknowledge
         args: tuple[object, ...] = (["w"], ["webhook:w"], [None], [False], [None], [None], [True], [None],
                                     [], [], [], [], [], 100, None, None, None, None, None, None, None)  # fmt: skip
@@ -105,7 +85,7 @@ async def test_the_relays_looks_at_the_log_keep_the_txid_index_once_the_log_fill
     await conn.execute("select ferry.publish('s', '1')")
     await conn.execute("select ferry._tick()")
     # jit on, as in a session of anyone's calling ferry.tick() (pgferry's own have it off: db.SESSION_DEFAULTS)
-    async with _explained(db_url, jit="on", jit_above_cost="0") as (relay, plans):
+    async with explained(db_url, jit="on", jit_above_cost="0") as (relay, plans):
         await relay.fetch(RELAY_LOOKS[look])  # planned with the partition (almost) empty
         await conn.execute(
             "select count(*) from ferry.publish_many(array_fill('s'::text, array[5000]),"
