@@ -126,7 +126,10 @@ class _Held(WalCapture):
 async def held(db_url: str) -> AsyncIterator[Running]:
     _Held.go, _Held.holding = asyncio.Event(), asyncio.Event()
     async with Running(db_url, _Held) as running:
-        yield running
+        try:
+            yield running
+        finally:
+            _Held.go.set()  # a test that failed before releasing it must not hang the teardown
 
 
 async def test_a_tick_that_saw_a_transaction_before_its_wal_events_were_appended_gets_them_in_a_later_batch(
@@ -164,10 +167,19 @@ async def test_the_ticker_waits_for_wal_capture_at_most_wal_order_wait_then_not_
     ticks wait for WAL capture again."""
     await conn.execute("update ferry.config set wal_order_wait = '1 s'")
     await _tables(ferry, conn)
+    # WAL capture streaming and the ticker waiting for it: under CI's load, a capture slow to
+    # start made the ticker fall behind (or not wait at all) before the transaction committed.
+    await held.caught_up(conn)
+
+    async def waits() -> bool:
+        return ticking.behind is None
+
+    await eventually(waits, what="the ticker waiting for WAL capture")
     async with conn.transaction():
         await conn.execute("insert into a values (1)")
         await conn.execute("insert into b select g from generate_series(1, 5) g")
-    await asyncio.wait_for(_Held.holding.wait(), 15)
+    # The ticker's wait starts when a tick's snapshot first sees the commit, not when the relay
+    # gets to holding: under CI's load the decode once took longer than the whole wait.
     started = asyncio.get_running_loop().time()
     got: list[pgferry.Event] = []
     async for batch in ferry.read("c", poll_interval=0.05):
@@ -177,6 +189,7 @@ async def test_the_ticker_waits_for_wal_capture_at_most_wal_order_wait_then_not_
     waited = asyncio.get_running_loop().time() - started
     assert [(e.payload["table"], e.payload["record"]["id"]) for e in got] == [("a", 1)]
     assert 0.9 < waited < 5, waited
+    await asyncio.wait_for(_Held.holding.wait(), 15)  # held back, not merely slow to decode
     # Behind now: ticks wait for nothing until WAL capture catches up.
     assert ticking.behind is not None
     await conn.execute("insert into a values (2)")
@@ -191,10 +204,7 @@ async def test_the_ticker_waits_for_wal_capture_at_most_wal_order_wait_then_not_
     rest = await read_all(ferry, conn, "c")
     assert [(e.payload["table"], e.payload["record"]["id"]) for e in rest] == [("b", n) for n in range(1, 6)]
 
-    async def caught_up() -> bool:
-        return ticking.behind is None
-
-    await eventually(caught_up, what="the ticker waiting for WAL capture again")
+    await eventually(waits, what="the ticker waiting for WAL capture again")
 
 
 async def test_the_ticker_does_not_wait_for_a_slot_nobody_streams(
