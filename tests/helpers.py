@@ -25,7 +25,7 @@ import aiohttp
 import asyncpg
 
 import pgferry
-from pgferry import db
+from pgferry import db, sql
 from pgferry.delivery.model import Subscription
 from pgferry.embedded import free_port
 from pgferry.log.ticker import TickerSettings
@@ -343,3 +343,32 @@ async def explained(url: str, **settings: str) -> AsyncIterator[tuple[asyncpg.Co
         yield session, plans
     finally:
         await session.close()
+
+
+#: ferry.webhook_steps' parameters, in the order of the relay's query (sql/queries.sql: webhook_steps)
+STEPS_PARAMETERS = ("subscriptions", "consumers", "epochs", "ordered", "ack_from", "ack_to", "peeks", "peek_after",
+                    "attempt_req", "event_ids", "attempt_nos", "statuses", "latencies", "max_events", "max_bytes",
+                    "spans", "peek_until", "resume_after", "ack_part_end", "ack_part_done", "attempt_runs")  # fmt: skip
+
+#: per request, unless given: a read from the cursor, unordered, acknowledging nothing
+_PER_REQUEST: dict[str, object] = {"ordered": False, "peeks": True}
+_PER_REQUEST_NULL = ("epochs", "ack_from", "ack_to", "peek_after", "peek_until", "resume_after", "ack_part_end",
+                     "ack_part_done")  # fmt: skip
+
+#: attempts one per event: none unless given
+_PER_ATTEMPT = ("attempt_req", "event_ids", "attempt_nos", "statuses", "latencies")
+
+
+async def webhook_steps(
+    conn: asyncpg.Connection, subscriptions: list[str], consumers: list[str], **args: Any
+) -> list[asyncpg.Record]:
+    """The relay's ferry.webhook_steps query with its arguments by name. Left out: each request
+    reads from its cursor (unordered, no epoch) and acknowledges nothing, no attempts, no bounds."""
+    unknown = set(args) - set(STEPS_PARAMETERS)
+    assert not unknown, f"ferry.webhook_steps has no parameter {unknown}"
+    n = len(subscriptions)
+    given = {"subscriptions": subscriptions, "consumers": consumers, **args}
+    defaults: dict[str, object] = {name: [value] * n for name, value in _PER_REQUEST.items()}
+    defaults |= {name: [None] * n for name in _PER_REQUEST_NULL} | {name: [] for name in _PER_ATTEMPT}
+    values = [given[name] if name in given else defaults.get(name) for name in STEPS_PARAMETERS]
+    return await conn.fetch(sql.query("webhook_steps"), *values)  # type: ignore[no-any-return]

@@ -7,8 +7,8 @@ import asyncpg
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pgferry import sql
 from pgferry.delivery.steps import Step, attempt_runs
+from tests.helpers import webhook_steps
 
 #: (event id, attempt number, status, latency ms): few distinct values, so that runs form
 ATTEMPT = st.tuples(st.integers(1, 10**12), st.integers(1, 3), st.sampled_from([200, 500, None]),
@@ -61,10 +61,9 @@ async def test_webhook_steps_records_runs_as_it_records_one_attempt_per_event(co
         else:
             args = [[1] * 5, [a[0] for a in attempts], [a[1] for a in attempts], [a[2] for a in attempts],
                     [a[3] for a in attempts], None]  # fmt: skip
-        await conn.fetch(
-            sql.query("webhook_steps"), [name], [name], [None], [False], [cursor], [cursor], [False], [None],
-            *args[:5], None, None, None, None, None, None, None, args[5],
-        )  # fmt: skip
+        attempts_args = dict(zip(("attempt_req", "event_ids", "attempt_nos", "statuses", "latencies", "attempt_runs"),
+                                 args, strict=True))  # fmt: skip
+        await webhook_steps(conn, [name], [name], ack_from=[cursor], ack_to=[cursor], peeks=[False], **attempts_args)
         rows = await conn.fetch(
             "select events, event_ids, latencies_ms, attempt, status from ferry.deliveries"
             " where subscription = $1 order by attempt, status",

@@ -18,7 +18,7 @@ from pgferry import sql
 from pgferry.cli.common import ByteSize
 from pgferry.delivery.context import DeliveryContext
 from pgferry.relay.process import RelaySettings
-from tests.helpers import tick
+from tests.helpers import tick, webhook_steps
 
 BOUND = 10_000
 
@@ -39,13 +39,11 @@ async def step(
 ) -> list[asyncpg.Record]:
     """ferry.webhook_steps reading for each (consumer, peek_after, resume), acknowledging nothing;
     the consumers are those of subscriptions of the same name, or of none ('c': all streams)."""
-    n = len(requests)
-    return await conn.fetch(  # type: ignore[no-any-return]
-        sql.query("webhook_steps"),
-        [r[0].removeprefix("webhook:") for r in requests], [r[0] for r in requests], [None] * n, [False] * n,
-        [None] * n, [None] * n, [True] * n, [r[1] for r in requests], [], [], [], [], [], None,
-        max_bytes, None, [r[2][0] if r[2] else None for r in requests], [r[2][1] if r[2] else None for r in requests],
-        None, None, None,
+    return await webhook_steps(
+        conn, [r[0].removeprefix("webhook:") for r in requests], [r[0] for r in requests],
+        peek_after=[r[1] for r in requests], max_bytes=max_bytes,
+        peek_until=[r[2][0] if r[2] else None for r in requests],
+        resume_after=[r[2][1] if r[2] else None for r in requests],
     )  # fmt: skip
 
 
@@ -242,9 +240,9 @@ async def test_a_range_that_is_one_huge_tick_is_read_in_parts_of_a_bounded_count
 
 async def ack_part(conn: asyncpg.Connection, consumer: str, read: Read) -> None:
     """Acknowledges a part the way the worker does (cursor stays at its start), with its progress."""
-    await conn.fetch(
-        sql.query("webhook_steps"), [consumer], [consumer], [None], [False], [read.start], [read.start], [False],
-        [None], [], [], [], [], [], None, BOUND * 100, None, [None], [None], [read.end], [read.cut_after], None,
+    await webhook_steps(
+        conn, [consumer], [consumer], ack_from=[read.start], ack_to=[read.start], peeks=[False],
+        max_bytes=BOUND * 100, ack_part_end=[read.end], ack_part_done=[read.cut_after],
     )  # fmt: skip
 
 
@@ -283,10 +281,7 @@ async def test_bad_byte_bounds_are_refused_with_their_sqlstate(conn: asyncpg.Con
         await step(conn, 0, ("c", None, None))
     assert raised.value.sqlstate == "22023"
     with pytest.raises(asyncpg.PostgresError, match="resume_after needs peek_after and peek_until") as raised:
-        await conn.fetch(
-            sql.query("webhook_steps"), ["nosub"], ["c"], [None], [False], [None], [None], [True], [None],
-            [], [], [], [], [], None, 100, None, [None], [5], None, None, None,
-        )  # fmt: skip
+        await webhook_steps(conn, ["nosub"], ["c"], max_bytes=100, resume_after=[5])
     assert raised.value.sqlstate == "22023"
 
 

@@ -2,9 +2,9 @@
 
 import asyncpg
 
-from pgferry import db, sql
+from pgferry import db
 from pgferry.delivery.model import OutEvent
-from tests.helpers import tick
+from tests.helpers import tick, webhook_steps
 
 
 async def test_created_at_as_text_is_the_timestamp_postgresql_holds(db_url: str) -> None:
@@ -41,10 +41,7 @@ async def test_a_reads_events_carry_their_commit_transactions_time(db_url: str, 
     await tick(conn)
     relay = await db.connect(db_url, server_settings=db.DELIVERY_SETTINGS)
     try:
-        rows = await relay.fetch(
-            sql.query("webhook_steps"), ["c"], ["c"], [None], [False], [None], [None], [True], [None],
-            [], [], [], [], [], None, 1 << 20, None, [None], [None], None, None, None,
-        )  # fmt: skip
+        rows = await webhook_steps(relay, ["c"], ["c"], max_bytes=1 << 20)
     finally:
         await relay.close()
     events = [OutEvent.from_batch_row(r) for r in rows if r["id"] is not None]

@@ -16,9 +16,8 @@ import asyncpg
 import orjson
 
 import pgferry
-from pgferry import sql
 from pgferry.receiver import Receiver, Respond
-from tests.helpers import RunningRelay, eventually, owns, received
+from tests.helpers import RunningRelay, eventually, owns, received, webhook_steps
 
 
 async def _steps(
@@ -29,12 +28,13 @@ async def _steps(
     def col(name: str, default: Any = None) -> list[Any]:
         return [r.get(name, default) for r in requests]
 
-    return await conn.fetch(  # type: ignore[no-any-return]
-        sql.query("webhook_steps"),
-        col("subscription"), ["webhook:" + r["subscription"] for r in requests], col("epoch"), col("ordered", False),
-        col("ack_from"), col("ack_to"), col("peek", True), col("peek_after"),
-        [a[0] for a in attempts], [a[1] for a in attempts], [a[2] for a in attempts], [a[3] for a in attempts],
-        [a[4] for a in attempts], None, None, None, None, None, None, None, None,  # per event: as a relay of 0031
+    return await webhook_steps(
+        conn, col("subscription"), ["webhook:" + r["subscription"] for r in requests], epochs=col("epoch"),
+        ordered=col("ordered", False), ack_from=col("ack_from"), ack_to=col("ack_to"), peeks=col("peek", True),
+        peek_after=col("peek_after"),
+        # one attempt per event (as a relay of 0031 passes them)
+        attempt_req=[a[0] for a in attempts], event_ids=[a[1] for a in attempts], attempt_nos=[a[2] for a in attempts],
+        statuses=[a[3] for a in attempts], latencies=[a[4] for a in attempts],
     )  # fmt: skip
 
 

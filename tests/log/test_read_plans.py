@@ -4,7 +4,7 @@ import asyncpg
 import pytest
 
 from pgferry import db, sql
-from tests.helpers import explained
+from tests.helpers import explained, webhook_steps
 
 #: (query, its parameter types, values to explain it with)
 READS = {
@@ -50,9 +50,7 @@ async def test_the_relays_reads_use_the_txid_index_after_the_empty_log_was_analy
     await conn.execute("vacuum analyze ferry.events, ferry.ticks")
     async with explained(db_url) as (relay, plans):
         # one read of subscription w from its cursor, nothing to acknowledge
-        args: tuple[object, ...] = (["w"], ["webhook:w"], [None], [False], [None], [None], [True], [None],
-                                    [], [], [], [], [], 100, None, None, None, None, None, None, None)  # fmt: skip
-        rows = await relay.fetch(sql.query("webhook_steps"), *args)
+        rows = await webhook_steps(relay, ["w"], ["webhook:w"], max_events=100)
     assert any(row["id"] is not None for row in rows)  # it read the event
     reads = [p for p in plans if "events_0" in p]
     assert reads and not any("Seq Scan on events" in p for p in reads), reads
