@@ -58,7 +58,7 @@ from pgferry.delivery.context import (
 )
 from pgferry.delivery.health import Admission, Endpoint
 from pgferry.delivery.http import HttpResult
-from pgferry.delivery.model import OutEvent, Subscription, utf8_length
+from pgferry.delivery.model import OutEvent, Subscription
 from pgferry.delivery.sending import Sender
 from pgferry.delivery.sink import Sink
 from pgferry.delivery.steps import Step, StepRefused
@@ -437,7 +437,7 @@ class SubscriptionWorker:
         end = head["end_tick"] if resume is None else head["start_tick"]
         more = bool(resume is not None or head["more"])
         whole = more and step.bound is not None and 2 * step.held >= step.bound
-        return _Flight(head["start_tick"], end, task, resume), more, self._next_span(events, cut=more), whole
+        return _Flight(head["start_tick"], end, task, resume), more, self._next_span(events, step.held, cut=more), whole
 
     def _release_when_sent(self, task: asyncio.Future[Any], held: int) -> None:
         """Gives a read's bytes back to the relay's read budget once its events are sent (or
@@ -447,13 +447,14 @@ class SubscriptionWorker:
         if budget is not None and held:
             task.add_done_callback(lambda _: budget.release(held))
 
-    def _next_span(self, events: Sequence[OutEvent], *, cut: bool) -> int | None:
-        """Events the next read's range is sized for: after a read the byte bound cut (payloads
-        at least half the read's share), about twice as many as it held, since PostgreSQL builds
-        every event of a range before the bound stops the read, and a 5,000-event range of 1 MB
-        rows costs it 5 GB a read. None otherwise (max_batch_events)."""
+    def _next_span(self, events: Sequence[OutEvent], held: int, *, cut: bool) -> int | None:
+        """Events the next read's range is sized for: after a read the byte bound cut (``held``,
+        the bytes the read budget counted for its events, at least half the read's share), about
+        twice as many as it held, since PostgreSQL builds every event of a range before the bound
+        stops the read, and a 5,000-event range of 1 MB rows costs it 5 GB a read. None
+        otherwise (max_batch_events)."""
         read_bytes = self.ctx.read_bytes
-        if not cut or read_bytes is None or 2 * sum(utf8_length(e.payload) for e in events) < read_bytes:
+        if not cut or read_bytes is None or 2 * held < read_bytes:
             return None
         return min(max(2 * len(events), READ_SPAN_MIN), self.ctx.max_batch_events or READ_SPAN_MAX)
 
