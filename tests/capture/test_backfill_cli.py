@@ -98,6 +98,8 @@ async def test_a_backfill_for_one_subscription_reaches_only_its_receiver_and_tra
     try:
         done = await cli(pgferry_cmd, db_url, "backfill", "public.t", "--subscription", "mine", "--chunk", "20")
         assert done.returncode == 0, done.stderr
+        # Not a terminal: no bar (it came out cut at 80 columns), a line every 10 s (none in this one).
+        assert "━" not in done.stdout and "…" not in done.stdout, done.stdout
         await conn.execute("insert into t values (51, 'live')")
 
         async def delivered() -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import re
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -9,11 +11,13 @@ import aiohttp
 import asyncpg
 import click
 import pytest
+from rich.console import Console
 
 from pgferry.capture import backfill as backfills_api
 from pgferry.capture.backfill import BackfillSettings, Progress
 from pgferry.cli.backfill import _report
 from pgferry.cli.common import progress_cell
+from pgferry.ops import backfill as backfill_output
 from pgferry.ops.metrics import RelayMetrics
 from tests.helpers import FAST, RunningRelay, cli, eventually, scrape, series
 
@@ -141,3 +145,21 @@ def test_a_failed_backfill_that_no_resume_can_pass_is_not_told_to_resume() -> No
     with pytest.raises(click.ClickException) as failed:
         _report(_progress(state="failed", reason="permission denied for table t"), as_json=False)
     assert "fix the cause, then `pgferry backfill --resume 1`" in failed.value.message
+
+
+def test_output_that_is_not_a_terminal_gets_whole_lines_with_the_rate_and_time_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`pgferry backfill ... > log`: a line now and then, never cut at the console's width."""
+    out = io.StringIO()
+    console = Console(file=out, width=40, force_terminal=False)
+    monkeypatch.setattr(backfill_output, "LINE_EVERY", 0.0)
+    name = "backfill 7 of public.orders_with_a_long_name"
+    lines = backfill_output.ProgressLines(console, name, 0)
+    lines.started -= 10  # ten seconds in
+    lines.update(250_000, 1_000_000)
+    lines.update(1_000_000, None)  # a table never analysed
+    said = out.getvalue().splitlines()
+    assert re.fullmatch(rf"{name}: 250,000 / ~1,000,000 rows \(25%\), (24,9\d\d|25,000) rows/s, about 0:00:30 left",
+                        said[0]), said  # fmt: skip
+    assert re.fullmatch(rf"{name}: 1,000,000 / \? rows, (99,9\d\d|100,000) rows/s", said[1]) and len(said) == 2, said

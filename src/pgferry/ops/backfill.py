@@ -8,9 +8,14 @@ that runs the chunks is capture/backfill.py's ``BackfillRunner``, which knows no
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
 
+from rich import get_console
 from rich.console import Console
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.text import Text
@@ -22,6 +27,45 @@ from pgferry.capture import backfill as backfills
 def rows_text(done: int, total: int | None) -> str:
     """A backfill's rows done against its estimate ("?" for a table never analysed)."""
     return f"{done:,} / ~{total:,}" if total is not None else f"{done:,} / ?"
+
+
+#: What a backfill runner reports after each chunk: rows done, estimate of the total, chunk rows.
+Observe = Callable[[int, int | None, int], None]
+
+#: Seconds between two progress lines when the output is not a terminal (a log, a pipe).
+LINE_EVERY = 10.0
+
+
+class ProgressLines:
+    """The progress bar's content as a line every LINE_EVERY seconds, for output that is not a
+    terminal (a log, a pipe): there the bar came out once, at the end, cut at 80 columns
+    ("207,… 0:00:…")."""
+
+    def __init__(self, console: Console, what: str, done: int) -> None:
+        self.console = console
+        self.what = what
+        self.started = time.monotonic()
+        self.first = done
+        self.said = self.started
+        self.done = done
+        self.total: int | None = None
+
+    def update(self, done: int, total: int | None) -> None:
+        self.done, self.total = done, total
+        if time.monotonic() - self.said >= LINE_EVERY:
+            self.say()
+
+    def say(self) -> None:
+        self.said = time.monotonic()
+        elapsed = self.said - self.started
+        rate = (self.done - self.first) / elapsed if elapsed > 0 else 0.0
+        line = f"{self.what}: {rows_text(self.done, self.total)} rows"
+        if self.total:
+            line += f" ({min(100, 100 * self.done // self.total)}%)"
+        line += f", {rate:,.0f} rows/s"
+        if self.total and rate > 0 and self.total > self.done:
+            line += f", about {timedelta(seconds=round((self.total - self.done) / rate))} left"
+        self.console.print(line, highlight=False, soft_wrap=True)
 
 
 class RateColumn(ProgressColumn):
@@ -109,23 +153,40 @@ async def _drive(
 ) -> backfills.Progress:
     async with ferry.pool.acquire() as conn:
         first = await backfills.progress(conn, backfill)
-        with Progress(
-            TextColumn(f"backfill {backfill} of {first.table}"), BarColumn(), TaskProgressColumn(),
-            TextColumn("{task.fields[rows]} rows"), RateColumn(), TimeRemainingColumn(),
-            console=console, disable=not show, transient=False,
-        ) as bar:  # fmt: skip
-            task = bar.add_task(
-                "rows", total=first.total, completed=first.rows_done, rows=rows_text(first.rows_done, first.total)
-            )
+        settings = backfills.BackfillSettings(backfill, max_rate=max_rate)
+        with _shown(console or get_console(), f"backfill {backfill} of {first.table}", first, show) as observe:
+            state = await backfills.BackfillRunner(conn, settings, observe=observe).run(stop)
+            if state == "running":  # stopped by a signal
+                await backfills.set_state(conn, backfill, "pause")
+            last = await backfills.progress(conn, backfill)
+            if last.state == "done":  # the estimate was only that (a table never analysed: any number)
+                observe(last.rows_done, last.rows_done, 0)
+        return last
 
-            def observe(done: int, estimate: int | None, _chunk: int) -> None:
-                total = max(done, estimate) if estimate is not None else None
-                bar.update(task, completed=done, total=total, rows=rows_text(done, total))
 
-            runner = backfills.BackfillRunner(
-                conn, backfills.BackfillSettings(backfill, max_rate=max_rate), observe=observe
-            )
-            state = await runner.run(stop)
-        if state == "running":  # stopped by a signal
-            await backfills.set_state(conn, backfill, "pause")
-        return await backfills.progress(conn, backfill)
+@contextlib.contextmanager
+def _shown(console: Console, what: str, first: backfills.Progress, show: bool) -> Iterator[Observe]:
+    """What observes the chunks: a progress bar on a terminal, a line now and then otherwise."""
+    if show and not console.is_terminal:  # the end is said by the caller's report
+        lines = ProgressLines(console, what, first.rows_done)
+        yield lambda done, estimate, _chunk: lines.update(done, _total(done, estimate))
+        return
+    with Progress(
+        TextColumn(what), BarColumn(), TaskProgressColumn(),
+        TextColumn("{task.fields[rows]} rows"), RateColumn(), TimeRemainingColumn(),
+        console=console, disable=not show, transient=False,
+    ) as bar:  # fmt: skip
+        task = bar.add_task(
+            "rows", total=first.total, completed=first.rows_done, rows=rows_text(first.rows_done, first.total)
+        )
+
+        def observe(done: int, estimate: int | None, _chunk: int) -> None:
+            total = _total(done, estimate)
+            bar.update(task, completed=done, total=total, rows=rows_text(done, total))
+
+        yield observe
+
+
+def _total(done: int, estimate: int | None) -> int | None:
+    """The estimate of the table's rows, never below what is done."""
+    return max(done, estimate) if estimate is not None else None
