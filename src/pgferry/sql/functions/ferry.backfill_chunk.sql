@@ -25,8 +25,10 @@
 -- DateStyle 'SQL, DMY' was read back as another day (rows skipped), a float
 -- key under extra_float_digits 0 never moved on.
 -- A backfill whose primary key changed since its last chunk (other columns,
--- or renamed) fails: the stored key no longer says where it was, and read
--- as NULL it ended the backfill as done. One whose capture now writes into a
+-- renamed, in another order or of another type: last_key_columns, migration
+-- 0033) fails: the stored key no longer says where it was; read as NULL it
+-- ended the backfill as done, and compared in a new order or type it
+-- skipped rows. One whose capture now writes into a
 -- stream its target does not read fails too (its READ events would reach
 -- nobody), and so does one for every reader whose capture now writes into
 -- another stream than the one its first chunks went to (the table would be
@@ -53,6 +55,7 @@ declare
     v_object  text;   -- 'a', r.a::text, 'b', r.b::text: the primary key as a JSON object
     v_names   text[]; -- the primary key's columns
     v_types   text[]; -- and their types
+    v_shape   text[]; -- both: '"name" type', in the key's order (backfills.last_key_columns)
     v_where   text;
     v_upper   jsonb;
     v_key     text;
@@ -104,8 +107,12 @@ begin
             raise exception 'table %.% has no primary key any more', quote_ident(b.schema_name), quote_ident(b.table_name)
                 using errcode = '42P10';
         end if;
+        v_shape := array(select format('%I %s', n, t) from unnest(v_names, v_types) x(n, t));
         if b.last_key is not null
-           and array(select k from jsonb_object_keys(b.last_key) k order by k) <> array(select n from unnest(v_names) n order by n) then
+           and (b.last_key_columns is distinct from v_shape
+                and (b.last_key_columns is not null  -- recorded before 0033: the names alone
+                     or array(select k from jsonb_object_keys(b.last_key) k order by k)
+                        <> array(select n from unnest(v_names) n order by n))) then
             raise exception 'the primary key of %.% changed since the backfill began (its last chunk ended at %); '
                             'start a new backfill', quote_ident(b.schema_name), quote_ident(b.table_name), b.last_key
                 using errcode = '55000';
@@ -172,6 +179,7 @@ begin
 
     update ferry.backfills f
     set last_key = coalesce(v_upper, f.last_key),
+        last_key_columns = case when v_upper is null then f.last_key_columns else v_shape end,
         rows_done = f.rows_done + v_n,
         chunks_done = f.chunks_done + 1,
         state = case when v_upper is null then 'done' else f.state end,
