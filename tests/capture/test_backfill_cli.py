@@ -176,6 +176,9 @@ async def test_cancel_stops_a_detached_backfill_and_list_shows_it(
     ("args", "says"),
     [
         (["public.nope"], 'Error: relation "public.nope" does not exist'),
+        (["MixedCase.t"], 'Error: schema "mixedcase" does not exist'),
+        (["public.Order Items"], "Error: 'public.Order Items' is not a table name (invalid name syntax)"),
+        (["a.b.c.d"], "Error: 'a.b.c.d' is not a table name (improper relation name"),
         (["public.plain"], "Error: table plain is not captured"),
         (["public.t", "--where", "nonsense ="], "Error: condition 'nonsense =' is not a valid boolean expression"),
         (["public.t", "--chunk", "0"], "Invalid value for '--chunk': 0 is not in the range 1<=x<=1000000"),

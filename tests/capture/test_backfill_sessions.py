@@ -221,3 +221,22 @@ async def test_a_temporary_table_is_refused(conn: asyncpg.Connection) -> None:
     await conn.execute("create temporary table scratch (id int primary key)")
     with pytest.raises(asyncpg.PostgresError, match="temporary table"):
         await conn.execute("select ferry.capture_table('scratch')")
+
+
+async def test_a_backfill_writes_bytea_in_hex_whatever_its_runner_s_bytea_output(conn: asyncpg.Connection) -> None:
+    """A role with bytea_output 'escape' ran a backfill: its READ events carried another key than
+    the same row's later UPDATE (outside probe)."""
+    await conn.execute("create table bk (id bytea primary key, v int)")
+    await conn.execute("insert into bk values ('\\x0102ff', 1)")
+    await conn.execute("select ferry.capture_table('bk')")
+    backfill = await conn.fetchval("select ferry.backfill('bk')")
+    await conn.execute("set bytea_output = 'escape'")
+    try:
+        assert await _chunks(conn, backfill) == "done"
+    finally:
+        await conn.execute("reset bytea_output")
+    await conn.execute("update bk set v = 2")
+    rows = await conn.fetch("select op::text, key, payload::text from ferry.events order by id")
+    assert [r["op"] for r in rows] == ["R", "U"]
+    assert rows[0]["key"] == rows[1]["key"] == "\\x0102ff", rows
+    assert '"\\\\x0102ff"' in rows[0]["payload"], rows

@@ -142,11 +142,23 @@ class Progress:
 TRANSIENT = {"40001", "40P01", "57014", "55P03", "53000", "53100", "53200", "53300"}
 
 
-def _refused(exc: asyncpg.PostgresError) -> InvalidBackfill | None:
+#: What the cast of a table's name to regclass raises for a name that names no table: unknown
+#: table or schema, and a name that is no name (`"Order Items` unterminated, `a.b.c.d`, `a.b.c`).
+NO_SUCH_TABLE = {"42P01", "3F000"}
+NOT_A_NAME = {"42602", "42601", "0A000"}
+
+
+def _refused(exc: asyncpg.PostgresError, table: str | None = None) -> InvalidBackfill | None:
     """The SQL functions' own refusals (a ``pgferry:`` message, whatever its SQLSTATE: an invalid
-    condition keeps the parser's) and an unknown table (42P01, from the cast to regclass)."""
-    if str(exc).startswith("pgferry:") or getattr(exc, "sqlstate", None) == "42P01":
+    condition keeps the parser's), and a ``table`` name that names no table."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if str(exc).startswith("pgferry:") or sqlstate in NO_SUCH_TABLE:
         return InvalidBackfill(one_line(exc).removeprefix("pgferry: "))
+    if table is not None and sqlstate in NOT_A_NAME:
+        return InvalidBackfill(
+            f"{table!r} is not a table name ({one_line(exc)}): write schema.table, with double quotes around a "
+            "part that has spaces, capitals or dots, e.g. 'public.\"Order Items\"'"
+        )
     return None
 
 
@@ -172,7 +184,7 @@ async def start(
             )
         )
     except asyncpg.PostgresError as exc:
-        if (refused := _refused(exc)) is not None:
+        if (refused := _refused(exc, table)) is not None:
             raise refused from None
         raise
 

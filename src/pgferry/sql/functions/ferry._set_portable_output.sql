@@ -6,7 +6,8 @@
 -- came out 05/01/2026, May 1 to a session on the default MDY; a timestamptz
 -- came out with a zone abbreviation PostgreSQL reads as another zone),
 -- IntervalStyle postgres and extra_float_digits 3 (0 printed 0.3 for both
--- 0.3 and 0.30000000000000004, so a backfill keyed by it never moved on).
+-- 0.3 and 0.30000000000000004, so a backfill keyed by it never moved on),
+-- and bytea_output hex (as the WAL capture's replication session reads).
 -- For text pgferry stores to be read again by another session: deparsed
 -- capture and backfill conditions, a backfill's last key.
 --
@@ -20,5 +21,6 @@
 create or replace function ferry._set_portable_output() returns void language sql as $$
     select set_config('datestyle', 'ISO, YMD', true),
            set_config('intervalstyle', 'postgres', true),
-           set_config('extra_float_digits', '3', true)
+           set_config('extra_float_digits', '3', true),
+           set_config('bytea_output', 'hex', true)
 $$;

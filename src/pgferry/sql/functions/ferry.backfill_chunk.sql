@@ -23,7 +23,9 @@
 -- the next chunk: both under the settings of ferry._set_portable_output
 -- (the SET clauses below; they end with the call): a date key stored under
 -- DateStyle 'SQL, DMY' was read back as another day (rows skipped), a float
--- key under extra_float_digits 0 never moved on.
+-- key under extra_float_digits 0 never moved on. The same settings shape
+-- the READ events' keys and records: a bytea key under bytea_output
+-- 'escape' came out as another key than the row's WAL-captured UPDATE.
 -- A backfill whose primary key changed since its last chunk (other columns,
 -- renamed, in another order or of another type: last_key_columns, migration
 -- 0033) fails: the stored key no longer says where it was; read as NULL it
@@ -46,7 +48,7 @@
 create or replace function ferry.backfill_chunk(backfill bigint)
 returns table (state text, rows_done bigint, rows_estimate bigint, chunk_rows integer)
 language plpgsql
-set datestyle = 'ISO, YMD' set intervalstyle = 'postgres' set extra_float_digits = 3  -- ferry._set_portable_output's
+set datestyle = 'ISO, YMD' set intervalstyle = 'postgres' set extra_float_digits = 3 set bytea_output = 'hex'  -- ferry._set_portable_output's
 as $$
 declare
     b         ferry.backfills;
