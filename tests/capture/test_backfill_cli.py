@@ -151,6 +151,22 @@ async def test_a_backfill_paused_by_sigterm_exits_3_so_a_script_knows_it_did_not
     assert await conn.fetchval("select state from ferry.backfills") == "paused"
 
 
+async def test_a_detached_backfill_resumed_with_a_chunk_size_runs_chunks_of_that_size(
+    conn: asyncpg.Connection, db_url: str, pgferry_cmd: list[str]
+) -> None:
+    """The docs' advice when statement_timeout cancels every chunk: `--resume ID --chunk N`."""
+    await conn.execute("create table t (id int primary key)")
+    await conn.execute("insert into t select generate_series(1, 20)")
+    await conn.execute("select ferry.capture_table('t')")
+    started = await cli(pgferry_cmd, db_url, "backfill", "public.t", "--detach", "--json")
+    backfill = json.loads(started.stdout)["id"]
+    resumed = await cli(pgferry_cmd, db_url, "backfill", "--resume", str(backfill), "--chunk", "7", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    done = json.loads(resumed.stdout)
+    assert (done["state"], done["rows_done"], done["chunk_size"]) == ("done", 20, 7), done
+    assert await conn.fetchval("select chunks_done from ferry.backfills where id = $1", backfill) == 3
+
+
 async def test_cancel_stops_a_detached_backfill_and_list_shows_it(
     conn: asyncpg.Connection, db_url: str, pgferry_cmd: list[str]
 ) -> None:
@@ -186,6 +202,8 @@ async def test_cancel_stops_a_detached_backfill_and_list_shows_it(
         (["public.t", "--subscription", "ghost"], "Error: subscription 'ghost' does not exist"),
         (["public.t", "--list"], "Error: give one of TABLE, --list"),
         (["--cancel", "99"], "Error: backfill 99 does not exist"),
+        (["public.t", "--detach", "--max-rate", "100"], "Error: --max-rate paces the chunks this process runs"),
+        (["--list", "--chunk", "5"], "Error: --chunk goes with TABLE or --resume ID"),
     ],
 )
 async def test_bad_input_gets_one_clear_line_and_starts_nothing(

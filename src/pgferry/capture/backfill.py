@@ -194,22 +194,28 @@ SET_STATE_WAIT = "5s"
 
 
 async def set_state(
-    conn: asyncpg.Connection, backfill: int, action: str, *, on_wait: Callable[[], None] | None = None
+    conn: asyncpg.Connection,
+    backfill: int,
+    action: str,
+    *,
+    on_wait: Callable[[], None] | None = None,
+    chunk_size: int | None = None,
 ) -> str:
-    """``cancel``, ``pause`` or ``resume`` a backfill; returns its state afterwards. A chunk in
-    progress holds its backfill until it commits: one stuck on a lock made ``--cancel`` from
-    another shell hang without a word (outside probe). With ``on_wait``, it is called once the
-    wait passed SET_STATE_WAIT (to say so), and the wait goes on."""
+    """``cancel``, ``pause`` or ``resume`` a backfill (a resume with ``chunk_size``: its chunks
+    from now on); returns its state afterwards. A chunk in progress holds its backfill until it
+    commits: one stuck on a lock made ``--cancel`` from another shell hang without a word (outside
+    probe). With ``on_wait``, it is called once the wait passed SET_STATE_WAIT (to say so), and
+    the wait goes on."""
     query = sql.query("backfill_set_state")
     try:
         if on_wait is not None:
             try:
                 async with conn.transaction():
                     await conn.execute(f"set local lock_timeout = '{SET_STATE_WAIT}'")
-                    return str(await conn.fetchval(query, backfill, action))
+                    return str(await conn.fetchval(query, backfill, action, chunk_size))
             except asyncpg.LockNotAvailableError:
                 on_wait()
-        return str(await conn.fetchval(query, backfill, action))
+        return str(await conn.fetchval(query, backfill, action, chunk_size))
     except asyncpg.PostgresError as exc:
         if (refused := _refused(exc)) is not None:
             raise refused from None

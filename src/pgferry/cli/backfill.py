@@ -99,8 +99,13 @@ def backfill(
     actions = [a for a in (table_name, list_ or None, resume, pause, cancel) if a is not None]
     if len(actions) != 1:
         raise click.UsageError("give one of TABLE, --list, --resume ID, --pause ID or --cancel ID")
-    if table_name is None and (subscription or consumer or condition or chunk is not None or detach):
-        raise click.UsageError("--subscription, --consumer, --where, --chunk and --detach go with TABLE")
+    if table_name is None and (subscription or consumer or condition or detach):
+        raise click.UsageError("--subscription, --consumer, --where and --detach go with TABLE")
+    if chunk is not None and table_name is None and resume is None:
+        raise click.UsageError("--chunk goes with TABLE or --resume ID")
+    if max_rate is not None and (detach or (table_name is None and resume is None)):
+        raise click.UsageError("--max-rate paces the chunks this process runs: give it with TABLE (not --detach) "
+                               "or with --resume ID")  # fmt: skip
     url = require_url(database_url)
     show = not (quiet or as_json)
 
@@ -115,7 +120,7 @@ def backfill(
                     await backfills.set_state(conn, target, action, on_wait=_waiting(target))
                     return await backfills.progress(conn, target)
                 if resume is not None:
-                    await backfills.set_state(conn, resume, "resume", on_wait=_waiting(resume))
+                    await backfills.set_state(conn, resume, "resume", on_wait=_waiting(resume), chunk_size=chunk)
                     started = resume
                 else:
                     assert table_name is not None

@@ -693,10 +693,11 @@ select ferry.backfill(tbl => $1::text::regclass, subscription => $2, consumer =>
 select state, rows_done, rows_estimate, chunk_rows from ferry.backfill_chunk(backfill => $1)
 
 -- name: backfill_set_state
--- Cancel ($2 = 'cancel'), pause or resume backfill $1; the state afterwards.
+-- Cancel ($2 = 'cancel'), pause or resume backfill $1 (with chunks of $3 rows from now on, when
+-- not NULL); the state afterwards.
 select case $2::text when 'cancel' then ferry.backfill_cancel(backfill => $1)
                      when 'pause' then ferry.backfill_pause(backfill => $1)
-                     when 'resume' then ferry.backfill_resume(backfill => $1) end
+                     when 'resume' then ferry.backfill_resume(backfill => $1, chunk_size => $3::integer) end
 
 -- name: backfill_progress
 -- Backfills with their progress: $1 one id, or NULL for every one that is running or paused, or finished within $2.

@@ -1,6 +1,6 @@
 -- pgferry 0033: a backfill remembers the shape of the key its last chunk
 -- ended at (each column with its type, in the key's order), not only its
--- values.
+-- values; and a resume may change its chunk size.
 --
 -- last_key is a JSON object, which keeps neither the order of its columns
 -- nor their types, and ferry.backfill_chunk compared only the names of the
@@ -19,3 +19,10 @@ alter table ferry.backfills add column last_key_columns text[];
 
 comment on column ferry.backfills.last_key_columns is
     'pgferry: the primary key last_key was taken in: each column as "name type", in the key''s order (NULL before 0033).';
+
+-- ferry.backfill_resume takes the chunk size of the chunks to come, last and
+-- defaulted (sql/functions/ferry.backfill_resume.sql): docs/backfills.md told
+-- an operator whose chunks statement_timeout cancelled to lower the chunk
+-- size, which only a new backfill could (outside probe). The signature
+-- without it goes.
+drop function if exists ferry.backfill_resume(bigint);
