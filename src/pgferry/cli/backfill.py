@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import click
@@ -23,11 +24,14 @@ from pgferry.ops.backfill import drive
 from pgferry.params import FiniteFloatRange
 
 
-def _report(p: backfills.Progress, as_json: bool) -> None:
+def _report(p: backfills.Progress, as_json: bool, run_rate: float | None = None) -> None:
+    """``run_rate``: of the chunks this process ran (the backfill's own rate counts from its start,
+    so a detached one that waited an hour reported 27 rows/s; outside probe)."""
     if as_json:
         print_json(p.as_dict())
     elif p.state == "done":
-        rate = f" ({p.rate:,.0f} rows/s)" if p.rate is not None else ""
+        rows_per_s = run_rate if run_rate is not None else p.rate
+        rate = f" ({rows_per_s:,.0f} rows/s)" if rows_per_s is not None else ""
         click.echo(f"backfill {p.id} of {p.table}: done, {p.rows_done:,} rows{rate}")
     elif p.state == "paused":
         click.echo(f"backfill {p.id} of {p.table}: paused after {p.rows_done:,} rows; "
@@ -109,7 +113,10 @@ def backfill(
     url = require_url(database_url)
     show = not (quiet or as_json)
 
+    run_rate: float | None = None  # rows/s of the chunks this process ran
+
     async def go() -> backfills.Progress | list[backfills.Progress]:
+        nonlocal run_rate
         async with pgferry.connect(url, pool_size=2) as ferry:
             async with ferry.pool.acquire() as conn:
                 if list_:
@@ -130,7 +137,11 @@ def backfill(
                     )  # fmt: skip
                     if detach:
                         return await backfills.progress(conn, started)
-            return await drive(ferry, started, show, max_rate, console=console)
+                before = (await backfills.progress(conn, started)).rows_done
+            began = time.monotonic()
+            done = await drive(ferry, started, show, max_rate, console=console)
+            run_rate = (done.rows_done - before) / max(time.monotonic() - began, 1e-3)
+            return done
 
     result = run_coroutine(go(), url=url)
     if isinstance(result, list):
@@ -139,7 +150,7 @@ def backfill(
         else:
             table("backfills", backfill_rows(result), BACKFILL_COLUMNS)
         return
-    _report(result, as_json)
+    _report(result, as_json, run_rate)
     driven = resume is not None or (table_name is not None and not detach)
     if driven and result.state in ("paused", "cancelled"):
         raise click.exceptions.Exit(EXIT_UNFINISHED)

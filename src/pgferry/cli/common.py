@@ -234,7 +234,7 @@ def backfill_rows(items: list[BackfillProgress]) -> list[dict[str, Any]]:
             "id": p.id,
             "table": p.table,
             "for": p.target or "everyone",
-            "where": p.condition or "",
+            "where": re.sub(r"\s*\n\s*", " ", p.condition or ""),  # deparsed over lines: one line, not "\n"
             "by": p.created_by or "",
             "state": (
                 f"orphaned? no chunk for {p.idle_seconds or 0:,.0f} s: --resume {p.id}"
