@@ -41,10 +41,11 @@ class ProgressLines:
     terminal (a log, a pipe): there the bar came out once, at the end, cut at 80 columns
     ("207,… 0:00:…")."""
 
-    def __init__(self, console: Console, what: str, done: int) -> None:
+    def __init__(self, console: Console, what: str, done: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.console = console
         self.what = what
-        self.started = time.monotonic()
+        self.clock = clock
+        self.started = clock()
         self.first = done
         self.said = self.started
         self.done = done
@@ -52,11 +53,11 @@ class ProgressLines:
 
     def update(self, done: int, total: int | None) -> None:
         self.done, self.total = done, total
-        if time.monotonic() - self.said >= LINE_EVERY:
+        if self.clock() - self.said >= LINE_EVERY:
             self.say()
 
     def say(self) -> None:
-        self.said = time.monotonic()
+        self.said = self.clock()
         elapsed = self.said - self.started
         rate = (self.done - self.first) / elapsed if elapsed > 0 else 0.0
         line = f"{self.what}: {rows_text(self.done, self.total)} rows"
