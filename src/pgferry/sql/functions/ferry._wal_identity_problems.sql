@@ -8,7 +8,10 @@
 -- the table's UPDATEs and DELETEs), an index or a primary key without all of
 -- the capture's key columns (its DELETEs reach readers with a null key, out
 -- of their key's order), and anything but FULL under a condition or
--- changed_columns (they are evaluated on whole old rows). A partitioned
+-- changed_columns (they are evaluated on whole old rows); and, whatever the
+-- identity, key columns the table no longer has (renamed or dropped: every
+-- event came with a null key, and nothing said so; outside probe), whose
+-- fix is capture_table again. A partitioned
 -- table's partitions count, as capture_table checks them. relid: only the
 -- capture of that table (the relay asks about each table the WAL describes;
 -- a query over all of them for each would grow with their square). Shown by `pgferry
@@ -44,11 +47,18 @@ language sql stable as $$
                                                              and a.attnum = any (i.indkey)
                      where i.indrelid = p.part
                        and ((k.relreplident = 'i' and i.indisreplident) or (k.relreplident = 'd' and i.indisprimary)))
-                   as index_columns
+                   as index_columns,
+               array(select a.attname::text from pg_attribute a
+                     where a.attrelid = p.part and a.attnum > 0 and not a.attisdropped) as table_columns
         from parts p join pg_class k on k.oid = p.part
     )
     select i.part::regclass,
            case
+               when not (i.key_columns <@ i.table_columns) then
+                   format('its key columns (%s) are not all columns of the table any more (renamed or dropped): its '
+                          'events reach readers with a null key; call ferry.capture_table(%L, method => ''wal'') '
+                          'again, with the options it was captured with, to key it by the table as it is now',
+                          array_to_string(i.key_columns, ', '), i.relid::regclass::text)
                when i.relreplident = 'n' or (i.relreplident = 'd' and i.index is null) then
                    format('REPLICA IDENTITY %s: PostgreSQL refuses its UPDATEs and DELETEs while it is captured from '
                           'the WAL; alter table %s replica identity full',
@@ -67,7 +77,8 @@ language sql stable as $$
                           i.part::regclass)
            end
     from identity i
-    where i.relreplident = 'n' or (i.relreplident = 'd' and i.index is null)
+    where not (i.key_columns <@ i.table_columns)
+       or i.relreplident = 'n' or (i.relreplident = 'd' and i.index is null)
        or (i.relreplident in ('i', 'd') and not (i.key_columns <@ i.index_columns))
        or (i.relreplident <> 'f' and i.needs_full)
     order by 1::text
