@@ -194,7 +194,10 @@ TEXT = st.text(st.characters(max_codepoint=0x2FF), max_size=6) | st.sampled_from
             st.integers(1, 10**15),
             st.sampled_from(["public.t", " s ", "a\nb", "x.y", ".lead", "é"]),
             st.none() | TEXT,
-            st.none() | st.sampled_from(['{"x-h": "v"}', "{}", '{"webhook-id": "w"}', '{"bad name": "v"}']),
+            st.none()
+            | st.sampled_from(
+                ['{"x-h": "v"}', "{}", '{"webhook-id": "w"}', '{"bad name": "v"}', '{"NATS-Rollup": "all"}']
+            ),
         ),
         min_size=1,
         max_size=4,
@@ -230,5 +233,19 @@ def test_a_header_pgferry_sets_is_not_taken_from_a_subscription_saved_before_sub
     for message in (message_of(sub, dest, event), _Messages(sub, dest)(event)):
         assert {k.lower(): v for k, v in message.headers.items()} == {
             "x-ok": "1", "webhook-id": "evt_7", "pgferry-stream": "public.orders", "pgferry-key": "k",
+            "nats-msg-id": "s/evt_7",
+        }  # fmt: skip
+
+
+def test_an_event_s_writer_sets_no_header_jetstream_acts_on_nor_one_pgferry_sets() -> None:
+    """`ferry.publish(..., headers => '{"Nats-Rollup": "all"}')` purged the JetStream stream of
+    every earlier message; a keyless event's `pgferry-key` arrived as its key (outside probe)."""
+    sub = subscription(name="s", headers={"Nats-TTL": "1h"})  # an operator's own may
+    dest = NatsDestination("127.0.0.1", 4222, Template("orders"))
+    forged = '{"Nats-Rollup": "all", "nats-expected-last-sequence": "1", "pgferry-key": "forged", "X-App": "1"}'
+    event = OutEvent(7, "public.orders", None, '{"n": 1}', forged, NOW)
+    for message in (message_of(sub, dest, event), _Messages(sub, dest)(event)):
+        assert {k.lower(): v for k, v in message.headers.items()} == {
+            "nats-ttl": "1h", "x-app": "1", "webhook-id": "evt_7", "pgferry-stream": "public.orders",
             "nats-msg-id": "s/evt_7",
         }  # fmt: skip

@@ -103,7 +103,8 @@ def message_of(sub: Subscription, dest: NatsDestination, event: OutEvent) -> Mes
     """One event as a JetStream message (``request.BadRequest`` if its subject or headers cannot be sent)."""
     webhook_id = request.message_id([event])
     own = {k: v for k, v in sub.headers.items() if k.lower() not in RESERVED}  # saved before subscribe refused them
-    headers = {**own, **request.event_headers(event), "webhook-id": webhook_id, "pgferry-stream": event.stream}
+    mine = {k: v for k, v in request.event_headers(event).items() if not _reserved_for_writers(k)}
+    headers = {**own, **mine, "webhook-id": webhook_id, "pgferry-stream": event.stream}
     if event.key is not None:
         headers["pgferry-key"], encoded = request.key_header(event.key)
         if encoded:
@@ -113,6 +114,15 @@ def message_of(sub: Subscription, dest: NatsDestination, event: OutEvent) -> Mes
     if not _sendable(subject):
         raise request.BadRequest(f"subject {subject!r} is empty or holds white space, which NATS does not allow")
     return Message(subject, event.payload.encode(), headers, header_block(headers))
+
+
+def _reserved_for_writers(name: str) -> bool:
+    """A header an event's writer may not set: pgferry's own, and every ``Nats-`` header, which
+    JetStream acts on (``Nats-Rollup: all`` from ferry.publish purged the stream; ``Nats-TTL``,
+    ``Nats-Expected-*``): a writer may only append. A subscription's own headers are an
+    operator's, and may set those."""
+    lowered = name.lower()
+    return lowered in RESERVED or lowered.startswith("nats-")
 
 
 def _sendable(subject: str) -> bool:
