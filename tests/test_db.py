@@ -50,6 +50,7 @@ async def test_a_malformed_database_url_is_refused_in_one_line_saying_what_is_wr
     cases = [
         ("postgresql://postgres@127.0.0.1:99999/app", "has port '99999': a port is a number from 1 to 65535"),
         ("postgresql://postgres@127.0.0.1:abc/app", "has port 'abc'"),
+        ("postgresql://postgres@127.0.0.1:²/app", "has port '²'"),
         ("postgresql://me:secret@[::1/app", "'postgresql://me:***@[::1/app' is malformed (Invalid IPv6 URL)"),
         (f"{db_url}?connect_timeout=abc", "?connect_timeout= in the URL is not a connection parameter"),
         (f"postgresql://postgres@{host},{host}/app", "the database does not exist"),  # a host list still parses

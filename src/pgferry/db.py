@@ -139,7 +139,8 @@ def check_url(url: str) -> None:
             "percent-encode it (/ as %2F, ? as %3F, # as %23, @ as %40)"
         )
     for port in _ports(parts.netloc.rpartition("@")[2]):
-        if port and not (port.isdigit() and 1 <= int(port) <= 65535):  # empty: the default, as libpq takes it
+        # empty: the default, as libpq takes it; "²" is a digit to str.isdigit, not to int()
+        if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
             raise DatabaseUnreachable(
                 f"database URL {redact(url)!r} has port {port!r}: a port is a number from 1 to 65535; {_EXPECTED}"
             )

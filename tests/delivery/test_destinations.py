@@ -45,6 +45,9 @@ def test_urls_parse_into_host_port_and_templates() -> None:
         ("redis://cache:6379/0", "names no stream"),
         ("redis://cache:6379/x?stream=s", "not a Redis database number"),
         ("redis://cache:6379/0?stream=s&maxlen=0", "maxlen='0'"),
+        # a digit to str.isdigit, not to int(): a traceback (outside probe)
+        ("redis://cache:6379/0?stream=s&maxlen=²", "maxlen='²'"),
+        ("redis://cache:6379/²?stream=s", "not a Redis database number"),
         ("redis://cache:6379/0?stream=s&ttl=5", "unknown parameter 'ttl'"),
         ("redis://cache:6379/0?stream=s{key", "unbalanced braces"),
         # each accepted once, and failing at every send (found by an outside probe):

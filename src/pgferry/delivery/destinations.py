@@ -119,7 +119,7 @@ def parse_redis(url: str) -> RedisDestination:
     if parts.username or parts.password:
         raise BadDestination("credentials do not go in the URL; set them with ferry.set_subscription_credentials")
     path = parts.path.strip("/")
-    if path and not path.isdigit():
+    if path and not (path.isascii() and path.isdigit()):  # "²" is a digit to str.isdigit, not to int()
         raise BadDestination(f"{path!r} is not a Redis database number; use redis://host:6379/0?stream=<name>")
     query = parse_qs(parts.query, keep_blank_values=True)
     unknown = sorted(set(query) - {"stream", "maxlen", "dedup_window"})
@@ -166,6 +166,7 @@ def _positive(query: dict[str, list[str]], name: str, default: int | None) -> in
     if name not in query:
         return default
     value = query[name][-1]
-    if not value.isdigit() or not 1 <= int(value) < 2**31:  # Redis takes them as 64-bit, EXPIRE as seconds
+    # Redis takes them as 64-bit, EXPIRE as seconds
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) < 2**31:
         raise BadDestination(f"{name}={value!r}: expected a whole number from 1 to {2**31 - 1}")
     return int(value)
