@@ -144,6 +144,8 @@ async def test_credentials_are_checked_kept_apart_and_never_listed(
         ("w", '{"token": "x"}', "subscription 'w' is a webhook: credentials are for NATS and Redis"),
         ("b", '{"token": "x", "user": "u", "password": "p"}', "give one way to log in"),
         ("r", '{"token": "x"}', "Redis takes a password, or a user and a password"),
+        ("r", '{"user": "bob"}', "user 'bob' needs a password"),  # logged in as "default" instead
+        ("b", '{"user": "bob"}', "user 'bob' needs a password"),
     ]:
         with pytest.raises(asyncpg.InvalidParameterValueError, match=says):
             await conn.execute("select ferry.set_subscription_credentials($1, $2::text::jsonb)", name, credentials)
@@ -157,6 +159,9 @@ async def test_credentials_are_checked_kept_apart_and_never_listed(
     for command in (["subscription", "list", "--json"], ["status", "--json"]):
         shown = await cli(pgferry_cmd, db_url, *command)
         assert shown.returncode == 0 and "hunter22" not in shown.stdout + shown.stderr
+    alone = await cli(pgferry_cmd, db_url, "subscription", "credentials", "b", "--user", "bob")
+    assert alone.returncode != 0 and "Error: pgferry: user 'bob' needs a password" in alone.stderr, alone.stderr
+    assert "Traceback" not in alone.stderr
     missing = await cli(pgferry_cmd, db_url, "subscription", "credentials", "b", "--password-env", "PF_UNSET")
     assert missing.returncode != 0 and "PF_UNSET is not set" in missing.stderr
     cleared = await cli(pgferry_cmd, db_url, "subscription", "credentials", "b", "--clear")

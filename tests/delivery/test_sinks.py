@@ -220,6 +220,33 @@ async def test_a_redis_entry_over_the_limit_in_bytes_is_dead_lettered_with_the_r
     await client.aclose()
 
 
+ACL_USER = (
+    "relay_acl on >s3cret ~acl:* ~pgferry:dedup:* "
+    "+auth +select +ping +evalsha +script|load +time +hmget +hset +expire +xadd"
+)
+
+
+@needs_redis
+async def test_a_redis_user_allowed_what_docs_sinks_lists_appends(
+    db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry, redis_server: RedisServer
+) -> None:
+    """docs/sinks.md's ACL line, as it is written there (it listed HEXISTS for HMGET and named no
+    keys, and a user set up by it failed every event; outside probe)."""
+    client = redis_client(redis_server.port)
+    await client.execute_command("ACL", "SETUSER", *ACL_USER.split())
+    await ferry.subscribe("acl", ["s"], f"{redis_server.url}/0?stream=acl:{{key}}")
+    await ferry.set_credentials("acl", {"user": "relay_acl", "password": "s3cret"})
+    for n in range(3):
+        await ferry.publish("s", {"n": n}, key="k")
+    relay = RunningRelay(db_url)
+    try:
+        await eventually(lambda: _equals(client.xlen("acl:k"), 3), what="3 entries")
+    finally:
+        await relay.stop()
+    assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
+    await client.aclose()
+
+
 @needs_redis
 async def test_redis_dedup_windows_are_the_servers_so_relays_with_skewed_clocks_append_once(
     redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch

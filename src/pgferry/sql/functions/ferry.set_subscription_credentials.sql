@@ -7,8 +7,9 @@
 -- subscription shows them. Refused: credentials for a webhook (it
 -- authenticates with a header or its signing secret; apply took
 -- credentials_env there and nothing used them: outside probe), more than
--- one way to log in to NATS (user and password, token, creds_file), and
--- token or creds_file for Redis.
+-- one way to log in to NATS (user and password, token, creds_file), a user
+-- without a password (the relay logged in as nobody, to Redis as "default",
+-- without a word: outside probe), and token or creds_file for Redis.
 --
 -- Calls:   -
 -- Reads:   -
@@ -50,6 +51,11 @@ begin
         if v_ways > 1 then
             raise exception 'pgferry: give one way to log in: user and password, token, or creds_file'
                 using errcode = '22023';
+        end if;
+        if credentials ? 'user' and not credentials ? 'password' then
+            -- the relay logged in as no one (Redis: as "default") and said nothing (outside probe)
+            raise exception 'pgferry: user % needs a password (a Redis ACL user with nopass takes any)',
+                quote_literal(credentials->>'user') using errcode = '22023';
         end if;
         if v_scheme = 'redis' and (credentials ? 'token' or credentials ? 'creds_file') then
             raise exception 'pgferry: Redis takes a password, or a user and a password (token and creds_file are NATS''s)'
