@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import pgferry
-from pgferry.delivery.destinations import BadDestination, parse_nats, parse_redis
+from pgferry.delivery.destinations import BadDestination, parse_nats, parse_redis, shown_url
 from pgferry.delivery.model import OutEvent
 from pgferry.errors import PgferryError
 from tests.helpers import cli
@@ -166,3 +166,14 @@ async def test_credentials_are_checked_kept_apart_and_never_listed(
     assert missing.returncode != 0 and "PF_UNSET is not set" in missing.stderr
     cleared = await cli(pgferry_cmd, db_url, "subscription", "credentials", "b", "--clear")
     assert cleared.returncode == 0 and await conn.fetchval("select credentials from ferry.subscriptions") == {}
+
+
+async def test_a_broker_url_is_shown_whole_and_a_webhook_s_query_hidden(conn: asyncpg.Connection) -> None:
+    """A change of a Redis stream showed in `apply --dry-run` as "?… -> ?…" (outside probe); a
+    broker URL holds no credentials (refused), a webhook's query often does."""
+    urls = {"r": "redis://127.0.0.1:6379/0?stream=orders:{key}&maxlen=10", "w": "https://h.example/x?token=abc"}
+    for name, url in urls.items():
+        await conn.execute("select ferry.subscribe($1, array['s'], $2)", name, url)
+    assert shown_url(urls["r"]) == urls["r"] and shown_url(urls["w"]) == "https://h.example/x?…"
+    status = dict(await conn.fetch("select name, url from ferry.subscription_status()"))  # `pgferry status`
+    assert status == {"r": urls["r"], "w": "https://h.example/x?…"}

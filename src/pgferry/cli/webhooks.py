@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import socket
 import sys
 from typing import Any
@@ -20,6 +19,7 @@ from pgferry.cli.common import (
     table,
     with_ferry,
 )
+from pgferry.delivery.destinations import shown_url
 from pgferry.delivery.http import endpoint_of
 from pgferry.delivery.signing import new_secret
 from pgferry.ops.inspect import no_such_subscription, unwritten_warning
@@ -98,7 +98,7 @@ def list_(database_url: str | None, as_json: bool) -> None:
     for row in rows:
         # Header values often are credentials (Authorization, API keys): names only.
         row["headers"] = {name: "***" for name in row.get("headers") or {}}
-        row["url"] = re.sub(r"\?.*$", "?…", row["url"])  # query strings often carry tokens
+        row["url"] = shown_url(row["url"])
     if as_json:
         print_json(rows)
         return

@@ -170,3 +170,13 @@ def _positive(query: dict[str, list[str]], name: str, default: int | None) -> in
     if not (value.isascii() and value.isdigit()) or not 1 <= int(value) < 2**31:
         raise BadDestination(f"{name}={value!r}: expected a whole number from 1 to {2**31 - 1}")
     return int(value)
+
+
+def shown_url(url: str) -> str:
+    """A subscription's URL as `subscription list`, `status` and `apply --dry-run` show it. A
+    webhook's query string often carries a token: shown as "?…". A broker URL's says where its
+    events go (stream, maxlen, dedup_window) and cannot hold credentials (refused): shown whole, or
+    a change of stream showed as "?… -> ?…" (outside probe)."""
+    if url.partition(":")[0].lower() in ("nats", "redis"):
+        return url
+    return re.sub(r"\?.*$", "?…", url)

@@ -29,6 +29,7 @@ import asyncpg
 import orjson
 
 from pgferry import sql
+from pgferry.delivery.destinations import shown_url
 from pgferry.errors import PgferryError, one_line
 
 MANAGED_BY = "apply"
@@ -172,11 +173,6 @@ def _env(env: Mapping[str, str], var: str, what: str) -> str:
     return value
 
 
-def _shown_url(url: str) -> str:
-    """Query strings often carry tokens: show that there is one, not what it says."""
-    return re.sub(r"\?.*$", "?…", url)
-
-
 async def plan(conn: asyncpg.Connection, desired: list[Desired], *, prune: bool = False) -> list[Change]:
     current = {r["name"]: dict(r) for r in await conn.fetch(sql.query("subscription_settings"))}
     changes: list[Change] = []
@@ -185,7 +181,7 @@ async def plan(conn: asyncpg.Connection, desired: list[Desired], *, prune: bool 
         if have is None:
             fields: dict[str, tuple[Any, Any]] = {
                 "streams": (None, want.streams),
-                "url": (None, _shown_url(want.url)),
+                "url": (None, shown_url(want.url)),
             }
             if want.headers:
                 fields["headers"] = (None, _shown_headers(want))
@@ -202,7 +198,7 @@ async def plan(conn: asyncpg.Connection, desired: list[Desired], *, prune: bool 
         if list(have["streams"]) != want.streams:
             fields["streams"] = (list(have["streams"]), want.streams)
         if have["url"] != want.url:
-            fields["url"] = (_shown_url(have["url"]), _shown_url(want.url))
+            fields["url"] = (shown_url(have["url"]), shown_url(want.url))
         if dict(have["headers"] or {}) != want.headers:
             old = dict(have["headers"] or {})
             changed = sorted(k for k in set(old) | set(want.headers) if old.get(k) != want.headers.get(k))

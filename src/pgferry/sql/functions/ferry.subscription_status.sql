@@ -21,7 +21,7 @@ returns table (name text, state text, state_reason text, url text, streams text[
                filter text, partitions integer, draining integer)
 language sql stable as $$
     select s.name, s.state, s.state_reason,
-           regexp_replace(s.url, '\?.*$', '?…'),
+           case when s.url ~* '^(nats|redis):' then s.url else regexp_replace(s.url, '\?.*$', '?…') end,  -- shown_url's rule
            s.streams,
            greatest(0, (select max(t.event_seq) from ferry.ticks t) - t0.event_seq),
            coalesce(extract(epoch from now() - (select min(t.created_at) from ferry.ticks t where t.id > c.tick_id)), 0),
