@@ -129,6 +129,14 @@ async def db_url(pg: EmbeddedPostgres, template_db: str) -> AsyncIterator[str]:
 
 
 @pytest.fixture
+async def second_db_url(pg: EmbeddedPostgres, template_db: str) -> AsyncIterator[str]:
+    """Another database with the ferry schema, made from the same template as ``db_url``'s."""
+    name = await _create_db(pg, template_db)
+    yield url_for(pg, name)
+    await _drop_db(pg, name)
+
+
+@pytest.fixture
 async def empty_db_url(pg: EmbeddedPostgres) -> AsyncIterator[str]:
     """A new database without the ferry schema."""
     name = await _create_db(pg, "template1")

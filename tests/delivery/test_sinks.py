@@ -116,7 +116,10 @@ async def test_jetstream_gets_each_event_once_on_its_key_subject(
     assert orjson.loads(first.data) == {"n": 0}
     assert first.headers["pgferry-key"] == "k.0" and first.headers["pgferry-stream"] == "s"
     assert first.headers["trace"] == "t0"
-    assert first.headers["Nats-Msg-Id"] == f"to-nats/evt_{ids[0]}"
+    instance = await conn.fetchval(  # the install's name (migration 0034) and the database's
+        "select instance || '.' || (select oid from pg_database where datname = current_database()) from ferry.config"
+    )
+    assert first.headers["Nats-Msg-Id"] == f"{instance}/to-nats/evt_{ids[0]}"
     assert by_id[f"evt_{keyless}"].subject == "orders._"
     for k in range(3):  # per-key order, as JetStream stored them
         of_key = [orjson.loads(m.data)["n"] for m in messages if m.subject == f"orders.k%2E{k}"]
@@ -142,7 +145,7 @@ async def test_many_jetstream_subscriptions_share_one_connection_and_each_messag
     messages = await stream_messages(js, "FAN")
     assert len(messages) == len({m.headers["Nats-Msg-Id"] for m in messages}) == 3000
     for m in messages:  # each on its subscription's subject, for its own event
-        sub = m.headers["Nats-Msg-Id"].partition("/")[0].removeprefix("fan")
+        sub = m.headers["Nats-Msg-Id"].split("/")[1].removeprefix("fan")
         assert m.subject == f"fan.{sub}.{orjson.loads(m.data)['n']}"
 
     async def acknowledged() -> bool:  # a chunk handed another's acknowledgements waits for its own in vain
@@ -224,6 +227,37 @@ ACL_USER = (
     "relay_acl on >s3cret ~acl:* ~pgferry:dedup:* "
     "+auth +select +ping +evalsha +script|load +time +hmget +hset +expire +xadd"
 )
+
+
+@needs_redis
+async def test_two_databases_subscriptions_of_one_name_publishing_into_one_broker_lose_nothing(
+    db_url: str, second_db_url: str, conn: asyncpg.Connection, nats_server: NatsServer, js: Any,
+    redis_server: RedisServer,
+) -> None:  # fmt: skip
+    """Two shards (the second made from the first's template, as CREATE DATABASE ... TEMPLATE
+    does), each with the subscriptions `bus` (JetStream) and `cache` (Redis) into one stream:
+    their event ids overlap, and each dropped the other's events as duplicates while recording
+    them delivered (outside probe: 5 of 10 in neither broker)."""
+    await js.add_stream(name="SHARDS", subjects=["shard.>"])
+    for n, url in enumerate((db_url, second_db_url)):
+        async with pgferry.connect(url) as ferry:
+            await ferry.subscribe("bus", ["s"], f"{nats_server.url}/shard.{n}", batch_size=5)
+            await ferry.subscribe("cache", ["s"], f"{redis_server.url}/0?stream=shard:{n}", batch_size=5)
+            assert [await ferry.publish("s", {"shard": n, "k": k}) for k in range(3)] == [1, 2, 3]
+    relays = [RunningRelay(db_url), RunningRelay(second_db_url)]
+    client = redis_client(redis_server.port)
+    try:
+        await eventually(lambda: _equals(client.xlen("shard:0"), 3), what="shard 0's 3 entries")
+        await eventually(lambda: _equals(client.xlen("shard:1"), 3), what="shard 1's 3 entries")
+
+        async def stored() -> bool:
+            return bool((await js.stream_info("SHARDS")).state.messages == 6)
+
+        await eventually(stored, what="6 messages in JetStream")
+    finally:
+        for relay in relays:
+            await relay.stop()
+        await client.aclose()
 
 
 @needs_redis

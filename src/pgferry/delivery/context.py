@@ -64,6 +64,9 @@ class DeliveryContext:
     #: connections to message brokers (NATS JetStream and Redis sinks)
     brokers: Brokers = field(default_factory=Brokers)
     max_body_bytes: int = 1 << 20
+    #: this install's name in the broker sinks' duplicate checks (ferry.config.instance, migration
+    #: 0034); "" where none is known (a sink made in a test)
+    instance: str = ""
     max_batch_events: int | None = None
     #: what a subscription's reads hold at once (DEFAULT_MAX_BATCH_BYTES); None: unbounded
     max_batch_bytes: int | None = DEFAULT_MAX_BATCH_BYTES

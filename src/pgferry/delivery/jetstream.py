@@ -99,7 +99,14 @@ def header_block(headers: Mapping[str, str]) -> bytes:
     return "".join(lines).encode()
 
 
-def message_of(sub: Subscription, dest: NatsDestination, event: OutEvent) -> Message:
+def dedup_name(sub: Subscription, instance: str) -> str:
+    """What a subscription's Nats-Msg-Ids start with: the install's name (ferry.config.instance,
+    migration 0034) and the subscription's. Without the first, two databases' subscriptions of
+    one name publishing into one stream dropped each other's events as duplicates."""
+    return f"{instance}/{sub.name}" if instance else sub.name
+
+
+def message_of(sub: Subscription, dest: NatsDestination, event: OutEvent, instance: str = "") -> Message:
     """One event as a JetStream message (``request.BadRequest`` if its subject or headers cannot be sent)."""
     webhook_id = request.message_id([event])
     own = {k: v for k, v in sub.headers.items() if k.lower() not in RESERVED}  # saved before subscribe refused them
@@ -109,7 +116,7 @@ def message_of(sub: Subscription, dest: NatsDestination, event: OutEvent) -> Mes
         headers["pgferry-key"], encoded = request.key_header(event.key)
         if encoded:
             headers["pgferry-key-encoding"] = "percent"
-    headers["Nats-Msg-Id"] = f"{sub.name}/{webhook_id}"
+    headers["Nats-Msg-Id"] = f"{dedup_name(sub, instance)}/{webhook_id}"
     subject = dest.subject.render(event, subject=True)
     if not _sendable(subject):
         raise request.BadRequest(f"subject {subject!r} is empty or holds white space, which NATS does not allow")
@@ -145,8 +152,9 @@ class _Messages:
     events with headers of their own, and subscriptions whose headers message_of overrides, take
     message_of itself."""
 
-    def __init__(self, sub: Subscription, dest: NatsDestination) -> None:
-        self.sub, self.dest = sub, dest
+    def __init__(self, sub: Subscription, dest: NatsDestination, instance: str = "") -> None:
+        self.sub, self.dest, self.instance = sub, dest, instance
+        self.dedup = dedup_name(sub, instance)
         self.general = any(k.lower() in RESERVED for k in sub.headers) or "\r" in sub.name or "\n" in sub.name
         self.head = ""
         if not self.general:
@@ -154,7 +162,7 @@ class _Messages:
                 self.head = header_block(sub.headers)[:-2].decode()  # without the closing empty line
             except request.BadRequest:
                 self.general = True
-        self.msg_id_start = f"Nats-Msg-Id: {sub.name.lstrip()}/"  # a value is sent trimmed (header_block)
+        self.msg_id_start = f"Nats-Msg-Id: {self.dedup.lstrip()}/"  # a value is sent trimmed (header_block)
         self.subject: str | None = None
         if dest.subject.fixed:
             self.subject = dest.subject.text
@@ -164,7 +172,7 @@ class _Messages:
 
     def __call__(self, event: OutEvent) -> Message:
         if self.general or event.headers:
-            return message_of(self.sub, self.dest, event)
+            return message_of(self.sub, self.dest, event, self.instance)
         webhook_id = request.message_id((event,))
         stream_line = self.stream_lines.get(event.stream)
         if stream_line is None:
@@ -181,13 +189,13 @@ class _Messages:
             if encoded:
                 headers["pgferry-key-encoding"] = "percent"
                 lines.append("pgferry-key-encoding: percent\r\n")
-        headers["Nats-Msg-Id"] = f"{self.sub.name}/{webhook_id}"
+        headers["Nats-Msg-Id"] = f"{self.dedup}/{webhook_id}"
         lines += (self.msg_id_start, webhook_id, "\r\n\r\n")
         subject = self.subject
         if subject is None:
             subject = self.dest.subject.render(event, subject=True)
             if not _sendable(subject):
-                return message_of(self.sub, self.dest, event)  # refused there, with the reason
+                return message_of(self.sub, self.dest, event, self.instance)  # refused there, with the reason
         return Message(subject, event.payload.encode(), headers, "".join(lines).encode())
 
 
@@ -200,7 +208,7 @@ class JetStreamSink(Sink):
             self.dest = parse_nats(sub.url)
         except BadDestination as exc:  # ferry.subscribe checks the URL: only a row edited by hand gets here
             self.problem = f"subscription URL: {exc}"
-        self.message_of = _Messages(sub, self.dest) if self.dest is not None else None
+        self.message_of = _Messages(sub, self.dest, ctx.instance) if self.dest is not None else None
 
     @property
     def endpoint(self) -> Endpoint | None:

@@ -11,7 +11,8 @@ events are delivered.
 
 Exactly-once handoff: a chunk is appended by one Lua script, which Redis runs
 atomically. For each event it first looks for the event's webhook-id among
-the subscription's deduplication marks (``pgferry:dedup:<subscription>:<n>``,
+the subscription's deduplication marks (``pgferry:dedup:<instance>:<subscription>:<n>``,
+the instance being the install's name, ferry.config.instance, migration 0034,
 hashes of webhook-id to entry id, one per ``dedup_window`` seconds, kept for
 two windows) and appends only if the id is not there, recording it in the
 same script. A chunk re-sent after a relay died between Redis's answer and
@@ -177,6 +178,9 @@ class RedisStreamsSink(Sink):
             self.dest = parse_redis(sub.url)
         except BadDestination as exc:  # ferry.subscribe checks the URL: only a row edited by hand gets here
             self.problem = f"subscription URL: {exc}"
+        #: where its marks are: without the install's name, two databases' subscriptions of one
+        #: name skipped each other's events as duplicates (outside probe)
+        self.marks = f"pgferry:dedup:{ctx.instance}:{sub.name}:" if ctx.instance else f"pgferry:dedup:{sub.name}:"
 
     @property
     def endpoint(self) -> Endpoint | None:
@@ -220,9 +224,7 @@ class RedisStreamsSink(Sink):
             return HttpResult(None, "withdrawn", "not sent", None, 0.0)
         try:
             async with asyncio.timeout(self.sub.timeout_ms / 1000):
-                await append_once(
-                    pipe, f"pgferry:dedup:{self.sub.name}:", dest.dedup_window_s, dest.maxlen or 0, streams, entries
-                )
+                await append_once(pipe, self.marks, dest.dedup_window_s, dest.maxlen or 0, streams, entries)
         except (TimeoutError, RedisError, OSError) as exc:
             if isinstance(exc, OSError):  # RedisConnectionLost too
                 self.ctx.brokers.forget("redis", dest.host, dest.port)

@@ -190,12 +190,13 @@ class Relay:
         if self.on_announce is not None:
             self.on_announce(kind, url)
 
-    async def check(self) -> int:
-        """Fail fast, with the fix in the message, if the database is unusable."""
+    async def check(self) -> asyncpg.Record:
+        """Fail fast, with the fix in the message, if the database is unusable; else what the relay
+        reads once from ferry.config (max_body_bytes, instance)."""
         conn = await db.connect(self.url, command_timeout=self.settings.liveness.command_timeout)
         try:
             version = await check_installed(conn)
-            max_body = await conn.fetchval(sql.query("max_body_bytes"))
+            config = await conn.fetchrow(sql.query("relay_config"))
         except (TimeoutError, *db.CONNECTION_ERRORS) as exc:  # e.g. the server shutting down meanwhile
             raise DatabaseUnreachable(
                 f"lost the connection to {db.redact(self.url)} while checking its schema: {db.describe(exc)}"
@@ -204,7 +205,8 @@ class Relay:
             with contextlib.suppress(*db.CONNECTION_ERRORS):
                 await conn.close()
         log.info("connected to %s (schema version %d)", db.redact(self.url), version)
-        return int(max_body)
+        assert config is not None
+        return config
 
     def _idle_connections(self) -> int:
         """How many idle webhook connections the sender may keep: MAX_IDLE, unless this process's
@@ -223,7 +225,7 @@ class Relay:
         return idle
 
     async def run(self, stop: asyncio.Event) -> None:
-        max_body_bytes = await self.check()
+        config = await self.check()
         surface: OperatorSurface | None = self.operator(self.view()) if self.operator is not None else None
         hooks = surface.hooks if surface is not None else RelayHooks()
 
@@ -283,7 +285,8 @@ class Relay:
                 http=http,
                 brokers=brokers,
                 global_limit=RelayInFlight(self.settings.max_in_flight),
-                max_body_bytes=max_body_bytes,
+                max_body_bytes=config["max_body_bytes"],
+                instance=config["instance"],
                 max_batch_bytes=self.settings.max_batch_bytes,
                 max_read_bytes=self.settings.max_read_bytes,
                 observe=hooks.observe_outcomes,

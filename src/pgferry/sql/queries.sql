@@ -297,8 +297,12 @@ delete from ferry.relays where id = $1
 -- name: subscription_status
 select * from ferry.subscription_status()
 
--- name: max_body_bytes
-select max_body_bytes from ferry.config
+-- name: relay_config
+-- What a relay reads once at start: the body limit, and the name of this install for the broker
+-- sinks' duplicate checks: the install's (migration 0034) and the database's oid, since a database
+-- made from another as its template (CREATE DATABASE ... TEMPLATE) copies ferry.config.
+select max_body_bytes, instance || '.' || (select d.oid from pg_database d where d.datname = current_database()) as instance
+from ferry.config
 
 -- name: subscribe
 -- Create or update a webhook subscription (every setting; filter NULL: every event).
