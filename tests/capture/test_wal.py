@@ -706,3 +706,32 @@ async def test_the_first_slot_waits_ten_seconds_at_most_for_transactions_in_prog
         with pytest.raises(asyncpg.PostgresError, match="is being read by process") as refused:
             await conn.fetchval("select ferry.reset_wal_slot()")
         assert refused.value.sqlstate == "55006" and "stop the relays" in str(refused.value.hint)
+
+
+async def test_a_backlog_is_appended_in_rounds_that_commit_every_chunk_of_changes(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    """Twenty transactions of ten rows written while nobody streamed the slot: a relay catching
+    up ends a round at the first transaction boundary after `chunk` changes. The whole catch-up
+    was one round (8.8 million rows in 2.5 minutes: nothing visible, the slot not confirmed, and
+    lost under max_slot_wal_keep_size; outside probe)."""
+    await conn.execute("create table backlog (id int primary key)")
+    await ferry.capture_table("backlog", method="wal")
+    for t in range(20):
+        await conn.execute("insert into backlog select g from generate_series($1::int, $1::int + 9) g", 10 * t)
+    rounds: list[int] = []
+    capture_conn = await db.connect(db_url)
+    capture = WalCapture(capture_conn, db_url, WalSettings(chunk=25, recheck_interval=0.2), observe=rounds.append)
+    stop = asyncio.Event()
+    task = asyncio.create_task(capture.run(stop))
+    try:
+
+        async def appended() -> bool:
+            return bool(await conn.fetchval("select count(*) from ferry.events") == 200)
+
+        await eventually(appended, what="the backlog appended")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+        await capture_conn.close()
+    assert sum(rounds) == 200 and len(rounds) >= 6 and max(rounds) <= 30, rounds  # three transactions a round

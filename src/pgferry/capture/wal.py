@@ -249,6 +249,7 @@ class WalCapture:
         chunk, chunk_bytes = self.settings.chunk, self.settings.chunk_bytes
         skip_before = self.lsn  # transactions committed before it are in the log already
         pending = _Pending()
+        in_round = 0  # changes of the open round handed to appends already (pending holds the rest)
         dirty = False  # the open round has something to commit (changes, or a position to move)
         skip = open_xact = False
         commit_time: datetime | None = None
@@ -306,6 +307,18 @@ class WalCapture:
                         open_xact = False
                         if not skip:
                             last_end, dirty = m.end_lsn, True
+                            if in_round + len(pending.ops) >= chunk:
+                                # A backlog: the stream never runs dry nor ends a batch at a commit
+                                # while an append runs, and the whole catch-up was one round (8.8
+                                # million rows, 2.5 minutes: nothing visible, the slot not confirmed
+                                # and lost under max_slot_wal_keep_size; outside probe). The round
+                                # ends at this transaction's end.
+                                if tail is not None:
+                                    await tail
+                                tail = asyncio.create_task(self._write(pending, max(last_end, self.lsn), commit_time,
+                                                                       stream))  # fmt: skip
+                                pending, dirty, in_round = _Pending(), False, 0
+                                confirmed = max(confirmed, last_end)
                     elif isinstance(m, Relation):
                         if tail is not None:  # the connection is the append's
                             await tail
@@ -319,6 +332,7 @@ class WalCapture:
                         if tail is not None:
                             await tail
                         tail = asyncio.create_task(self._write(pending, None, None, stream))
+                        in_round += len(pending.ops)
                         pending, dirty = _Pending(), True
                 if open_xact or tail is not None:
                     # Mid-transaction; or a round is committing: what comes meanwhile waits for the
@@ -330,7 +344,7 @@ class WalCapture:
                 # commit the round, then confirm it to the server.
                 if dirty or pending.ops:
                     tail = asyncio.create_task(self._write(pending, max(last_end, self.lsn), commit_time, stream))
-                    pending, dirty = _Pending(), False
+                    pending, dirty, in_round = _Pending(), False, 0
                     confirmed = max(confirmed, last_end)
                 elif idle_end > confirmed:
                     # Idle: nothing of ours before the server's read position. The slot may move
