@@ -194,9 +194,9 @@ class WalCapture:
 
     async def _report_failing(self, exc: asyncpg.PostgresError) -> None:
         # ferry._append_wal_v2 runs one statement per capture, "/* pgferry capture <id> */ ... where
-        # x.relid = <oid>": the one that failed is in the error's context; else every table of the
-        # failed append.
-        context = getattr(exc, "context", None) or ""
+        # x.relid = <oid>": the one that failed is in the error's context, or (an error parsing it:
+        # a column dropped since) in its internal query; else every table of the failed append.
+        context = f"{getattr(exc, 'context', None) or ''} {getattr(exc, 'internal_query', None) or ''}"
         failed = re.search(r"x\.relid = (\d+)", context)
         capture = re.search(r"pgferry capture (\d+)", context)
         relids = [int(failed.group(1))] if failed else self._failed_relids

@@ -87,6 +87,7 @@ declare
     v_from   text;
     v_filter text;
     v_generated text;
+    v_gone  text[];
     v_n     integer;
     v_total integer := 0;
 begin
@@ -151,8 +152,22 @@ begin
                 v_filter := 'true';
             else
                 v_key := ferry._key_expression(c.id, 'r');
-                v_record := ferry._record_expression(c.id, 'r');
-                v_old := ferry._record_expression(c.id, 'od.o');
+                -- Columns the table no longer has (dropped or renamed since; the change may be
+                -- older than that): a column list naming one is applied to the row object, and
+                -- changed_columns compares such a one in the decoded rows (which hold it when
+                -- the change is older than the drop). Named by type, they failed the append, and
+                -- held every later change of every table (outside probe).
+                select array_agg(n) into v_gone
+                from unnest(coalesce(c.columns, '{}') || coalesce(c.changed_columns, '{}')) n
+                where not exists (select 1 from pg_attribute a where a.attrelid = c.relid and a.attname = n
+                                  and a.attnum > 0 and not a.attisdropped);
+                if v_gone is null then
+                    v_record := ferry._record_expression(c.id, 'r');
+                    v_old := ferry._record_expression(c.id, 'od.o');
+                else
+                    v_record := ferry._json_record_expression(c.id, 'to_jsonb(r)');
+                    v_old := ferry._json_record_expression(c.id, 'to_jsonb(od.o)');
+                end if;
                 -- The generated columns' expressions see the row's columns by their bare names
                 -- (the innermost scope: the decoded row, s).
                 v_from := format('cross join lateral jsonb_populate_record(null::%1$s, x.n%2$s) r '
@@ -169,7 +184,10 @@ begin
                                              'and (select (%1$s) from (select (od.o).*) s))', c.condition) end
                          || case when c.changed_columns is null then ''
                                  else format(') and (x.op <> ''U'' or x.o is null or %s',
-                                             (select string_agg(format('(od.o).%1$I is distinct from r.%1$I', col), ' or ')
+                                             (select string_agg(case when col = any (v_gone)
+                                                                     then format('(x.o -> %1$L) is distinct from (x.n -> %1$L)', col)
+                                                                     else format('(od.o).%1$I is distinct from r.%1$I', col) end,
+                                                                ' or ')
                                               from unnest(c.changed_columns) col)) end;
             end if;
             execute format(
