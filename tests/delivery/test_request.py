@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import orjson
@@ -71,3 +72,16 @@ def test_a_header_pgferry_sets_is_not_taken_from_a_subscription_saved_before_sub
         assert "host" not in request.headers and "pgferry-key" not in request.headers
         assert request.headers["x-tenant"] == "acme"
         assert request.headers.get("webhook-signature", "") != "v1,forged"
+
+
+def test_an_event_s_writer_overrides_none_of_the_subscription_s_headers_nor_the_connection_s() -> None:
+    """A role holding only ferry_writer published `Authorization: Bearer attacker` and replaced
+    the subscription's credential; `content-type: text/html` and `Connection: close` went too
+    (outside probe). An event's other headers go as before."""
+    sub = replace(SUB, headers={"Authorization": "Bearer receiver-secret"})
+    forged = {"authorization": "Bearer attacker", "Content-Type": "text/html", "Connection": "close",
+              "Keep-Alive": "timeout=1", "X-Trace": "t1"}  # fmt: skip
+    mine = OutEvent(1, "s", "k", '{"n": 1}', json.dumps(forged), NOW)
+    headers = build(sub, [mine], Signer(()), max_body_bytes=1 << 20).headers
+    assert headers["authorization"] == "Bearer receiver-secret" and headers["content-type"] == "application/json"
+    assert "connection" not in headers and "keep-alive" not in headers and headers["x-trace"] == "t1"

@@ -40,6 +40,12 @@ PLAIN_KEY = re.compile(r"^[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?\Z")
 RESERVED = frozenset({"webhook-id", "webhook-timestamp", "webhook-signature", "content-length", "host",
                       "transfer-encoding", "pgferry-stream", "pgferry-key", "pgferry-key-encoding"})  # fmt: skip
 
+#: Headers an event's writer may not set on a webhook request, beside RESERVED and the
+#: subscription's own (which win: a writer's `Authorization` replaced the subscription's, and a
+#: writer may only append; outside probe): the body's type, and the connection's (hop-by-hop).
+WRITERS_MAY_NOT_SET = frozenset({"content-type", "connection", "keep-alive", "te", "trailer", "upgrade", "expect",
+                                 "proxy-authorization", "proxy-connection"})  # fmt: skip
+
 
 class BadRequest(ValueError):
     """The events cannot be turned into a valid request; retrying will not help."""
@@ -121,8 +127,9 @@ def build(sub: Subscription, events: Sequence[OutEvent], signer: Signer, *, max_
     if not batched:
         event = events[0]
         for name, value in event_headers(event).items():
-            if name.lower() not in RESERVED:
-                headers[name.lower()] = value
+            lowered = name.lower()
+            if lowered not in RESERVED and lowered not in WRITERS_MAY_NOT_SET and lowered not in headers:
+                headers[lowered] = value
         headers["pgferry-stream"] = event.stream
         if event.key is not None:
             headers["pgferry-key"], encoded = key_header(event.key)
