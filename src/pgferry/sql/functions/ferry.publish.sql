@@ -37,7 +37,8 @@ begin
         raise exception 'pgferry: stream % is closed', quote_literal(stream) using errcode = '55000',
             hint = 'It was ended with ferry.close_stream; publish to a new stream name.';
     end if;
-    if headers ? 'pgferry-control' then
+    if jsonb_typeof(headers) = 'object'  -- any case: header names are (PgFerry-Control passed; outside probe)
+       and exists (select 1 from jsonb_object_keys(headers) k where lower(k) = 'pgferry-control') then
         raise exception 'pgferry: the header pgferry-control is reserved (it marks the end of a stream)'
             using errcode = '22023';
     end if;

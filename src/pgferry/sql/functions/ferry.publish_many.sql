@@ -43,7 +43,8 @@ begin
              where exists (select 1 from ferry.closed_streams c where c.stream = s) limit 1)
             using errcode = '55000', hint = 'It was ended with ferry.close_stream; publish to a new stream name.';
     end if;
-    if exists (select 1 from unnest(headers) h where h ? 'pgferry-control') then
+    if exists (select 1 from unnest(headers) h, jsonb_object_keys(case when jsonb_typeof(h) = 'object' then h end) k
+               where lower(k) = 'pgferry-control') then  -- any case, as ferry.publish
         raise exception 'pgferry: the header pgferry-control is reserved (it marks the end of a stream)'
             using errcode = '22023';
     end if;
