@@ -181,3 +181,49 @@ async def _parked_at_least(conn: asyncpg.Connection, n: int) -> bool:
 
 async def _sleep_until(when: float) -> None:
     await asyncio.sleep(max(0.0, when - time.monotonic()))
+
+
+class RefusesOnceWhenBack(Outage):
+    """Down (503), then answers each event 413 once and 200 after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused: set[str] = set()
+
+    def __call__(self, request: Received) -> Action:
+        if not self.down and request.headers["webhook-id"] not in self.refused:
+            self.refused.add(request.headers["webhook-id"])
+            return Respond(413, b"too large today")
+        return super().__call__(request)
+
+
+async def test_failed_probes_spend_none_of_an_event_s_attempts(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    """max_attempts 3: one failure before the endpoint was marked down, probes while down, then
+    one 413 from the endpoint back up. The probes' failures were counted, and after a 10 s outage
+    9 events of 10 were dead-lettered by that one 413 (outside probe)."""
+    endpoint = RefusesOnceWhenBack()
+    receiver = Receiver(endpoint)
+    url = await receiver.start()
+    try:
+        await ferry.subscribe("p", ["s"], f"{url}/p", max_attempts=3, retry_base_ms=50, retry_max_ms=200)
+        await conn.execute("select ferry.publish('s', jsonb_build_object('n', g)) from generate_series(1, 10) g")
+        await eventually(lambda: _true(endpoint.while_down >= 10 + 5 + 4), what="probes while down")
+        endpoint.down = False
+
+        async def all_arrived() -> bool:
+            return len(endpoint.ok) >= 10
+
+        await eventually(all_arrived, timeout=30, what="10 deliveries after the outage")
+    finally:
+        await receiver.stop()
+    assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
+    probes = await conn.fetchval(
+        "select count(*) from ferry.attempts where error like '%not counted against max_attempts'"
+    )
+    assert probes >= 4, probes  # recorded, and said so
+
+
+async def _true(value: bool) -> bool:
+    return value

@@ -97,8 +97,12 @@ class Bookkeeper:
                      earlier.response, earlier.latency_ms, now)
                 )  # fmt: skip
             attempt += 1
+            probe = event.id in self.probes and not sink.delivered(result)
+            error = result.error
+            if probe:
+                error = f"{error or result.error_class}; {PROBE_NOTE}"
             books.attempts.append(
-                (sub.name, event.id, attempt, result.status, result.error_class, result.error,
+                (sub.name, event.id, attempt, result.status, result.error_class, error,
                  result.response, result.latency_ms, now)
             )  # fmt: skip
             if sink.delivered(result):
@@ -109,7 +113,6 @@ class Bookkeeper:
             if gone is not None:
                 books.gone = f"{gone} at {now:%Y-%m-%d %H:%M:%S}Z; resume the subscription to retry"
             first_failed = event.first_failed_at or now
-            probe = event.id in self.probes
             if probe:
                 self.probes.discard(event.id)
             verdict = judge(sub, result, attempt, first_failed, now, probe=probe)
@@ -117,7 +120,11 @@ class Bookkeeper:
                 books.bury.append(_buried(event, attempt, first_failed, result))
                 _respond(sink, books, event, result)
             else:
-                books.park.append(_parked(event, attempt, first_failed, verdict.next_attempt_at or now, result))
+                # A failed probe is recorded, and its number used again by the next attempt: it
+                # spent none of max_attempts (it did: after a 10 s outage, one 413 from the
+                # endpoint back up dead-lettered 9 events of 10 with max_attempts 3; outside probe).
+                spent = event.attempts if probe else attempt
+                books.park.append(_parked(event, spent, first_failed, verdict.next_attempt_at or now, result))
         self.delivered.add(len(books.delivered))
         self.failed.add(len(books.attempts) - len(books.delivered))
         return books
@@ -158,6 +165,10 @@ class Bookkeeper:
             books.recorded.set()
         if books.bury:
             log.warning("subscription %s: %d event(s) moved to dead letters", sub.name, len(books.bury))
+
+
+#: What a failed probe's attempt says beside its error, in the attempt history.
+PROBE_NOTE = "the endpoint was down and this attempt probed it: not counted against max_attempts"
 
 
 def _respond(sink: Sink, books: Books, event: OutEvent, result: HttpResult) -> None:
