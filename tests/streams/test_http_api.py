@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -534,3 +536,27 @@ async def test_a_client_reading_history_slowly_but_steadily_is_not_cut_off(
     sock.close()
     assert b"event: end" in received, f"cut off after {received.count(b'id: ')} of {len(ids)} events"
     assert received.count(b"id: ") >= len(ids)
+
+
+async def test_a_body_its_content_encoding_does_not_decode_logs_no_traceback_where_it_is_not_read(
+    start_api: StartApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Refused before its body was read (no token, no such route), aiohttp drained it, failed to
+    decode it, and logged an ERROR with a 28-line traceback: anyone who reaches the port could
+    fill the log (outside probe)."""
+    api = await start_api()  # tokens required
+    async with aiohttp.ClientSession() as session:
+        for path in ("/v1/streams/chat", "/v1/streams/chat/close", "/nothing"):
+            # answered (401, 404) and closed, or closed as the body went on arriving
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.post(api.base + path, data=b'{"payload": 1}' * 1000,
+                                        headers={"Content-Encoding": "gzip"}) as r:  # fmt: skip
+                    assert r.status in (401, 404), r.status
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(api.base + "/v1/streams/chat", json={"payload": 1}) as r,
+    ):
+        assert r.status == 401  # and it keeps serving
+    await asyncio.sleep(0.2)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]

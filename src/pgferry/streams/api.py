@@ -63,6 +63,23 @@ from pgferry.streams.settings import DEFAULT_MAX_CLIENTS, ApiSettings
 
 log = logging.getLogger(__name__)
 
+
+class _UndecodableBodies(logging.Filter):
+    """aiohttp drains the body of a request answered without reading it (401, 403, 404), and a
+    body its Content-Encoding does not decode failed that drain: "Unhandled exception" at ERROR
+    with a 28-line traceback, per request, from anyone who reached the port (outside probe). Such
+    a record is kept at DEBUG, one line; aiohttp closes the connection either way."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if record.levelno >= logging.ERROR and isinstance(exc, (HttpProcessingError, RequestPayloadError)):
+            log.debug("streams API: a request body that could not be read was dropped (%s)", " ".join(str(exc).split()))
+            return False
+        return True
+
+
+logging.getLogger("aiohttp.server").addFilter(_UndecodableBodies())
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 #: A '%' not starting a percent-escape.
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
