@@ -15,6 +15,7 @@ import pgferry
 from pgferry import db
 from pgferry.capture.replication import ReplicationStream
 from pgferry.capture.wal import WalCapture, WalSettings
+from pgferry.errors import CaptureWarning
 from pgferry.ops import inspect
 from tests.capture.conftest import Running
 from tests.helpers import eventually, read_all
@@ -443,6 +444,27 @@ async def test_a_partitioned_table_is_captured_as_itself(
         ("DELETE", None, {"id": 1, "at": "2025-06-01"}),
         ("INSERT", {"id": 1, "at": "2026-02-01"}, None),
     ]
+
+
+async def test_a_partition_and_a_partitioned_table_above_it_are_not_both_captured_from_the_wal(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """The publication gives a partition's changes to the partitioned table above it: the
+    partition's own capture got nothing, and nothing said so (outside probe)."""
+    await conn.execute("create table pm (id int, r int, primary key (id, r)) partition by range (r)")
+    await conn.execute("create table pm_a partition of pm for values from (0) to (100)")
+    await ferry.capture_table("pm_a", method="wal")
+    with pytest.raises(
+        pgferry.PgferryError, match="pm_a is captured from the WAL, and pm is the partitioned table above"
+    ):
+        await ferry.capture_table("pm", method="wal")
+    await ferry.uncapture_table("pm_a")
+    await ferry.capture_table("pm", method="wal")
+    with pytest.raises(pgferry.PgferryError, match="pm is captured from the WAL, and pm_a is one of its partitions"):
+        await ferry.capture_table("pm_a", method="wal")
+    with pytest.warns(CaptureWarning, match="writes through pm are not captured by its triggers"):
+        await ferry.capture_table("pm_a")  # by trigger: its own, beside the WAL's of pm
+    await ferry.capture_table("pm", method="wal")  # again, with the same options: its own capture is no conflict
 
 
 async def test_switching_a_table_between_trigger_and_wal_loses_and_repeats_nothing(

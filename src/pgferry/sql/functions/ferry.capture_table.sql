@@ -128,6 +128,21 @@ begin
                       hint = 'alter table ' || v_part::text || ' replica identity full (or default, with a primary key), '
                              'or capture it with method => ''trigger''.';
         end if;
+        -- The publication sends a partition's changes as its root's (publish_via_partition_root):
+        -- a partition and a partitioned table above it, both from the WAL, left the partition's
+        -- capture with nothing, without a word (outside probe).
+        select c.relid into v_part
+        from ferry.captures c
+        where c.method = 'wal' and c.uncaptured_at is null and c.relid <> tbl
+          and (c.relid = any (v_tree) or c.relid in (select a from pg_partition_ancestors(tbl) a));
+        if v_part is not null then
+            raise exception 'pgferry: % is captured from the WAL, and % is %: the WAL gives a partition''s changes '
+                            'to the partitioned table above it only', v_part, tbl,
+                            case when v_part = any (v_tree) then 'the partitioned table above it' else 'one of its partitions' end
+                using errcode = '55000',
+                      hint = format('Capture one of them from the WAL (ferry.uncapture_table(%L) first), or this one '
+                                    'with method => ''trigger''.', v_part::text);
+        end if;
         perform ferry._ensure_wal_slot();  -- first: a slot cannot be created after this transaction wrote
     end if;
     -- No writer of the table is half-way through a transaction from here on: a change is
