@@ -42,6 +42,29 @@ async def test_subscription_lifecycle_from_the_cli(
     assert await conn.fetchval("select count(*) from ferry.consumers") == 0
 
 
+async def test_subscription_add_on_an_existing_one_changes_only_what_it_is_given(
+    pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection
+) -> None:
+    """`subscription add NAME ... --partitions 4`, the docs' way to add partitions, turned ordering
+    off and dropped the subscription's headers, filter and attempts without a word (outside probe)."""
+    await conn.execute(
+        """select ferry.subscribe('hook', array['s'], 'http://127.0.0.1:9/x', ordered => true, batch_size => 50,
+                                  headers => '{"Authorization": "Bearer t"}', filter => '$.a > 1', max_attempts => 3,
+                                  connect_timeout_ms => 700)"""
+    )
+    settings = ("select ordered, batch_size, headers, filter, max_attempts, connect_timeout_ms, partitions "
+                "from ferry.subscriptions")  # fmt: skip
+    before = dict(await conn.fetchrow(settings))
+    added = await cli(pgferry_cmd, db_url, "subscription", "add", "hook", "--url", "http://127.0.0.1:9/x",
+                      "--stream", "s", "--partitions", "4")  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    assert dict(await conn.fetchrow(settings)) == {**before, "partitions": 4}
+    added = await cli(pgferry_cmd, db_url, "subscription", "add", "hook", "--url", "http://127.0.0.1:9/x",
+                      "--stream", "s", "--filter", "", "--max-attempts", "5")  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    assert dict(await conn.fetchrow(settings)) == {**before, "partitions": 4, "filter": None, "max_attempts": 5}
+
+
 async def test_cli_errors_are_clear(pgferry_cmd: list[str], db_url: str) -> None:
     bad = await cli(pgferry_cmd, db_url, "subscription", "add", "x", "--url", "gopher://h.invalid/", "--stream", "s")
     assert bad.returncode == 1 and "unsupported URL scheme 'gopher'" in bad.stderr

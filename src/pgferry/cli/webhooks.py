@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from pgferry.cli.common import (
     INTERVAL_HINT,
@@ -29,6 +30,11 @@ from pgferry.params import INT4
 @click.group()
 def subscription() -> None:
     """Manage subscriptions (streams -> webhook URL, NATS JetStream subject or Redis stream)."""
+
+
+#: What `subscription add` keeps of an existing subscription when it is not given.
+KEPT_SETTINGS = ("batch_size", "max_in_flight", "ordered", "timeout_ms", "max_attempts", "max_age", "retry_base_ms",
+                 "retry_max_ms", "filter", "partitions")  # fmt: skip
 
 
 @subscription.command("add")
@@ -61,14 +67,15 @@ def subscription() -> None:
     "--filter",
     metavar="JSONPATH",
     help="Send only events for which this jsonpath predicate is true: the payload is $, and $stream, $key, "
-    "$headers the rest of the event (e.g. '$.record.amount > 100'). Leaving it out removes a filter set before.",
+    "$headers the rest of the event (e.g. '$.record.amount > 100'). --filter '' removes a filter set before.",
 )
 @click.option("--partitions", default=1, show_default=True, type=click.IntRange(1, 256),
               help="Spread the events over N partitions by key hash, each delivered by its own worker on any "
                    "relay process (per-key order holds); changing it on a live subscription is safe.")  # fmt: skip
 def add(database_url: str | None, name: str, url: str, streams: tuple[str, ...], headers: tuple[str, ...],
         from_beginning: bool, **options: Any) -> None:  # fmt: skip
-    """Create or update subscription NAME."""
+    """Create or update subscription NAME. On an existing one, settings not given keep their
+    values (--header: all of them, given or kept; --filter '': none)."""
     header_map = {}
     for item in headers:
         key, sep, value = item.partition("=")
@@ -77,6 +84,19 @@ def add(database_url: str | None, name: str, url: str, streams: tuple[str, ...],
         header_map[key.strip()] = value.strip()
     if options.get("secret") == "-":
         options["secret"] = sys.stdin.readline().strip()
+    current = next((r for r in with_ferry(database_url, lambda f: f.subscriptions()) if r["name"] == name), None)
+    if current is not None:
+        # Reset to the defaults, `subscription add NAME --partitions 4` (the docs' example) turned
+        # ordering off and dropped its headers and filter, without a word (outside probe).
+        context = click.get_current_context()
+        for option in KEPT_SETTINGS:
+            if context.get_parameter_source(option) is ParameterSource.DEFAULT:
+                options[option] = current[option]
+        options["connect_timeout_ms"] = current["connect_timeout_ms"]  # no option of its own: set by SQL or apply
+        if not headers:
+            header_map = dict(current["headers"] or {})
+    if options.get("filter") == "":
+        options["filter"] = None
     with naming("--max-age", INTERVAL_REFUSALS, INTERVAL_HINT):
         unwritten = with_ferry(
             database_url,
