@@ -227,3 +227,66 @@ async def test_failed_probes_spend_none_of_an_event_s_attempts(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+def test_a_subscription_s_429s_hold_it_alone_and_its_host_s_other_subscriptions_go_on() -> None:
+    """A 429 speaks for one URL: one subscription's 429s held every other subscription to the
+    same host:port for up to a minute (outside probe). Its own events are held and probed."""
+    clock = Clock()
+    health = EndpointHealth(clock=clock)
+    limited, other = (*EP, "tenant-a"), (*EP, "tenant-b")
+    for _ in range(5):
+        assert health.admit(limited) is Admission.SEND
+        health.report(limited, result(429, "http_status", retry_after=30), Admission.SEND)
+    assert health.is_down(limited) and not health.is_down(other) and not health.is_down(EP)
+    assert health.admit(other) is Admission.SEND
+    assert "refuses this subscription (429)" in health.down_note(limited)
+    clock.now += 1.0
+    assert health.admit(limited) is Admission.PROBE
+    health.report(limited, result(429, "http_status", retry_after=30), Admission.PROBE)
+    assert health.probe_wait(limited) == 30.0  # the probe's Retry-After
+    # The host going down holds everyone, the limited one too; its answer frees both.
+    for _ in range(5):
+        health.report(other, result(None, "connect"), Admission.SEND)
+    assert health.is_down(other) and health.is_down(EP)
+    clock.now += 31.0
+    assert health.admit(other) is Admission.PROBE
+    health.report(other, result(200), Admission.PROBE)
+    assert not health.is_down(other) and health.is_down(limited)  # its 429s are its own
+    assert health.admit(limited) is Admission.PROBE
+    health.report(limited, result(200), Admission.PROBE)
+    assert not health.is_down(limited)
+
+
+async def test_a_rate_limited_subscription_does_not_hold_another_on_the_same_host(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    """One path answers 429 (Retry-After 30), another 200, on one host:port: a burst of 20 events
+    to both reaches the second at once (it waited 49 s at the median; outside probe)."""
+
+    refused = 0
+
+    def answer(request: Received) -> Action:
+        nonlocal refused
+        if request.path.endswith("/limited"):
+            refused += 1
+            return Respond(429, b"slow down", (("Retry-After", "30"),))
+        return Respond()
+
+    receiver = Receiver(answer)
+    url = await receiver.start()
+    try:
+        await ferry.subscribe("limited", ["s"], f"{url}/limited")
+        await ferry.subscribe("fine", ["s"], f"{url}/fine")
+        await conn.execute("select ferry.publish('s', jsonb_build_object('n', g)) from generate_series(1, 20) g")
+        await eventually(lambda: _true(refused >= 5), what="429s")
+        await conn.execute("select ferry.publish('s', jsonb_build_object('n', g)) from generate_series(21, 40) g")
+
+        async def fine_has_all() -> bool:
+            return len({r.headers["webhook-id"] for r in receiver.received if r.path.endswith("/fine")}) == 40
+
+        await eventually(fine_has_all, timeout=8, what="all 40 events at /fine")
+        status = {r["name"]: r["health"] for r in await subscription_status(conn)}
+    finally:
+        await receiver.stop()
+    assert status["fine"] == "ok" or not status["fine"].startswith("down"), status

@@ -20,6 +20,13 @@ parked events now (ordered subscriptions still send each key in order).
 
 A plain 500 does not count toward "down": a receiver that rejects some
 events must not have its healthy traffic held behind them.
+
+A 429 speaks for one URL, not for its host: rate limits are often per URL
+(one webhook of a chat service), and one subscription's 429s held every
+other subscription to the same host:port for up to a minute (outside
+probe). A worker's key is its endpoint and its subscription (``Scoped``):
+429s count toward that subscription alone, which is then held and probed
+the same way; everything else counts for the host:port.
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ from pgferry.delivery.http import HttpResult
 log = logging.getLogger(__name__)
 
 Endpoint = tuple[str, str, int]
+#: an endpoint and a subscription delivering to it: the key of failures that speak for one URL
+Scoped = tuple[str, str, int, str]
+Key = Endpoint | Scoped
 
 #: Endpoint-level failures in a row that mark an endpoint down.
 DOWN_AFTER = 5
@@ -48,6 +58,8 @@ MAX_PROBE_DELAY = 60.0
 ENDPOINT_ERRORS = frozenset(("connect", "timeout", "empty_reply", "reset", "dns", "tls", "invalid_response"))
 #: Statuses that speak for the whole endpoint, not for one event.
 ENDPOINT_STATUSES = frozenset((429, 502, 503, 504))
+#: ... of which these speak for one URL (a subscription's), when the key has one.
+URL_STATUSES = frozenset((429,))
 
 
 class Admission(enum.Enum):
@@ -83,7 +95,8 @@ def _current_task() -> asyncio.Task[object] | None:
 
 
 class EndpointHealth:
-    """The health of every endpoint one relay delivers to; shared by its workers."""
+    """The health of every endpoint one relay delivers to; shared by its workers. Keys are an
+    endpoint, or an endpoint and a subscription (``Scoped``: 429s count for it alone)."""
 
     def __init__(
         self,
@@ -97,49 +110,67 @@ class EndpointHealth:
         self.down_after = down_after
         self.probe_interval = probe_interval
         self.clock = clock
-        self._states: dict[Endpoint, _State] = {}
+        self._states: dict[Key, _State] = {}
 
-    def _state(self, endpoint: Endpoint) -> _State:
-        state = self._states.get(endpoint)
+    def _state(self, key: Key) -> _State:
+        state = self._states.get(key)
         if state is None:
-            state = self._states[endpoint] = _State()
+            state = self._states[key] = _State()
         return state
 
-    def watch(self, endpoint: Endpoint, on_recovery: Callable[[], None]) -> None:
-        self._state(endpoint).on_recovery.add(on_recovery)
+    def _keys(self, key: Key) -> list[Key]:
+        """The host's key, and the subscription's when ``key`` has one."""
+        return [key[:3], key] if len(key) == 4 else [key]
 
-    def unwatch(self, endpoint: Endpoint, on_recovery: Callable[[], None]) -> None:
-        state = self._states.get(endpoint)
-        if state is not None:
-            state.on_recovery.discard(on_recovery)
+    def _down(self, key: Key) -> tuple[Key, _State] | None:
+        """The state that holds ``key``'s events: the host's first, then the subscription's."""
+        for k in self._keys(key):
+            state = self._states.get(k)
+            if state is not None and state.down_since is not None:
+                return k, state
+        return None
 
-    def is_down(self, endpoint: Endpoint) -> bool:
-        return self.down_since(endpoint) is not None
+    def watch(self, key: Key, on_recovery: Callable[[], None]) -> None:
+        for k in self._keys(key):
+            self._state(k).on_recovery.add(on_recovery)
 
-    def down_since(self, endpoint: Endpoint) -> datetime | None:
-        state = self._states.get(endpoint)
-        return state.down_since if state is not None else None
+    def unwatch(self, key: Key, on_recovery: Callable[[], None]) -> None:
+        for k in self._keys(key):
+            state = self._states.get(k)
+            if state is not None:
+                state.on_recovery.discard(on_recovery)
 
-    def down_note(self, endpoint: Endpoint) -> str:
-        """Why events of ``endpoint`` are held (for their parked rows and `pgferry trace`)."""
-        state = self._state(endpoint)
+    def is_down(self, key: Key) -> bool:
+        return self._down(key) is not None
+
+    def down_since(self, key: Key) -> datetime | None:
+        down = self._down(key)
+        return down[1].down_since if down is not None else None
+
+    def down_note(self, key: Key) -> str:
+        """Why events of ``key`` are held (for their parked rows and `pgferry trace`)."""
+        down = self._down(key)
+        state = down[1] if down is not None else self._state(key[:3])
         since = f"{state.down_since:%Y-%m-%d %H:%M:%S}Z" if state.down_since else "?"
-        return (f"held: endpoint down since {since} (last error: {state.last_error or '?'}); "
+        what = "endpoint down" if down is None or len(down[0]) == 3 else "the endpoint refuses this subscription (429)"
+        return (f"held: {what} since {since} (last error: {state.last_error or '?'}); "
                 "sent once a probe gets an answer")  # fmt: skip
 
-    def probe_wait(self, endpoint: Endpoint) -> float | None:
+    def probe_wait(self, key: Key) -> float | None:
         """None when the endpoint is healthy; else seconds until a probe may go (0: now)."""
-        state = self._states.get(endpoint)
-        if state is None or state.down_since is None:
+        down = self._down(key)
+        if down is None:
             return None
+        state = down[1]
         if self._probing(state):
             return self.probe_interval
         return max(0.0, state.next_probe - self.clock())
 
-    def admit(self, endpoint: Endpoint) -> Admission:
-        state = self._states.get(endpoint)
-        if state is None or state.down_since is None:
+    def admit(self, key: Key) -> Admission:
+        down = self._down(key)
+        if down is None:
             return Admission.SEND
+        state = down[1]
         if self._probing(state) or self.clock() < state.next_probe:
             return Admission.HOLD
         state.probing = True
@@ -154,22 +185,29 @@ class EndpointHealth:
             state.probe_owner = None
         return state.probing
 
-    def report(self, endpoint: Endpoint, result: HttpResult, admission: Admission) -> bool:
+    def report(self, key: Key, result: HttpResult, admission: Admission) -> bool:
         """What the request admitted as ``admission`` ended with; True when this made the
         endpoint down (its kept-alive connections are then suspect: drop them)."""
-        state = self._state(endpoint)
+        states = [(k, self._state(k)) for k in self._keys(key)]
         if admission is Admission.PROBE:
-            state.probing = False
-            state.probe_owner = None
+            for _, state in states:
+                state.probing = False
+                state.probe_owner = None
         if result.error_class == "withdrawn":  # never sent: says nothing
             if admission is Admission.PROBE:
-                state.next_probe = self.clock()
+                for _, state in states:
+                    state.next_probe = self.clock()
             return False
-        if not endpoint_failure(result):
-            state.failures = 0
-            if state.down_since is not None:
-                self._recovered(endpoint, state)
-            return False
+        url_level = len(key) == 4 and result.status in URL_STATUSES
+        if not endpoint_failure(result) or url_level:
+            # The host answered: healthy, and so is the subscription unless this is its 429.
+            for k, state in states if not url_level else states[:1]:
+                state.failures = 0
+                if state.down_since is not None:
+                    self._recovered(k, state)
+            if not url_level:
+                return False
+        k, state = states[-1] if url_level else states[0]
         state.failures += 1
         state.last_error = result.error or result.error_class
         if state.down_since is None:
@@ -177,21 +215,27 @@ class EndpointHealth:
                 state.down_since = datetime.now(UTC)
                 state.next_probe = self.clock() + self.probe_interval
                 log.warning(
-                    "endpoint %s://%s:%d is down after %d failures in a row (last: %s); holding its events "
-                    "and probing it every %g s", *endpoint, state.failures, state.last_error, self.probe_interval,
+                    "%s is down after %d failures in a row (last: %s); holding its events and probing it every %g s",
+                    _name(k), state.failures, state.last_error, self.probe_interval,
                 )  # fmt: skip
-                return True
+                return not url_level
             return False
         if admission is Admission.PROBE:
             delay = max(self.probe_interval, min(result.retry_after or 0.0, MAX_PROBE_DELAY))
             state.next_probe = self.clock() + delay
         return False
 
-    def _recovered(self, endpoint: Endpoint, state: _State) -> None:
+    def _recovered(self, key: Key, state: _State) -> None:
         down_for = (datetime.now(UTC) - state.down_since).total_seconds() if state.down_since else 0.0
-        log.info("endpoint %s://%s:%d answers again after %.1f s down; releasing its held events", *endpoint, down_for)
+        log.info("%s answers again after %.1f s down; releasing its held events", _name(key), down_for)
         state.down_since = None
         state.probing = False
         state.probe_owner = None
         for callback in list(state.on_recovery):
             callback()
+
+
+def _name(key: Key) -> str:
+    """How the log names a key (never a URL's path: it may hold a token)."""
+    endpoint = f"endpoint {key[0]}://{key[1]}:{key[2]}"
+    return endpoint if len(key) == 3 else f"{endpoint} for subscription {key[3]}"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pgferry.delivery.context import IN_FLIGHT, DeliveryContext, Held, Outcome
-from pgferry.delivery.health import Admission, Endpoint
+from pgferry.delivery.health import Admission, Key
 from pgferry.delivery.http import HttpResult
 from pgferry.delivery.in_flight import SubscriptionInFlight
 from pgferry.delivery.model import OutEvent, Subscription
@@ -68,7 +68,7 @@ class Sender:
         self.probes = probes
         self.answered_late = answered_late
         #: the endpoint whose health gates the requests (None: not followed, as for pg_net)
-        self.endpoint: Endpoint | None = None
+        self.endpoint: Key | None = None
         self.limit = SubscriptionInFlight(sub.max_in_flight, ctx.global_limit)
         #: events in requests in flight now
         self.in_flight = 0

@@ -56,7 +56,7 @@ from pgferry.delivery.context import (
     DeliveryContext,
     Outcome,
 )
-from pgferry.delivery.health import Admission, Endpoint
+from pgferry.delivery.health import Admission, Key
 from pgferry.delivery.http import HttpResult
 from pgferry.delivery.model import OutEvent, Subscription
 from pgferry.delivery.sending import Sender
@@ -169,7 +169,7 @@ class SubscriptionWorker:
         #: wakes the retry loop: stopping, or the endpoint answering again
         self.retry_wake = asyncio.Event()
         self.release_parked = False
-        self.endpoint: Endpoint | None = None
+        self.endpoint: Key | None = None
         #: the tick the batch loop has read up to while it waits with nothing to do (the relay's
         #: LogWatch moves it over ranges holding nothing for this subscription), else None
         self.idle_at: int | None = None
@@ -204,7 +204,8 @@ class SubscriptionWorker:
     def _watch(self, sub: Subscription) -> None:
         """Follow the health of the subscription's endpoint (none for pg_net: each request has
         its own URL and timeout, as in pg_net)."""
-        endpoint = self.sink.endpoint
+        # Its host's health and its own: a 429 speaks for the subscription's URL alone (health.py).
+        endpoint = (*self.sink.endpoint, sub.name) if self.sink.endpoint is not None else None
         if endpoint == self.endpoint:
             return
         if self.endpoint is not None:
