@@ -240,7 +240,7 @@ def test_a_subscription_s_429s_hold_it_alone_and_its_host_s_other_subscriptions_
         health.report(limited, result(429, "http_status", retry_after=30), Admission.SEND)
     assert health.is_down(limited) and not health.is_down(other) and not health.is_down(EP)
     assert health.admit(other) is Admission.SEND
-    assert "refuses this subscription (429)" in health.down_note(limited)
+    assert "the endpoint fails this subscription" in health.down_note(limited)
     clock.now += 1.0
     assert health.admit(limited) is Admission.PROBE
     health.report(limited, result(429, "http_status", retry_after=30), Admission.PROBE)

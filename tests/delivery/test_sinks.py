@@ -616,6 +616,41 @@ async def test_messages_at_the_max_payload_boundary_and_overlong_subjects_are_re
         assert "over" in reasons[-1] and "1024" in reasons[-1], reasons[-1]
 
 
+async def test_a_subject_nothing_acknowledges_holds_its_subscription_alone(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, nats_server: NatsServer, js: Any
+) -> None:
+    """A plain subscriber on a subject no stream captures takes the publish and answers nothing:
+    timeouts, which marked the whole server down and held every subscription on it, the healthy
+    one too, and each probe closed the connection they share (outside probe)."""
+    await js.add_stream(name="GOOD", subjects=["good.>"])
+    listener = await nats.connect(nats_server.url)
+
+    async def ignore(_msg: Any) -> None:  # takes it, never answers
+        return None
+
+    await listener.subscribe("dbg.>", cb=ignore)
+    try:
+        await ferry.subscribe("bad", ["s"], f"{nats_server.url}/dbg.x", timeout_ms=300)
+        await ferry.subscribe("good", ["s"], f"{nats_server.url}/good.x")
+        for n in range(10):
+            await ferry.publish("s", {"n": n})
+        await eventually(_failed_with(conn, "bad", "timeout"), what="bad's timeouts")
+        await asyncio.sleep(3)  # bad is held by now (5 timeouts of 0.3 s)
+        started = time.monotonic()
+        for n in range(10, 15):
+            await ferry.publish("s", {"n": n})
+
+        async def good_has_all() -> bool:
+            return bool((await js.stream_info("GOOD")).state.messages == 15)
+
+        await eventually(good_has_all, timeout=10, what="good's 15 messages")
+        assert time.monotonic() - started < 3
+        status = {r["name"]: r["health"] for r in await inspect.subscription_status(conn)}
+        assert status["bad"].startswith("down for") and not status["good"].startswith("down"), status
+    finally:
+        await listener.close()
+
+
 async def _subscribe_both(conn: asyncpg.Connection, nats_url: str, redis_url: str, options: str) -> None:
     """Subscriptions n (JetStream) and r (Redis Streams) to stream s, retrying fast, with ``options``."""
     for name, target in (("n", nats_url), ("r", redis_url)):

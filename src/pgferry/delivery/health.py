@@ -24,9 +24,11 @@ events must not have its healthy traffic held behind them.
 A 429 speaks for one URL, not for its host: rate limits are often per URL
 (one webhook of a chat service), and one subscription's 429s held every
 other subscription to the same host:port for up to a minute (outside
-probe). A worker's key is its endpoint and its subscription (``Scoped``):
-429s count toward that subscription alone, which is then held and probed
-the same way; everything else counts for the host:port.
+probe); so does a JetStream publish left unacknowledged on a standing
+connection (OWN_ERRORS). A worker's key is its endpoint and its
+subscription (``Scoped``): such failures count toward that subscription
+alone, which is then held and probed the same way; everything else counts
+for the host:port.
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ ENDPOINT_ERRORS = frozenset(("connect", "timeout", "empty_reply", "reset", "dns"
 ENDPOINT_STATUSES = frozenset((429, 502, 503, 504))
 #: ... of which these speak for one URL (a subscription's), when the key has one.
 URL_STATUSES = frozenset((429,))
+#: Failures that speak for a subscription, when the key has one, by scheme: a JetStream publish
+#: that gets no acknowledgement while the connection stands says as much about its subject (no
+#: stream captures it but a subscriber that answers nothing; a permission the user lacks) as about
+#: the server. One subscription's marked the server down and held the others (outside probe).
+OWN_ERRORS = frozenset((("nats", "timeout"),))
 
 
 class Admission(enum.Enum):
@@ -140,6 +147,12 @@ class EndpointHealth:
             if state is not None:
                 state.on_recovery.discard(on_recovery)
 
+    def host_down(self, key: Key) -> bool:
+        """Whether ``key``'s host (not only its subscription) is down: its probes take a new
+        connection (one probing for a subscription alone must not close the one others share)."""
+        state = self._states.get(key[:3])
+        return state is not None and state.down_since is not None
+
     def is_down(self, key: Key) -> bool:
         return self._down(key) is not None
 
@@ -152,7 +165,7 @@ class EndpointHealth:
         down = self._down(key)
         state = down[1] if down is not None else self._state(key[:3])
         since = f"{state.down_since:%Y-%m-%d %H:%M:%S}Z" if state.down_since else "?"
-        what = "endpoint down" if down is None or len(down[0]) == 3 else "the endpoint refuses this subscription (429)"
+        what = "endpoint down" if down is None or len(down[0]) == 3 else "the endpoint fails this subscription"
         return (f"held: {what} since {since} (last error: {state.last_error or '?'}); "
                 "sent once a probe gets an answer")  # fmt: skip
 
@@ -198,7 +211,7 @@ class EndpointHealth:
                 for _, state in states:
                     state.next_probe = self.clock()
             return False
-        url_level = len(key) == 4 and result.status in URL_STATUSES
+        url_level = len(key) == 4 and (result.status in URL_STATUSES or (key[0], result.error_class) in OWN_ERRORS)
         if not endpoint_failure(result) or url_level:
             # The host answered: healthy, and so is the subscription unless this is its 429.
             for k, state in states if not url_level else states[:1]:

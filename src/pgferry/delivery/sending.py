@@ -115,7 +115,8 @@ class Sender:
         async with self.limit, self.ctx.global_limit:
             self.in_flight += len(chunk)
             try:
-                result = await sink.send(chunk, prepared, gate, fresh=admission is Admission.PROBE)
+                fresh = admission is Admission.PROBE and endpoint is not None and self.ctx.health.host_down(endpoint)
+                result = await sink.send(chunk, prepared, gate, fresh=fresh)
             except Exception as exc:  # a bug of ours must cost a retry, not the worker
                 log.exception("subscription %s: unexpected error sending events %s", sub.name, [e.id for e in chunk])
                 result = HttpResult(None, "internal", f"pgferry internal error: {exc!r}", None, 0.0)
