@@ -24,6 +24,7 @@ import nats
 import orjson
 import pytest
 import redis.asyncio
+from nats.js.api import DiscardPolicy, StreamConfig
 
 import pgferry
 from pgferry.bench.brokers import NatsServer, RedisServer, redis_server_binary
@@ -649,6 +650,30 @@ async def test_a_subject_nothing_acknowledges_holds_its_subscription_alone(
         assert status["bad"].startswith("down for") and not status["good"].startswith("down"), status
     finally:
         await listener.close()
+
+
+async def test_an_ordered_chunk_whose_first_event_is_refused_keeps_its_key_in_order(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, nats_server: NatsServer, js: Any
+) -> None:
+    """A stream full for now refuses a key's first event of a chunk and stores the next two: once
+    the first was retried the stream held them 2, 3, 1 (outside probe). An ordered subscription's
+    chunk goes a key's event after another, each key stopping at its first failure."""
+    await js.add_stream(StreamConfig(name="FULL", subjects=["full.>"], max_bytes=4000, discard=DiscardPolicy.NEW))
+    await js.publish("full.filler", b"x" * 2000)
+    await ferry.subscribe("ord", ["s"], f"{nats_server.url}/full.{{key}}", ordered=True, batch_size=10,
+                          retry_base_ms=100, retry_max_ms=300)  # fmt: skip
+    async with conn.transaction():
+        for n, size in ((1, 2500), (2, 10), (3, 10)):
+            await conn.execute("select ferry.publish('s', jsonb_build_object('n', $1::int, 'p', repeat('x', $2::int)), "
+                               "key => 'a')", n, size)  # fmt: skip
+    await eventually(_failed_with(conn, "ord", "rejected"), what="the first refused")
+    await js.purge_stream("FULL", subject="full.filler")  # room again
+
+    async def stored() -> bool:
+        return bool((await js.stream_info("FULL")).state.messages == 3)
+
+    await eventually(stored, timeout=15, what="the three stored")
+    assert [orjson.loads(m.data)["n"] for m in await stream_messages(js, "FULL")] == [1, 2, 3]
 
 
 async def _subscribe_both(conn: asyncpg.Connection, nats_url: str, redis_url: str, options: str) -> None:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import nats.errors
 
 from pgferry.delivery import request
-from pgferry.delivery.brokers import BrokerUnreachable, PublishRefused
+from pgferry.delivery.brokers import AckedPublisher, BrokerUnreachable, PublishRefused
 from pgferry.delivery.destinations import BadDestination, NatsDestination, parse_nats
 from pgferry.delivery.health import Endpoint
 from pgferry.delivery.http import HttpResult
@@ -253,7 +253,10 @@ class JetStreamSink(Sink):
             return HttpResult(None, "withdrawn", "not sent", None, 0.0)
         timeout = self.sub.timeout_ms / 1000
         try:
-            outcomes = await publisher.publish_all(messages, timeout)
+            if self.sub.ordered and len(messages) > 1:
+                outcomes = await _publish_in_key_order(publisher, chunk, messages, timeout)
+            else:
+                outcomes = await publisher.publish_all(messages, timeout)
         except Exception as exc:  # noqa: BLE001 - the connection failed mid-chunk: what the client said
             return _explain(exc, messages[0], dest, max_payload, timeout, started)
         for m, outcome in zip(messages, outcomes, strict=True):
@@ -264,6 +267,38 @@ class JetStreamSink(Sink):
     def endpoint_down(self) -> None:
         if self.dest is not None:
             self.ctx.brokers.forget("nats", self.dest.host, self.dest.port)
+
+
+async def _publish_in_key_order(
+    publisher: AckedPublisher, chunk: Sequence[OutEvent], messages: Sequence[Message], timeout: float
+) -> list[BaseException | None]:
+    """An ordered subscription's chunk, in waves: each key's first event, then each key's second,
+    and so on, a key stopping at its first failure. Published at once, a key's first event refused
+    (a stream full, for now) and its next two stored made the stream hold them 2, 3, 1 once the
+    first was retried (outside probe). The chunk fails with that failure, and the events not sent
+    go again with it (those stored are duplicates JetStream drops). Keyless events have no order
+    to keep: the first wave."""
+    waves: list[list[int]] = []
+    depth: dict[str, int] = {}
+    for i, event in enumerate(chunk):
+        wave = 0
+        if event.key is not None:
+            wave = depth[event.key] = depth.get(event.key, -1) + 1
+        if wave == len(waves):
+            waves.append([])
+        waves[wave].append(i)
+    outcomes: list[BaseException | None] = [None] * len(messages)
+    stopped: set[str] = set()
+    for indices in waves:
+        todo = [i for i in indices if chunk[i].key not in stopped]
+        if not todo:
+            continue
+        for i, outcome in zip(todo, await publisher.publish_all([messages[i] for i in todo], timeout), strict=True):
+            outcomes[i] = outcome
+            key = chunk[i].key
+            if outcome is not None and key is not None:
+                stopped.add(key)
+    return outcomes
 
 
 def _explain(exc: BaseException, m: Message, dest: NatsDestination, max_payload: int, timeout: float,
