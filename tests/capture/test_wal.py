@@ -817,3 +817,15 @@ async def test_a_condition_naming_a_dropped_column_holds_capture_and_names_the_c
     await conn.execute("update ferry.captures set condition = null where id = $1", capture)
     await wal.caught_up(conn)
     assert await conn.fetchval("select count(*) from ferry.events") == 1
+
+
+async def test_an_unlogged_table_is_refused_with_the_cause_and_the_fixes(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """PostgreSQL's own refusal said only that it cannot be added to the publication."""
+    await conn.execute("create unlogged table ul (id int primary key)")
+    with pytest.raises(
+        pgferry.PgferryError, match="ul is an unlogged table: its changes are not in the write-ahead log"
+    ):
+        await ferry.capture_table("ul", method="wal")
+    await ferry.capture_table("ul")  # by trigger, as the hint says

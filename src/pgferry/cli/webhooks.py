@@ -46,9 +46,14 @@ KEPT_SETTINGS = ("batch_size", "max_in_flight", "ordered", "timeout_ms", "max_at
                    "and {key}. Broker credentials: `pgferry subscription credentials`.")  # fmt: skip
 @click.option("--stream", "streams", multiple=True, required=True, help="Stream to deliver (repeatable).")
 @click.option(
-    "--batch-size", default=1, show_default=True, type=INT4, help='Events per request; >1 sends {"data": [...]}.'
+    "--batch-size",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 1000),
+    help='Events per request; >1 sends {"data": [...]}.',
 )
-@click.option("--max-in-flight", default=32, show_default=True, type=INT4, help="Requests in flight at once.")
+@click.option("--max-in-flight", default=32, show_default=True, type=click.IntRange(1, 1000),
+              help="Requests in flight at once.")  # fmt: skip
 @click.option("--ordered", is_flag=True, help="Keep per-key order (later events of a key wait behind a failed one).")
 @click.option(
     "--secret",
@@ -58,7 +63,7 @@ KEPT_SETTINGS = ("batch_size", "max_in_flight", "ordered", "timeout_ms", "max_at
 )
 @click.option("--header", "headers", multiple=True, metavar="NAME=VALUE", help="Extra header (repeatable).")
 @click.option("--timeout-ms", default=10000, show_default=True, type=INT4)
-@click.option("--max-attempts", default=12, show_default=True, type=INT4)
+@click.option("--max-attempts", default=12, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--max-age", default="3 days", show_default=True, help="Give up (dead letter) after this long.")
 @click.option("--retry-base-ms", default=1000, show_default=True, type=INT4)
 @click.option("--retry-max-ms", default=600000, show_default=True, type=INT4)

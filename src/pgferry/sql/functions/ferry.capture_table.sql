@@ -128,6 +128,15 @@ begin
                       hint = 'alter table ' || v_part::text || ' replica identity full (or default, with a primary key), '
                              'or capture it with method => ''trigger''.';
         end if;
+        select t into v_part from unnest(v_tree) t join pg_class c on c.oid = t where c.relpersistence <> 'p' limit 1;
+        if v_part is not null then  -- PostgreSQL's own refusal named a publication, not the cause
+            raise exception 'pgferry: % is % table: its changes are not in the write-ahead log', v_part,
+                            case when (select c.relpersistence from pg_class c where c.oid = v_part) = 'u'
+                                 then 'an unlogged' else 'a temporary' end
+                using errcode = '55000',
+                      hint = 'Capture it with method => ''trigger'', or make it logged: alter table ' || v_part::text
+                             || ' set logged.';
+        end if;
         -- The publication sends a partition's changes as its root's (publish_via_partition_root):
         -- a partition and a partitioned table above it, both from the WAL, left the partition's
         -- capture with nothing, without a word (outside probe).
