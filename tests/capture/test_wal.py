@@ -829,3 +829,27 @@ async def test_an_unlogged_table_is_refused_with_the_cause_and_the_fixes(
     ):
         await ferry.capture_table("ul", method="wal")
     await ferry.capture_table("ul")  # by trigger, as the hint says
+
+
+async def test_the_stream_hands_over_large_rows_in_batches_bounded_in_bytes(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    """Batches were bounded by count alone (2,000 messages, 8 queued): rows of 1 MB could fill
+    16 GB (outside probe: +340 MB for a 400 MB transaction)."""
+    await conn.execute("create table wide (id int primary key, v text)")
+    await ferry.capture_table("wide", method="wal")
+    slot = await conn.fetchrow("select slot_name, publication, lsn from ferry.wal_slot")
+    # 24 rows of ~1 MB that do not compress (md5 hex of distinct numbers)
+    await conn.execute("insert into wide select g, (select string_agg(md5((g * 100000 + n)::text), '') "
+                       "from generate_series(1, 32000) n) from generate_series(1, 24) g")  # fmt: skip
+    stream = ReplicationStream(db_url, slot["slot_name"], slot["publication"], slot["lsn"])
+    sizes: list[int] = []
+    try:
+        async for batch in stream.batches():
+            if batch.messages:
+                sizes.append(sum(len(m) for m in batch.messages))
+            if sum(sizes) >= 24 * 1_024_000:  # the 24 rows
+                break
+    finally:
+        await stream.close()
+    assert len(sizes) >= 3 and max(sizes) <= (8 << 20) + (1 << 20), sizes
