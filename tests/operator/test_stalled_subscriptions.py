@@ -53,6 +53,8 @@ async def test_a_stalled_subscription_shows_its_gap_and_resumes_only_when_told_w
     status = {r["name"]: r for r in await inspect.subscription_status(conn)}
     assert status["hook"]["state"] == "stalled"
     assert "retention dropped 6 event(s) it had not delivered" in status["hook"]["state_reason"]
+    assert status["hook"]["state_reason"].endswith("it was paused: resuming makes it deliver, so pause it again "
+                                                   "after resuming to keep it paused")  # fmt: skip
     assert status["hook"]["retention"].startswith("stalled since") and "6 event(s) lost" in status["hook"]["retention"]
     assert await conn.fetch(PEEK, "hook") == [], "nothing is read for a stalled subscription"
 

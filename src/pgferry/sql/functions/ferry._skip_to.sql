@@ -88,6 +88,11 @@ begin
                                              where cc.subscription = v_sub and cc.name <> p_consumer
                                                and g.cause = 'retention' and g.to_tick = cc.tick_id), 0),
                                          p_reason, v_sub)
+                                  -- a pause stalled away was lost without a word (outside probe)
+                                  || case when s.state = 'paused' or (s.state = 'stalled' and s.state_reason like '%it was paused%')
+                                          then '; it was paused: resuming makes it deliver, so pause it again after '
+                                               'resuming to keep it paused'
+                                          else '' end
             where s.name = v_sub;
         end if;
     end if;
