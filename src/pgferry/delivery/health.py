@@ -103,7 +103,8 @@ def _current_task() -> asyncio.Task[object] | None:
 
 class EndpointHealth:
     """The health of every endpoint one relay delivers to; shared by its workers. Keys are an
-    endpoint, or an endpoint and a subscription (``Scoped``: 429s count for it alone)."""
+    endpoint, or an endpoint and a subscription (``Scoped``: its 429s and OWN_ERRORS count for it
+    alone)."""
 
     def __init__(
         self,
@@ -211,16 +212,16 @@ class EndpointHealth:
                 for _, state in states:
                     state.next_probe = self.clock()
             return False
-        url_level = len(key) == 4 and (result.status in URL_STATUSES or (key[0], result.error_class) in OWN_ERRORS)
-        if not endpoint_failure(result) or url_level:
-            # The host answered: healthy, and so is the subscription unless this is its 429.
-            for k, state in states if not url_level else states[:1]:
+        own = len(key) == 4 and (result.status in URL_STATUSES or (key[0], result.error_class) in OWN_ERRORS)
+        answered = not endpoint_failure(result) or (own and result.status in URL_STATUSES)
+        if answered:  # the host is up; so is the subscription, unless this is its own failure
+            for k, state in states[:1] if own else states:
                 state.failures = 0
                 if state.down_since is not None:
                     self._recovered(k, state)
-            if not url_level:
+            if not own:
                 return False
-        k, state = states[-1] if url_level else states[0]
+        k, state = states[-1] if own else states[0]
         state.failures += 1
         state.last_error = result.error or result.error_class
         if state.down_since is None:
@@ -231,7 +232,7 @@ class EndpointHealth:
                     "%s is down after %d failures in a row (last: %s); holding its events and probing it every %g s",
                     _name(k), state.failures, state.last_error, self.probe_interval,
                 )  # fmt: skip
-                return not url_level
+                return not own
             return False
         if admission is Admission.PROBE:
             delay = max(self.probe_interval, min(result.retry_after or 0.0, MAX_PROBE_DELAY))
