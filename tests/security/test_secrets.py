@@ -66,9 +66,11 @@ async def test_secrets_stay_out_of_errors_and_cli_output(
         texts = [str(caught.value), repr(caught.value), str(caught.value.__cause__), str(caught.value.__context__)]
         assert secret not in "\n".join(texts) and option in str(caught.value)
     add = [*pgferry_cmd, "subscription", "add", "hook", "--url", "http://127.0.0.1:9/x", "--stream", "s"]
-    bad = await cli(add, db_url, "--secret", secret, "--max-attempts", "5000")
-    assert bad.returncode == 1 and "max_attempts must be between 1 and 1000" in bad.stderr
+    bad = await cli(add, db_url, "--secret", secret, "--retry-base-ms", "5", "--retry-max-ms", "1")
+    assert bad.returncode == 1 and "retry_base_ms (5) is larger than retry_max_ms (1)" in bad.stderr, bad.stderr
     assert secret not in bad.stdout + bad.stderr
+    bad = await cli(add, db_url, "--secret", secret, "--max-attempts", "5000")  # refused by the option's range
+    assert bad.returncode == 2 and "1<=x<=1000" in bad.stderr and secret not in bad.stdout + bad.stderr
     # a secret read from stdin stays out of the process list
     good = await cli(add, db_url, "--secret", "-", stdin=secret + "\n")
     assert good.returncode == 0, good.stderr
