@@ -441,6 +441,13 @@ BAD_INPUT = [
     ("condition => $$true; delete from orders$$", "42601", "one boolean expression, not statements"),
     ("condition => $$true), add column x int, add check (true$$", "42601", "more than one expression"),
     ("condition => '   '", "22023", "condition is empty"),
+    # fails only on a value: tried on a row the table holds (it failed every write; outside probe)
+    ("condition => $$status ~ '('$$", "2201B", "on a row the table holds: invalid regular expression"),
+    (
+        "condition => $$status::int > 0$$",
+        "22P02",
+        'on a row the table holds: invalid input syntax for type integer: "open"',
+    ),
     ("columns => array['id'], exclude_columns => array['note']", "22023", "columns or exclude_columns, not both"),
     ("columns => array[]::text[]", "22023", "columns must name at least one column"),
     ("exclude_columns => array[]::text[]", "22023", "exclude_columns must name at least one column"),

@@ -15,13 +15,17 @@
 -- the constraint back, so PostgreSQL's own parser and analyser decide: a
 -- syntax error, an unknown column, a type mismatch or a non-boolean result
 -- fails here, when capture_table is called, never on a writer's first row.
+-- Then it is evaluated on one row the table holds, if any (and the caller
+-- may read it): what fails only on a value, such as an invalid regular
+-- expression or a cast of text, fails here too (for a value some row holds,
+-- not for every value a writer may bring).
 -- A ';' is refused before anything runs, so the text cannot carry a second
 -- statement; the deparsed result cannot either.
 -- tbl: the table; condition: the expression (NULL: none, returns NULL).
 -- Returns the deparsed expression.
 --
 -- Calls:   ferry._set_portable_output
--- Reads:   -
+-- Reads:   one row of tbl
 -- Writes:  - (a scratch table ferry._capture_condition_<pid>, always rolled back)
 -- Raises:  22023 (empty), 42601 (';', syntax), and what PostgreSQL raises for
 --          the expression: 42703 (unknown column), 42804 (not boolean),
@@ -86,6 +90,19 @@ begin
                 v_state := '42601';
                 v_message := 'it is more than one expression';
             end if;
+        end if;
+        if v_state is null and has_table_privilege(tbl, 'SELECT') then
+            -- Evaluated on one existing row: what fails only on a value (an invalid regular
+            -- expression, a cast of text) passed the check above, then failed every write
+            -- (outside probe). False for that row is fine.
+            begin
+                execute format('insert into %s select * from %s limit 1', v_scratch, tbl);
+            exception when check_violation then
+                null;
+            when others then
+                get stacked diagnostics v_state = returned_sqlstate, v_message = message_text;
+                v_message := 'on a row the table holds: ' || v_message;
+            end;
         end if;
         raise exception using errcode = 'PF0CK';  -- roll the scratch table back
     exception when sqlstate 'PF0CK' then
