@@ -30,6 +30,9 @@ def test_urls_parse_into_host_port_and_templates() -> None:
     assert r.stream.render(_event(key="a b.c"), subject=False) == "orders:a b.c"
     assert r.stream.render(_event(key=None), subject=False) == "orders:_"
     assert parse_redis("redis://cache?stream=s").port == 6379
+    # a URL's query, not a form's: "+" is a plus (it was a space), a space is %20
+    assert parse_redis("redis://cache?stream=orders+eu").stream.text == "orders+eu"
+    assert parse_redis("redis://cache?stream=orders%20eu%2Bx").stream.text == "orders eu+x"
 
 
 @pytest.mark.parametrize(

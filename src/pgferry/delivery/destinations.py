@@ -121,7 +121,9 @@ def parse_redis(url: str) -> RedisDestination:
     path = parts.path.strip("/")
     if path and not (path.isascii() and path.isdigit()):  # "²" is a digit to str.isdigit, not to int()
         raise BadDestination(f"{path!r} is not a Redis database number; use redis://host:6379/0?stream=<name>")
-    query = parse_qs(parts.query, keep_blank_values=True)
+    # A URL's query, not a form: "+" is a plus ("stream=orders+eu" was the key "orders eu"; outside
+    # probe). A space is written %20.
+    query = parse_qs(parts.query.replace("+", "%2B"), keep_blank_values=True)
     unknown = sorted(set(query) - {"stream", "maxlen", "dedup_window"})
     if unknown:
         raise BadDestination(f"unknown parameter {unknown[0]!r}; use stream=, maxlen= and dedup_window=")
