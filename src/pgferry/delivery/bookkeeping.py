@@ -97,7 +97,8 @@ class Bookkeeper:
                      earlier.response, earlier.latency_ms, now)
                 )  # fmt: skip
             attempt += 1
-            probe = event.id in self.probes and not sink.delivered(result)
+            delivered = sink.delivered(result)
+            probe = event.id in self.probes and not delivered
             error = result.error
             if probe:
                 error = f"{error or result.error_class}; {PROBE_NOTE}"
@@ -105,7 +106,7 @@ class Bookkeeper:
                 (sub.name, event.id, attempt, result.status, result.error_class, error,
                  result.response, result.latency_ms, now)
             )  # fmt: skip
-            if sink.delivered(result):
+            if delivered:
                 books.delivered.append(event.id)
                 _respond(sink, books, event, result)
                 continue
