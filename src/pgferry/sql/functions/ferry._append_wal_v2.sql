@@ -40,8 +40,9 @@
 -- committed but not this one, and would put their changes in a batch
 -- before the moved ones; ferry._tick_fenced takes such a fence again.
 --
--- Values are converted by the columns' own input functions
--- (jsonb_populate_record), so records equal to_jsonb of the row; a table
+-- Values are converted by the input functions of the columns' types
+-- (jsonb_to_record; a domain's base type's), so records equal to_jsonb of
+-- the row; a table
 -- whose columns are all numbers, booleans, text, uuid or json (the relay
 -- writes those as to_jsonb would) skips that conversion when the capture
 -- has no condition or changed_columns (the fast path, measured below).
@@ -55,7 +56,7 @@
 -- across tables.
 -- Returns the number of events appended.
 --
--- Calls:   ferry._current_partition, ferry._full_xid, ferry._json_record_expression, ferry._key_expression,
+-- Calls:   ferry._column_definitions, ferry._current_partition, ferry._full_xid, ferry._json_record_expression, ferry._key_expression,
 --          ferry._record_expression
 -- Reads:   ferry.captures, ferry.ticks
 -- Writes:  ferry.events_0..2, ferry.wal_slot
@@ -88,6 +89,7 @@ declare
     v_filter text;
     v_generated text;
     v_gone  text[];
+    v_defs  text;
     v_n     integer;
     v_total integer := 0;
 begin
@@ -136,7 +138,12 @@ begin
             into v_generated
             from pg_attribute a join pg_attrdef d on d.adrelid = a.attrelid and d.adnum = a.attnum
             where a.attrelid = c.relid and a.attnum > 0 and not a.attisdropped and a.attgenerated = 's';
-            v_fast := c.condition is null and c.changed_columns is null and v_generated is null
+            -- A table dropped before its changes were appended has no columns to type them by:
+            -- they are written from the decoded rows, as on the fast path (its condition cannot be
+            -- evaluated, so it is not; changed_columns is compared in the rows). Typed by a bare
+            -- oid, the statement failed and held every later change of every table (outside probe).
+            v_defs := ferry._column_definitions(c.relid);
+            v_fast := v_defs is null or c.condition is null and c.changed_columns is null and v_generated is null
                 and not exists (select 1 from pg_attribute a where a.attrelid = c.relid and a.attnum > 0
                                 and not a.attisdropped and a.atttypid not in (21, 23, 20, 700, 701, 1700, 16, 25, 1043,
                                                                               1042, 19, 2950, 114, 3802))
@@ -149,7 +156,10 @@ begin
                 v_record := ferry._json_record_expression(c.id, 'x.n');
                 v_old := ferry._json_record_expression(c.id, 'x.o');
                 v_from := '';
-                v_filter := 'true';
+                v_filter := case when c.changed_columns is null then 'true'
+                                 else format('x.op <> ''U'' or x.o is null or %s',
+                                             (select string_agg(format('(x.o -> %1$L) is distinct from (x.n -> %1$L)', col), ' or ')
+                                              from unnest(c.changed_columns) col)) end;
             else
                 v_key := ferry._key_expression(c.id, 'r');
                 -- Columns the table no longer has (dropped or renamed since; the change may be
@@ -163,30 +173,29 @@ begin
                                   and a.attnum > 0 and not a.attisdropped);
                 if v_gone is null then
                     v_record := ferry._record_expression(c.id, 'r');
-                    v_old := ferry._record_expression(c.id, 'od.o');
+                    v_old := ferry._record_expression(c.id, 'od');
                 else
-                    v_record := ferry._json_record_expression(c.id, 'to_jsonb(r)');
-                    v_old := ferry._json_record_expression(c.id, 'to_jsonb(od.o)');
+                    v_record := ferry._json_record_expression(c.id, 'to_jsonb(r.*)');
+                    v_old := ferry._json_record_expression(c.id, 'to_jsonb(od.*)');
                 end if;
+                -- The decoded rows typed by the table's columns, domains as their base types
+                -- (ferry._column_definitions says why): r the row, od the old row of an UPDATE.
                 -- The generated columns' expressions see the row's columns by their bare names
                 -- (the innermost scope: the decoded row, s).
-                v_from := format('cross join lateral jsonb_populate_record(null::%1$s, x.n%2$s) r '
-                                 'cross join lateral (select case when x.o is not null '
-                                 'then jsonb_populate_record(null::%1$s, x.o%3$s) end as o) od ', c.relid::regclass,
-                                 ' || (select ' || v_generated || format(' from jsonb_populate_record(null::%s, x.n) s)',
-                                                                         c.relid::regclass),
-                                 ' || (select ' || v_generated || format(' from jsonb_populate_record(null::%s, x.o) s)',
-                                                                         c.relid::regclass));
+                v_from := format('left join lateral jsonb_to_record(x.n%2$s) as r(%1$s) on true '
+                                 'left join lateral jsonb_to_record(x.o%3$s) as od(%1$s) on true ', v_defs,
+                                 ' || (select ' || v_generated || format(' from jsonb_to_record(x.n) as s(%s))', v_defs),
+                                 ' || (select ' || v_generated || format(' from jsonb_to_record(x.o) as s(%s))', v_defs));
                 -- The condition over the row by name, in a scope of its own (bare names are the
                 -- table's columns, not this statement's); an UPDATE when its old or new row matches.
                 v_filter := case when c.condition is null then 'true'
                                  else format('(select (%1$s) from (select r.*) s) or (x.op = ''U'' and x.o is not null '
-                                             'and (select (%1$s) from (select (od.o).*) s))', c.condition) end
+                                             'and (select (%1$s) from (select od.*) s))', c.condition) end
                          || case when c.changed_columns is null then ''
                                  else format(') and (x.op <> ''U'' or x.o is null or %s',
                                              (select string_agg(case when col = any (v_gone)
                                                                      then format('(x.o -> %1$L) is distinct from (x.n -> %1$L)', col)
-                                                                     else format('(od.o).%1$I is distinct from r.%1$I', col) end,
+                                                                     else format('od.%1$I is distinct from r.%1$I', col) end,
                                                                 ' or ')
                                               from unnest(c.changed_columns) col)) end;
             end if;

@@ -11,7 +11,10 @@
 -- changed_columns (they are evaluated on whole old rows); and, whatever the
 -- identity, key columns the table no longer has (renamed or dropped: every
 -- event came with a null key, and nothing said so; outside probe), whose
--- fix is capture_table again. A partitioned
+-- fix is capture_table again; inheritance children gained since (their
+-- rows' changes through the table are not in its WAL); and a partition
+-- short of FULL under a FULL table (attached since: its UPDATEs lose
+-- old_record). A partitioned
 -- table's partitions count, as capture_table checks them. relid: only the
 -- capture of that table (the relay asks about each table the WAL describes;
 -- a query over all of them for each would grow with their square). Shown by `pgferry
@@ -19,7 +22,7 @@
 -- relay logs it when the WAL describes such a table.
 --
 -- Calls:   -
--- Reads:   ferry.captures, pg_class, pg_index, pg_attribute, pg_partition_tree
+-- Reads:   ferry.captures, pg_class, pg_index, pg_attribute, pg_inherits, pg_partition_tree
 -- Writes:  -
 -- Raises:  -
 -- Runs as: the caller (SECURITY INVOKER)
@@ -49,7 +52,10 @@ language sql stable as $$
                        and ((k.relreplident = 'i' and i.indisreplident) or (k.relreplident = 'd' and i.indisprimary)))
                    as index_columns,
                array(select a.attname::text from pg_attribute a
-                     where a.attrelid = p.part and a.attnum > 0 and not a.attisdropped) as table_columns
+                     where a.attrelid = p.part and a.attnum > 0 and not a.attisdropped) as table_columns,
+               (select r.relreplident from pg_class r where r.oid = p.relid) as root_identity,
+               (select i.inhrelid::regclass from pg_inherits i where i.inhparent = p.part and k.relkind = 'r' limit 1)
+                   as child
         from parts p join pg_class k on k.oid = p.part
     )
     select i.part::regclass,
@@ -63,15 +69,25 @@ language sql stable as $$
                    format('REPLICA IDENTITY %s: PostgreSQL refuses its UPDATEs and DELETEs while it is captured from '
                           'the WAL; alter table %s replica identity full',
                           case when i.relreplident = 'n' then 'NOTHING' else 'DEFAULT without a primary key' end, i.part::regclass)
-               when not (i.key_columns <@ i.index_columns) then
+               when i.relreplident in ('i', 'd') and not (i.key_columns <@ i.index_columns) then
                    format('REPLICA IDENTITY %s holds not all of its key columns (%s): its DELETEs reach readers with a '
                           'null key; alter table %s replica identity full (or using index on the key)',
                           case when i.relreplident = 'i' then 'USING INDEX ' || i.index::regclass::text
                                else 'DEFAULT (the primary key)' end,
                           array_to_string(i.key_columns, ', '), i.part::regclass)
-               else
+               when i.relreplident <> 'f' and i.needs_full then
                    format('REPLICA IDENTITY %s gives only the key of old rows, and its capture''s condition or '
                           'changed_columns looks at whole old rows (its events differ from what triggers write); '
+                          'alter table %s replica identity full',
+                          case when i.relreplident = 'i' then 'USING INDEX ' || i.index::regclass::text else 'DEFAULT' end,
+                          i.part::regclass)
+               when i.child is not null then
+                   format('it has inheritance children (%s, ...): the WAL gives their rows'' changes as theirs, so '
+                          'those made through it are not captured; capture it with method => ''trigger''',
+                          i.child)
+               when i.part <> i.relid and i.relreplident <> 'f' and i.root_identity = 'f' then
+                   format('a partition with REPLICA IDENTITY %s (attached after the capture?) under a table with '
+                          'FULL: its UPDATEs come with no old_record and without unchanged TOASTed values; '
                           'alter table %s replica identity full',
                           case when i.relreplident = 'i' then 'USING INDEX ' || i.index::regclass::text else 'DEFAULT' end,
                           i.part::regclass)
@@ -81,5 +97,7 @@ language sql stable as $$
        or i.relreplident = 'n' or (i.relreplident = 'd' and i.index is null)
        or (i.relreplident in ('i', 'd') and not (i.key_columns <@ i.index_columns))
        or (i.relreplident <> 'f' and i.needs_full)
+       or i.child is not null
+       or (i.part <> i.relid and i.relreplident <> 'f' and i.root_identity = 'f')
     order by 1::text
 $$;

@@ -44,7 +44,9 @@
 -- as with triggers; one with
 -- REPLICA IDENTITY NOTHING is refused (publishing it would make
 -- PostgreSQL refuse the table's UPDATEs and DELETEs), and so is one USING
--- INDEX an index without all the key columns (its DELETEs would have no key).
+-- INDEX an index without all the key columns (its DELETEs would have no key),
+-- and one with inheritance children (not partitions: the WAL gives their
+-- rows' changes as the children's).
 --
 -- Calls:   ferry._capture_condition, ferry._capture_function, ferry._capture_note, ferry._check_columns, ferry._check_stream,
 --          ferry._current_partition, ferry._ensure_wal_slot, ferry._key_expression, ferry._record_expression,
@@ -136,6 +138,20 @@ begin
                 using errcode = '55000',
                       hint = 'Capture it with method => ''trigger'', or make it logged: alter table ' || v_part::text
                              || ' set logged.';
+        end if;
+        -- Inheritance children (not partitions) are published, and logged, as themselves: an
+        -- UPDATE or DELETE through the parent of a child's rows reached the parent's triggers
+        -- but not its WAL capture, without a word (outside probe).
+        select i.inhrelid into v_part
+        from pg_inherits i join pg_class p on p.oid = i.inhparent
+        where i.inhparent = any (v_tree) and p.relkind = 'r'
+        limit 1;
+        if v_part is not null then
+            raise exception 'pgferry: % has inheritance children (%, ...): the WAL gives their rows'' changes as theirs, '
+                            'not its own, even when made through it', tbl, v_part::regclass
+                using errcode = '55000',
+                      hint = 'Capture it with method => ''trigger'': its statement triggers see the children''s '
+                             'rows changed through it.';
         end if;
         -- The publication sends a partition's changes as its root's (publish_via_partition_root):
         -- a partition and a partitioned table above it, both from the WAL, left the partition's
