@@ -4,8 +4,8 @@ import re
 import asyncpg
 import pytest
 
-from pgferry import db, sql
-from pgferry.errors import SchemaMissing
+from pgferry import db, schema, sql
+from pgferry.errors import PgferryError, SchemaMissing
 from pgferry.schema import check_installed, install
 
 
@@ -69,3 +69,28 @@ def test_every_named_query_is_defined_once() -> None:
     """A second definition silently replaced the first (subscription_exists was written twice)."""
     names = re.findall(r"^-- name: (\S+)", sql._read("queries.sql"), re.MULTILINE)
     assert [n for n in set(names) if names.count(n) > 1] == []
+
+
+async def test_an_install_that_waits_too_long_for_a_lock_tries_again_then_says_so(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A migration's locks can deadlock with a running relay's (2 of 7 live upgrades; outside
+    probe), or time out; install rolls back whole, so it tries again, and in the end says what
+    happened in one line instead of asyncpg's traceback."""
+    holder = await db.connect(db_url)
+    database = await holder.fetchval("select quote_ident(current_database())")
+    await holder.execute(f"alter database {database} set lock_timeout = '100ms'")  # for install's new sessions
+    try:
+        async with holder.transaction():
+            await holder.execute("lock table ferry.schema_migrations in access exclusive mode")
+            monkeypatch.setattr(schema, "INSTALL_ATTEMPTS", 2)
+            with pytest.raises(
+                PgferryError, match=r"install rolled back 2 times, waiting for locks .* nothing was changed"
+            ):
+                await schema.install_at(db_url)
+            monkeypatch.setattr(schema, "INSTALL_ATTEMPTS", 5)
+            install = asyncio.create_task(schema.install_at(db_url))
+            await asyncio.sleep(0.3)  # a try or two roll back
+        assert await install == []  # the lock gone, a later try succeeds
+    finally:
+        await holder.close()

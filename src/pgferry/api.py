@@ -280,8 +280,8 @@ class Ferry:
             try:
                 return await conn.fetchval(sql.query(query), *args)
             except asyncpg.PostgresError as exc:
-                # the table, its settings (0A: a condition with a subquery), wal_level, rights
-                if exc.sqlstate[:2] in ("0A", "22", "25", "42", "55"):
+                # the table (3F: its schema), its settings (0A: a condition with a subquery), wal_level, rights
+                if exc.sqlstate[:2] in ("0A", "22", "25", "3F", "42", "55"):
                     raise PgferryError(one_line(exc)) from None
                 raise
             finally:

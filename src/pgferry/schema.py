@@ -10,6 +10,7 @@ are exactly what the files say, whatever was changed by hand.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 
@@ -26,6 +27,16 @@ LOCK_CLASS = 0x7066
 #: so that no consumer name can hash onto one of the fixed locks above.
 CONSUMER_LOCK_CLASS = 0x7067
 INSTALL_LOCK = 1
+#: objid of the shared advisory lock every relay's ownership connection holds.
+PRESENCE_LOCK = 3
+#: The first migration relays of older code cannot run past: 0016 replaced ferry.webhook_step, the
+#: read-and-acknowledge call of every relay before it, by the fenced ferry.webhook_steps. Such
+#: relays, left running through an upgrade, failed every delivery until stopped, and one that
+#: had sent a batch as the install committed could not record it: it went out twice (outside
+#: probe). Later migrations keep older relays working (new parameters are defaulted and last).
+RELAYS_BREAK_AT = 16
+#: Attempts at an install that a relay's lock on ferry's tables deadlocked or timed out.
+INSTALL_ATTEMPTS = 5
 
 
 async def install(conn: asyncpg.Connection, addons: Sequence[str] = ()) -> list[str]:
@@ -37,6 +48,7 @@ async def install(conn: asyncpg.Connection, addons: Sequence[str] = ()) -> list[
     async with conn.transaction():
         await conn.execute(sql.query("install_lock"), LOCK_CLASS, INSTALL_LOCK)
         await conn.execute(sql.query("create_migrations_table"))
+        await _refuse_old_relays(conn)
         applied_now += await _apply(conn, None)
         await _define_functions(conn, None)
         await conn.execute(sql.query("create_addon_migrations_table"))
@@ -45,6 +57,24 @@ async def install(conn: asyncpg.Connection, addons: Sequence[str] = ()) -> list[
             applied_now += await _install_addon(conn, addon)
             await _define_functions(conn, addon)
     return applied_now
+
+
+async def _refuse_old_relays(conn: asyncpg.Connection) -> None:
+    """Refuse to take a schema older than RELAYS_BREAK_AT past it while relays are connected: on
+    such a schema they run older code (newer code refuses an older schema), which cannot run on
+    the new one."""
+    version = await conn.fetchval(sql.query("schema_version"))
+    if version is None or version >= RELAYS_BREAK_AT:
+        return
+    relays = await conn.fetch(sql.query("relays_present"), LOCK_CLASS, PRESENCE_LOCK)
+    if relays:
+        reported = relays[0]["reported"]
+        raise PgferryError(
+            f"{len(relays)} relay(s) are connected{f' ({reported})' if reported else ''}, running code of schema "
+            f"version {version}: from migration {RELAYS_BREAK_AT:04d} on, relays that old cannot deliver (every "
+            "batch would fail, and one sent as the install commits would be sent again). Stop them, run "
+            '`pgferry install` again, then start relays of this version (docs/operations.md, "Upgrading")'
+        )
 
 
 async def _install_addon(conn: asyncpg.Connection, addon: str) -> list[str]:
@@ -98,12 +128,29 @@ async def _apply(conn: asyncpg.Connection, addon: str | None) -> list[str]:
 
 
 async def install_at(url: str, addons: Sequence[str] = ()) -> list[str]:
-    """``install`` over a connection of its own."""
+    """``install`` over a connection of its own, again when a relay's locks deadlocked with it or
+    made it time out (it rolled back whole): a migration altering ferry's tables locks them in
+    another order than a relay's statements (2 of 7 live upgrades deadlocked; outside probe)."""
     conn = await db.connect(url)
     try:
-        return await install(conn, addons)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await install(conn, addons)
+            except (asyncpg.DeadlockDetectedError, asyncpg.LockNotAvailableError) as exc:
+                if attempt == INSTALL_ATTEMPTS:
+                    raise PgferryError(
+                        f"install rolled back {attempt} times, waiting for locks that running relays or other "
+                        f"sessions hold on ferry's tables ({one_line(exc)}); nothing was changed. Run it again, "
+                        "or stop the relays while it runs"
+                    ) from None
+                log.warning("install rolled back (%s); trying again", one_line(exc))
+                await asyncio.sleep(0.5 * attempt)
     except asyncpg.InsufficientPrivilegeError as exc:
         raise PgferryError(_install_refused(exc)) from None
+    except asyncpg.PostgresError as exc:
+        raise PgferryError(f"install failed, and rolled back whole: {one_line(exc)}") from None
     finally:
         await conn.close()
 

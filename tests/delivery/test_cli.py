@@ -65,7 +65,7 @@ async def test_subscription_add_on_an_existing_one_changes_only_what_it_is_given
     assert dict(await conn.fetchrow(settings)) == {**before, "partitions": 4, "filter": None, "max_attempts": 5}
 
 
-async def test_cli_errors_are_clear(pgferry_cmd: list[str], db_url: str) -> None:
+async def test_cli_errors_are_clear(pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection) -> None:
     bad = await cli(pgferry_cmd, db_url, "subscription", "add", "x", "--url", "gopher://h.invalid/", "--stream", "s")
     assert bad.returncode == 1 and "unsupported URL scheme 'gopher'" in bad.stderr
     # One line, its hint as a sentence of its own; no warning about resolving a host it refused anyway.
@@ -99,9 +99,17 @@ async def test_cli_errors_are_clear(pgferry_cmd: list[str], db_url: str) -> None
         (("subscription", "add", "x", "--url", "http://h/", "--stream", "s"), "--max-age", "soon", 1,
          f"Error: invalid value for --max-age: {interval}"),
         (("retention", "set"), "--max-age", "soon", 1, f"Error: invalid value for --max-age: {interval}"),
+        (("subscription", "add", "x", "--url", "http://h/", "--stream", "s"), "--max-age", "999999999 years", 1,
+         "Error: invalid value for --max-age: interval out of range"),
+        (("capture", "nosch.items"), "--stream", "s", 1, 'Error: schema "nosch" does not exist'),  # a traceback
+        (("dlq", "replay", "x"), "--id", "99999", 1,  # "0 dead letter(s) queued", exit 0
+         "Error: 0 of the 1 dead letter(s) asked for queued: the others are not dead letters of 'x'"),
     ]:  # fmt: skip
         result = await cli(pgferry_cmd, db_url, *command, option, value)
         assert result.returncode == code and says in result.stderr and "Traceback" not in result.stderr, result.stderr
+    await conn.execute("create table items (id int primary key)")
+    twice = await cli(pgferry_cmd, db_url, "capture", "items", "--key-column", "id", "--key-column", "id")
+    assert twice.returncode == 1 and "key_columns names id more than once" in twice.stderr, twice.stderr
 
 
 async def test_dlq_and_status_from_the_cli(

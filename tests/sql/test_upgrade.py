@@ -13,8 +13,9 @@ import pytest
 
 from pgferry import db, sql
 from pgferry.embedded import EmbeddedPostgres
+from pgferry.errors import PgferryError
 from pgferry.receiver import Receiver, Respond
-from pgferry.schema import install
+from pgferry.schema import install, install_at
 from tests.helpers import RunningRelay, eventually
 from tests.sql import releases
 from tests.sql.releases import GENERATED, NEWEST, RELEASES, Release, catalog, install_release
@@ -232,3 +233,28 @@ async def test_only_the_functions_meant_for_them_run_with_their_owner_s_rights_f
         "net.check_worker_is_up": (True, True),
         "net.wait_until_running": (True, True),
     }
+
+
+async def test_an_install_past_0016_waits_until_the_relays_of_older_code_are_stopped(empty_db_url: str) -> None:
+    """Relays of code before migration 0016 call ferry.webhook_step, which it replaces: left
+    running through the install, they failed every delivery, and a batch sent as it committed went
+    out twice (outside probe). Connected relays hold the presence lock; a schema that old means
+    they run code that old. A schema past 0016 keeps older relays working: no refusal then."""
+    conn = await db.connect(empty_db_url)
+    relay = await db.connect(empty_db_url)
+    try:
+        await install_release(conn, releases.release("36d660b"))
+        await conn.execute("insert into ferry.relays (id, hostname, pid) values ('r1', 'old-host', 4242)")
+        await relay.execute("select pg_advisory_lock_shared(28774, 3)")  # what its ownership session holds
+        with pytest.raises(PgferryError, match=r"1 relay\(s\) are connected \(old-host:4242\), running code of "
+                                               r"schema version 8: from migration 0016 on") as refused:  # fmt: skip
+            await install_at(empty_db_url)
+        assert "Stop them, run `pgferry install` again" in str(refused.value)
+        assert await conn.fetchval("select max(version) from ferry.schema_migrations") == 8  # nothing applied
+        await relay.execute("select pg_advisory_unlock_all()")
+        assert await install_at(empty_db_url)
+        await relay.execute("select pg_advisory_lock_shared(28774, 3)")  # a relay of this code
+        assert await install_at(empty_db_url) == []
+    finally:
+        await relay.close()
+        await conn.close()

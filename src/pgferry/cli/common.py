@@ -70,6 +70,8 @@ def run_coroutine(coro: Coroutine[Any, Any, Any], *, relay: bool = False, url: s
         raise click.ClickException(redact_secrets(str(exc))) from exc
     except asyncpg.InsufficientPrivilegeError as exc:
         raise click.ClickException(permission_denied(exc, url)) from None
+    except asyncpg.PostgresError as exc:  # the database's own words, not a traceback (outside probe)
+        raise click.ClickException(f"{redact_secrets(one_line(exc))} (SQLSTATE {exc.sqlstate})") from None
 
 
 def permission_denied(exc: asyncpg.InsufficientPrivilegeError, url: str | None) -> str:
@@ -100,7 +102,7 @@ def _role_of(url: str | None) -> str | None:
 
 
 #: PostgreSQL's refusals of an interval's text, and what one looks like
-INTERVAL_REFUSALS = ("type interval", "interval field value out of range")
+INTERVAL_REFUSALS = ("type interval", "interval field value out of range", "interval out of range")
 INTERVAL_HINT = "give a PostgreSQL interval such as '3 days', '36 hours' or '90 minutes'"
 
 

@@ -65,6 +65,12 @@ def dlq_replay(database_url: str | None, subscription: str, ids: tuple[int, ...]
     n = with_ferry(
         database_url, lambda f: _known(f, subscription, lambda: f.replay_dead_letters(subscription, ids or None))
     )
+    if ids and n < len(set(ids)):  # "0 dead letter(s) queued", exit 0, hid a mistyped id (outside probe)
+        raise click.ClickException(
+            f"{n} of the {len(set(ids))} dead letter(s) asked for queued: the others are not dead letters of "
+            f"{subscription!r}, or their events are queued for a retry already (see `pgferry dlq list "
+            f"--subscription {subscription}`)"
+        )
     click.echo(f"{n} dead letter(s) queued for delivery")
 
 

@@ -41,13 +41,11 @@ from pgferry.delivery.model import Subscription
 from pgferry.delivery.watch import LogWatch
 from pgferry.delivery.worker import SubscriptionWorker
 from pgferry.log.reader import MOVED_CHANNEL, TICK_CHANNEL
-from pgferry.schema import CONSUMER_LOCK_CLASS, LOCK_CLASS
+from pgferry.schema import CONSUMER_LOCK_CLASS, LOCK_CLASS, PRESENCE_LOCK
 
 log = logging.getLogger(__name__)
 
 
-#: objid of the shared advisory lock every relay's ownership connection holds.
-PRESENCE_LOCK = 3
 #: Seconds a relay leaves alone a partition it handed over to spread its subscription (so that
 #: the relay with room takes it, not this one again in its next round).
 HANDED_OVER_HOLD = 10.0

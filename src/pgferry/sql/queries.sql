@@ -52,6 +52,16 @@ select to_regclass('ferry.schema_migrations') is not null
 -- name: schema_version
 select max(version) from ferry.schema_migrations
 
+-- name: relays_present
+-- The relays connected now (their ownership sessions hold the shared presence lock, $1/$2),
+-- with the host and pid each last reported in ferry.relays when its heartbeat is recent.
+select l.pid as backend,
+       (select string_agg(r.hostname || ':' || r.pid, ', ') from ferry.relays r
+        where r.heartbeat_at > now() - interval '1 minute') as reported
+from pg_locks l
+where l.locktype = 'advisory' and l.classid = $1 and l.objid = $2 and l.objsubid = 2 and l.granted
+  and l.database = (select oid from pg_database where datname = current_database())
+
 -- name: try_advisory_lock
 select pg_try_advisory_lock($1::int, $2::int)
 

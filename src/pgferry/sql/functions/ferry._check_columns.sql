@@ -26,6 +26,13 @@ begin
             using errcode = '22023',
                   hint = format('Name columns of %s, e.g. %s => array[''id''], or leave %s out.', tbl, what, what);
     end if;
+    -- A key named twice keyed every event by both copies ([2001, 2001]; outside probe).
+    select string_agg(quote_ident(k), ', ') into v_missing
+    from (select k from unnest(names) k group by k having count(*) > 1) d;
+    if v_missing is not null then
+        raise exception 'pgferry: % names % more than once', what, v_missing
+            using errcode = '22023', hint = 'Name each column once.';
+    end if;
     select string_agg(quote_ident(k), ', ') into v_missing from unnest(names) k
     where not exists (select 1 from pg_attribute a where a.attrelid = tbl and a.attname = k
                       and a.attnum > 0 and not a.attisdropped);
