@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from datetime import timedelta
 
@@ -170,6 +171,43 @@ async def test_the_late_answer_to_a_cancelled_request_is_never_read_as_the_next_
             await slow
         answer = await one.send(url, b"next", {}, timeout=5, connect_timeout=1)
         assert answer.status == 500, answer
+    finally:
+        await one.close()
+        server.close()
+
+
+async def test_an_endpoint_that_answers_twice_gets_a_new_connection_for_each_request(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A second answer that comes after the next request was written is read as that one's (HTTP/1.1
+    cannot tell): a receiver answering 500, then 200 again 30 ms later, had 7 of 10 rejected events
+    recorded as delivered (outside probe). Once an endpoint sent bytes nobody asked for, its
+    connections are closed after each answer, so no late answer has a request to be taken for."""
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):  # the sender closed it
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+                              if line.startswith(b"content-length"))  # fmt: skip
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n\r\n")
+                await asyncio.sleep(0.03)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")  # the stray second answer
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
+    one = FastSender(pool_size=1)
+    try:
+        with caplog.at_level("WARNING", logger="pgferry.delivery.fasthttp"):
+            assert (await one.send(url, b"1", {}, timeout=5, connect_timeout=1)).status == 500
+            await asyncio.sleep(0.1)  # the stray answer comes while the connection is idle
+            for n in range(2, 6):  # back to back: a kept-alive connection would take the stray 200
+                assert (await one.send(url, str(n).encode(), {}, timeout=5, connect_timeout=1)).status == 500
+        assert connections == 5
+        assert "no request asked for" in caplog.text and "not reused for 600 s" in caplog.text
     finally:
         await one.close()
         server.close()

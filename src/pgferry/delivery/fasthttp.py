@@ -15,6 +15,13 @@ delivered:
   is given back to its pool only when its answer ended exactly where the
   framing says and nothing else arrived; bytes nobody asked for, a second
   answer, a framing doubt or a timeout close it;
+- an endpoint that sent bytes nobody asked for (a second, late answer) has
+  its connections closed after each answer for UNTRUSTED_FOR seconds: a
+  late answer that arrived after the next request was written would be
+  taken for that request's (HTTP/1.1 cannot tell them apart), so the
+  connection it could arrive on is not kept (outside probe: a receiver
+  answering every request twice, the second 30 ms late, had 7 of 10
+  rejected events recorded as delivered);
 - every request that reached the wire is reported: one sent on a kept-alive
   connection that the server had just closed is sent again once on a new
   connection, and the first try comes back in ``HttpResult.earlier``;
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import socket
 import ssl
@@ -52,6 +60,8 @@ from pgferry.delivery.http import (
 )
 from pgferry.delivery.http1 import NOTHING, PARTIAL, RECV_ERROR, ProtocolError, Response, ResponseReader, Truncated
 
+log = logging.getLogger(__name__)
+
 _USER_AGENT = "\r\nUser-Agent: pgferry"
 #: Seconds an idle kept-alive connection is reused when the server did not say how long it keeps
 #: one open (aiohttp's default too).
@@ -59,6 +69,9 @@ IDLE_LIMIT = 15.0
 #: How long before the server's announced idle timeout a connection is no longer reused (at most
 #: half of it: Keep-Alive: timeout=1 still allows reuse within half a second).
 IDLE_MARGIN = 1.0
+#: Seconds an endpoint's connections are closed after each answer once it sent bytes nobody
+#: asked for (module docstring): a new connection per request, for a receiver that misbehaves.
+UNTRUSTED_FOR = 600.0
 #: Idle kept-alive connections one sender keeps over all its endpoints; beyond it, the one idle
 #: longest is closed (_IdleConnections). Each endpoint keeps as many as its busiest moment
 #: opened (for their idle time), and 1,000 endpoints busiest at different moments held ~19,000
@@ -96,7 +109,8 @@ class _ConnectTimeout(Exception):
 class _Connection(asyncio.Protocol):
     """One kept-alive connection; one request at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, pool: _Pool | None = None) -> None:
+        self.pool = pool  # told of bytes nobody asked for
         self.transport: asyncio.Transport | None = None
         self.reader: ResponseReader | None = None  # the answer being read; None while idle
         self.waiter: asyncio.Future[Response] | None = None
@@ -119,6 +133,8 @@ class _Connection(asyncio.Protocol):
         reader = self.reader
         if reader is None:  # bytes nobody asked for: this connection can no longer be trusted
             self.close()
+            if self.pool is not None and data.strip(b"\r\n"):  # a stray line end is no answer
+                self.pool.sent_unasked(data)
             return
         try:
             response = reader.feed(data)
@@ -229,6 +245,20 @@ class _Pool:
         self.idle: list[_Connection] = []
         self.idle_set = idle_set
         self.slots = Slots(size)
+        #: loop time until which connections are closed after each answer (UNTRUSTED_FOR)
+        self.untrusted_until = 0.0
+
+    def sent_unasked(self, data: bytes) -> None:
+        """A connection of this endpoint got bytes while no request was waiting (module docstring)."""
+        now = asyncio.get_running_loop().time()
+        if now >= self.untrusted_until:
+            log.warning(
+                "%s:%s sent %d byte(s) no request asked for (%r) on a kept-alive connection: a late or second "
+                "answer, which HTTP/1.1 cannot tell from the next request's; its connections are not reused for "
+                "%d s. Check that the receiver answers each request once",
+                self.host, self.port, len(data), data[:60], UNTRUSTED_FOR,
+            )  # fmt: skip
+        self.untrusted_until = now + UNTRUSTED_FOR
 
     def take_idle(self) -> _Connection | None:
         """The most recently used idle connection that is still open and not about to be closed
@@ -252,7 +282,11 @@ class _Pool:
         for _, ip in addresses:
             try:
                 _, conn = await loop.create_connection(
-                    _Connection, ip, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None
+                    lambda: _Connection(self),
+                    ip,
+                    self.port,
+                    ssl=self.ssl,
+                    server_hostname=self.host if self.ssl else None,
                 )
                 timings.connected()
                 return conn
@@ -262,7 +296,7 @@ class _Pool:
         raise last_error
 
     def give_back(self, conn: _Connection) -> None:
-        if conn.reusable and not conn.closed:
+        if conn.reusable and not conn.closed and asyncio.get_running_loop().time() >= self.untrusted_until:
             # Reused only well inside the server's idle timeout, when it said one (Node and
             # uvicorn: 5 s, gunicorn: 2 s), else for IDLE_LIMIT seconds.
             announced = conn.idle_timeout
@@ -597,6 +631,8 @@ def _failure(  # noqa: PLR0911 - one return per way a request can end
         curl = RECV_ERROR if exc.reset else PARTIAL if exc.got_status else NOTHING
         if exc.got_bytes:
             return "reset", f"response cut off: {exc}", curl
+        if exc.reset:  # the reset's own words (ECONNRESET) said more than "closed" (outside probe)
+            return "empty_reply", f"server broke the connection without a response ({exc})", curl
         return "empty_reply", "server closed the connection without a complete response", curl
     if isinstance(exc, ProtocolError):
         return "invalid_response", str(exc), exc.curl
