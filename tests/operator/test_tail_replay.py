@@ -80,6 +80,13 @@ async def test_tail_prints_committed_events_in_commit_order_and_pins_nothing(
     assert 'stream "ss" yet; check the spelling' in typo.stderr and "tail prints its events once" in typo.stderr
 
 
+async def test_tail_without_a_relay_says_that_events_come_with_a_relay(pgferry_cmd: list[str], db_url: str) -> None:
+    """It printed nothing and exited 0 at --timeout, unsaid (outside probe): no relay, no ticks."""
+    alone = await cli(pgferry_cmd, db_url, "tail", "s", "--timeout", "0.5")
+    assert alone.returncode == 0 and alone.stdout == "", alone
+    assert "warning: no relay is running; events show here once one takes ticks" in alone.stderr, alone.stderr
+
+
 async def test_replay_since_and_from_event_resends_passed_events_with_their_webhook_ids(
     pgferry_cmd: list[str],
     db_url: str,

@@ -15,7 +15,7 @@ import orjson
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 import pgferry
-from pgferry import sql
+from pgferry import db, sql
 from pgferry.capture import backfill as backfills
 from pgferry.cli.common import (
     BACKFILL_COLUMNS,
@@ -40,6 +40,7 @@ from pgferry.ops import apply as applying
 from pgferry.ops import inspect
 from pgferry.ops.tail import tail as follow
 from pgferry.params import INT8, seconds
+from pgferry.schema import LOCK_CLASS, PRESENCE_LOCK, check_installed
 
 
 def parse_since(text: str) -> datetime:
@@ -177,6 +178,14 @@ def tail(database_url: str | None, streams: tuple[str, ...], as_json: bool, coun
     url = require_url(database_url)
 
     async def go() -> None:
+        conn = await db.connect(url)
+        try:  # events reach tail with the ticks relays take: without one it printed nothing, unsaid
+            await check_installed(conn)
+            if not await conn.fetch(sql.query("relays_present"), LOCK_CLASS, PRESENCE_LOCK):
+                click.echo("warning: no relay is running; events show here once one takes ticks (`pgferry run`)",
+                           err=True)  # fmt: skip
+        finally:
+            await conn.close()
         seen = 0
         events = follow(url, streams or None)
         try:
