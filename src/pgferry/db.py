@@ -8,11 +8,13 @@ bare socket error.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import random
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
@@ -279,6 +281,34 @@ async def connect(url: str, *, server_settings: Mapping[str, str] | None = None,
         raise _explain(url, exc) from exc
     await init_connection(conn)
     return conn
+
+
+#: What PostgreSQL rolls back whole and a second try may pass: a deadlock's victim, a serialization
+#: failure. The relay's own statements take row locks in their own order; an operator's
+#: transaction (`pgferry apply`, even --dry-run) taking them in another made one of each pair fail
+#: (outside probe).
+ROLLED_BACK = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
+#: Tries of such a statement or transaction.
+ROLLED_BACK_TRIES = 5
+
+_T = TypeVar("_T")
+_log = logging.getLogger(__name__)
+
+
+async def again_if_rolled_back(action: Callable[[], Awaitable[_T]], what: str) -> _T:
+    """``action()``, again (after a short random pause) while PostgreSQL rolls it back as
+    ROLLED_BACK, up to ROLLED_BACK_TRIES tries. Only for an action that did nothing when it
+    failed: one statement, or one transaction opened inside it."""
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            return await action()
+        except ROLLED_BACK as exc:
+            if tries == ROLLED_BACK_TRIES:
+                raise
+            _log.info("%s rolled back (%s); trying again", what, exc)
+            await asyncio.sleep(random.uniform(0.01, 0.05) * tries)
 
 
 async def rollback_if_open(conn: asyncpg.Connection) -> None:

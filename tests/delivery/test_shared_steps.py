@@ -145,3 +145,55 @@ async def test_subscriptions_on_different_streams_share_one_read_of_the_range(
     got = {(r["stream"], tuple(r["reqs"])) for r in rows if r["id"] is not None}
     assert got == {("x", (1, 4)), ("y", (2, 4))}  # z: nothing on its stream; nobody reads "other"
     assert [tuple(r["reqs"]) for r in rows if r["id"] is None] == [(1, 2, 3, 4)]
+
+
+async def test_a_step_rolled_back_as_a_deadlock_s_victim_is_sent_again_and_its_batches_are_not(
+    db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    """`pgferry apply` (even --dry-run) locking consumer rows in another order than the relay's
+    statement made one of them a deadlock's victim; when it was the relay's, every worker in the
+    statement failed and sent its delivered batches again (hundreds of duplicates per deadlock;
+    outside probe). A trigger plays the deadlock here: the first three acknowledgements that
+    move a cursor are rolled back with the deadlock's SQLSTATE."""
+    receiver = Receiver(lambda _: Respond())
+    url = await receiver.start(path="")
+    for name in ("a", "b"):
+        await ferry.subscribe(name, ["s"], f"{url}/{name}")
+    await conn.execute("create sequence victims")
+    await conn.execute(
+        """create function pretend_deadlock() returns trigger language plpgsql as $$
+           begin
+               if new.tick_id is distinct from old.tick_id and nextval('victims') <= 3 then
+                   raise exception 'deadlock detected (pretended)' using errcode = '40P01';
+               end if;
+               return new;
+           end $$"""
+    )
+    await conn.execute(
+        "create trigger pretend before update on ferry.consumers for each row execute function pretend_deadlock()"
+    )
+    for n in range(20):  # a backlog: the relay's first acknowledgements are of delivered batches
+        await ferry.publish("s", {"n": n})
+    relay = RunningRelay(db_url)
+    try:
+        await eventually(lambda: received(receiver, 40), timeout=30, what="every event at both endpoints")
+        await eventually(
+            lambda: _cursors_at_the_end(conn), timeout=30, what="the cursors past the backlog"
+        )  # every acknowledgement recorded: nothing left to be sent again
+    finally:
+        await relay.stop()
+        await receiver.stop()
+    assert await conn.fetchval("select last_value from victims") > 3  # the pretended deadlocks happened
+    seen = Counter((r.path, orjson.loads(r.body)["n"]) for r in receiver.received)
+    assert len(seen) == 40 and max(seen.values()) == 1, seen.most_common(3)
+
+
+async def _cursors_at_the_end(conn: asyncpg.Connection) -> bool:
+    last = await conn.fetchval("select max(id) from ferry.events")
+    behind = await conn.fetchval(
+        "select count(*) from ferry.consumers c where c.subscription in ('a', 'b') and exists "
+        "(select 1 from ferry.events e, ferry.ticks t where t.id = c.tick_id and e.id = $1 "
+        "and not pg_visible_in_snapshot(e.txid, t.snapshot))",
+        last,
+    )
+    return bool(behind == 0)

@@ -284,9 +284,15 @@ def apply(database_url: str | None, path: Path, dry_run: bool, prune: bool, as_j
 
     async def go() -> list[applying.Change]:
         async with pgferry.connect(url, pool_size=1) as f, f.pool.acquire() as conn:
-            changes = await applying.plan(conn, desired, prune=prune)
-            await applying.execute(conn, changes, dry_run=dry_run)
-            return changes
+
+            async def once() -> list[applying.Change]:
+                changes = await applying.plan(conn, desired, prune=prune)
+                await applying.execute(conn, changes, dry_run=dry_run)
+                return changes
+
+            # A relay's statement locks consumer rows in another order: the loser of a deadlock
+            # is rolled back whole (the relay's statement tries again too; outside probe).
+            return await db.again_if_rolled_back(once, "apply")
 
     changes = run_coroutine(go(), url=url)
     for change in changes:

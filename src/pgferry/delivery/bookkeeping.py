@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pgferry import sql
+from pgferry import db, sql
 from pgferry.delivery.context import DeliveryContext, Held, InFlight, Outcome
 from pgferry.delivery.counters import RollingCounter
 from pgferry.delivery.http import HttpResult
@@ -136,7 +136,17 @@ class Bookkeeper:
         """Records attempts, parks and buries failures, and moves the cursor over the batch
         (``advance``: from tick, to tick; None for parked retries), in one transaction; ``part``:
         the batch is a part of a range read in parts (its end tick, its last id), kept with the
-        cursor (migration 0023)."""
+        cursor (migration 0023). A transaction rolled back as a deadlock's victim is run again
+        (db.again_if_rolled_back): failing it failed the worker, which sent the batch again."""
+        await db.again_if_rolled_back(lambda: self._record(sub, books, advance, part), f"recording {sub.name}")
+        if books.recorded is not None:
+            books.recorded.set()
+        if books.bury:
+            log.warning("subscription %s: %d event(s) moved to dead letters", sub.name, len(books.bury))
+
+    async def _record(
+        self, sub: Subscription, books: Books, advance: tuple[int, int] | None, part: tuple[int, int] | None
+    ) -> None:
         async with self.ctx.pool.acquire() as conn, conn.transaction():
             if self.epoch is not None:  # still ours? (holds the consumer row against a new owner's claim)
                 await conn.execute(sql.query("fence"), sub.consumer, self.epoch)
@@ -162,10 +172,6 @@ class Bookkeeper:
                 await conn.execute(sql.query("advance_consumer"), sub.consumer, *advance)
                 if part is not None:
                     await conn.execute(sql.query("part_progress"), sub.consumer, advance[1], *part)
-        if books.recorded is not None:
-            books.recorded.set()
-        if books.bury:
-            log.warning("subscription %s: %d event(s) moved to dead letters", sub.name, len(books.bury))
 
 
 #: What a failed probe's attempt says beside its error, in the attempt history.

@@ -16,6 +16,12 @@ statement, once a delivered batch gives its bytes back. A read's step then
 holds what it returned (``Step.held``) until its worker releases it (a worker
 cancelled before it took its answer gives it back in ``Stepper.step``).
 
+A statement PostgreSQL rolls back as a deadlock's victim (an operator's
+transaction locking consumer rows in another order: `pgferry apply`, even
+with --dry-run) or a serialization failure is sent again: it did nothing,
+and failing it failed every worker in it, each starting over and sending its
+delivered batches again (hundreds of duplicates per deadlock; outside probe).
+
 A step the database refuses for one subscription (its cursor moved, another
 relay claimed it, its tick is gone) fails only that worker's call, with
 :class:`StepRefused` and the SQLSTATE ``ferry.webhook_step`` would raise.
@@ -30,7 +36,7 @@ from typing import Any
 
 import asyncpg
 
-from pgferry import sql
+from pgferry import db, sql
 from pgferry.delivery.budget import ReadBudget
 
 #: Steps per statement at most (a statement's arrays grow with it).
@@ -179,31 +185,7 @@ class Stepper:
     async def _send(self, batch: list[Step], max_bytes: int | None, reserved: int = 0) -> None:
         attempts = attempt_runs(batch)
         try:
-            async with self.pool.acquire() as conn:
-                rows = await conn.fetch(
-                    sql.query("webhook_steps"),
-                    [s.subscription for s in batch],
-                    [s.consumer for s in batch],
-                    [s.epoch for s in batch],
-                    [s.ordered for s in batch],
-                    [s.ack[0] if s.ack else None for s in batch],
-                    [s.ack[1] if s.ack else None for s in batch],
-                    [s.peek for s in batch],
-                    [s.peek_after for s in batch],
-                    attempts.reqs,
-                    attempts.event_ids,
-                    attempts.numbers,
-                    attempts.statuses,
-                    attempts.latencies,
-                    self.max_batch_events,
-                    max_bytes,
-                    [s.span for s in batch],
-                    [s.resume[0] if s.resume else None for s in batch],
-                    [s.resume[1] if s.resume else None for s in batch],
-                    [s.ack[3][0] if s.ack and s.ack[3] else None for s in batch],
-                    [s.ack[3][1] if s.ack and s.ack[3] else None for s in batch],
-                    attempts.runs,
-                )
+            rows = await self._statement(batch, attempts, max_bytes)
         except BaseException as exc:
             if self.budget is not None:
                 self.budget.settle(reserved, 0)
@@ -238,6 +220,40 @@ class Stepper:
                 batch[i].held = held
         for i in answered:
             batch[i].result.set_result(results[i])
+
+    async def _statement(self, batch: list[Step], attempts: AttemptRuns, max_bytes: int | None) -> list[asyncpg.Record]:
+        """``ferry.webhook_steps`` for ``batch``; again when rolled back as a deadlock's victim or a
+        serialization failure (module docstring): the acknowledgements it carries stay valid."""
+
+        async def statement() -> list[asyncpg.Record]:
+            async with self.pool.acquire() as conn:
+                rows: list[asyncpg.Record] = await conn.fetch(
+                    sql.query("webhook_steps"),
+                    [s.subscription for s in batch],
+                    [s.consumer for s in batch],
+                    [s.epoch for s in batch],
+                    [s.ordered for s in batch],
+                    [s.ack[0] if s.ack else None for s in batch],
+                    [s.ack[1] if s.ack else None for s in batch],
+                    [s.peek for s in batch],
+                    [s.peek_after for s in batch],
+                    attempts.reqs,
+                    attempts.event_ids,
+                    attempts.numbers,
+                    attempts.statuses,
+                    attempts.latencies,
+                    self.max_batch_events,
+                    max_bytes,
+                    [s.span for s in batch],
+                    [s.resume[0] if s.resume else None for s in batch],
+                    [s.resume[1] if s.resume else None for s in batch],
+                    [s.ack[3][0] if s.ack and s.ack[3] else None for s in batch],
+                    [s.ack[3][1] if s.ack and s.ack[3] else None for s in batch],
+                    attempts.runs,
+                )
+            return rows
+
+        return await db.again_if_rolled_back(statement, f"steps of {len(batch)} subscription(s)")
 
 
 @dataclass
