@@ -1,14 +1,19 @@
 """`pgferry run --processes N` merges its children's /metrics as text: what it serves must parse, with
 prometheus_client's own parser, as exactly the children's samples with a ``process`` label added."""
 
+import asyncio
 import math
 
+import pytest
+from aiohttp import ClientSession, web
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pgferry.ops import web as ops_web
 from pgferry.ops.metrics import RelayMetrics, gather_processes
+from pgferry.relay.surface import SupervisorView, WebSettings
 
 #: label values as the relay can see them: subscription and consumer names hold anything printable
 #: and more ("}", quotes, backslashes, newlines, spaces, non-ASCII)
@@ -82,3 +87,54 @@ def test_a_relays_own_metrics_merge_as_they_parse() -> None:
         metrics.set_relay(slot == "1", {"shared": 2}, {"readers": 1.0})
         texts[slot] = generate_latest(metrics.registry).decode()
     _check(texts)
+
+
+async def test_a_child_that_does_not_answer_in_time_is_served_from_its_last_answer_with_its_age(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Left out, a slow child's series vanished from the scrape: a ticker-count alert fired and
+    counters looked reset (a child rendering ~100K series under load; outside probe)."""
+    slow = False
+
+    async def child_metrics(_: web.Request) -> web.Response:
+        if slow:
+            await asyncio.sleep(1)
+        return web.Response(text="# HELP pgferry_relay_is_ticker x\n# TYPE pgferry_relay_is_ticker gauge\n"
+                                 "pgferry_relay_is_ticker 1.0\n")  # fmt: skip
+
+    app = web.Application()
+    app.router.add_get("/metrics", child_metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    child = f"http://127.0.0.1:{runner.addresses[0][1]}/metrics"
+    monkeypatch.setattr(ops_web, "GATHER_TIMEOUT", 0.3)
+    announced: dict[str, str] = {}
+    supervisor = ops_web.SupervisorWeb(SupervisorView(
+        url="postgresql://unused", web=WebSettings(metrics_port=0), children=lambda: {"0": child},
+        counts=lambda: {"processes": 1, "running": 1, "restarts": 0}, announce=announced.__setitem__,
+    ))  # fmt: skip
+    await supervisor.start()
+    try:
+        async with ClientSession() as session:
+
+            async def scrape() -> dict[tuple[str, str], float]:
+                async with session.get(announced["metrics"]) as response:
+                    text = await response.text()
+                return {(s.name, s.labels.get("process", "")): s.value
+                        for f in text_string_to_metric_families(text) for s in f.samples}  # fmt: skip
+
+            fresh = await scrape()
+            assert fresh[("pgferry_relay_is_ticker", "0")] == 1
+            assert fresh[("pgferry_relay_process_metrics_age_seconds", "0")] == 0
+            slow = True
+            stale = await scrape()
+            assert stale[("pgferry_relay_is_ticker", "0")] == 1  # the last answer stands in
+            assert stale[("pgferry_relay_process_metrics_age_seconds", "0")] > 0.25
+            monkeypatch.setattr(ops_web, "STALE_LIMIT", 0.1)
+            gone = await scrape()
+            assert ("pgferry_relay_is_ticker", "0") not in gone  # too old: left out
+    finally:
+        await supervisor.stop()
+        await runner.cleanup()

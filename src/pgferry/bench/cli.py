@@ -505,16 +505,18 @@ def _run_with_targets(database_url: str | None, run: Callable[[BenchContext], Aw
     type=FiniteFloatRange(0),
     help="Seconds the receiver holds every answer once, 2 s after the first request (a receiver's pause).",
 )
+@click.option("--idle", default=0, show_default=True, type=click.IntRange(0),
+              help="More subscriptions, on streams nothing writes: what idle ones cost the busy ones.")  # fmt: skip
 def fanout(
     database_url: str | None, subscriptions: int, events: int, rate: float, layout: str, timeout: float,
-    processes: int, one_endpoint: bool, stall: float,
+    processes: int, one_endpoint: bool, stall: float, idle: int,
 ) -> None:  # fmt: skip
     """Many subscriptions on one relay, each to its own endpoint (or all to one): exactly once, p99 commit-to-receipt,
     database transactions/s, relay CPU and peak memory (targets: 0 lost, 0 dupes, p99 <= 1 s)."""
     from pgferry.bench.fanout import FanoutSettings, run_fanout_bench
 
     settings = FanoutSettings(subscriptions=subscriptions, events=events, rate=rate, layout=layout, timeout=timeout,
-                              processes=processes, one_endpoint=one_endpoint, stall=stall)  # fmt: skip
+                              processes=processes, one_endpoint=one_endpoint, stall=stall, idle=idle)  # fmt: skip
     _run_with_targets(database_url, lambda ctx: run_fanout_bench(ctx, settings))
 
 

@@ -55,10 +55,19 @@ class FanoutSettings:
     one_endpoint: bool = False
     #: seconds the receiver holds every answer once, 2 s after the first request (0: never)
     stall: float = 0.0
+    #: more subscriptions, each on a stream nothing writes: what idle ones cost the busy ones
+    idle: int = 0
 
     def __post_init__(self) -> None:
-        if self.subscriptions < 1 or self.events < 1 or self.rate <= 0 or self.processes < 1 or self.stall < 0:
-            raise ValueError("subscriptions, events and processes must be >= 1, rate > 0, stall >= 0")
+        if (
+            self.subscriptions < 1
+            or self.events < 1
+            or self.rate <= 0
+            or self.processes < 1
+            or self.stall < 0
+            or self.idle < 0
+        ):
+            raise ValueError("subscriptions, events and processes must be >= 1, rate > 0, stall and idle >= 0")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}")
 
@@ -91,9 +100,11 @@ async def run_fanout_bench(ctx: BenchContext, s: FanoutSettings) -> None:
             ports = ports * s.subscriptions
         async with ctx.connect() as conn:
             await conn.execute(_q("subscribe"), ports, s.layout == "shared")
+            await conn.execute(_q("subscribe_idle"), s.idle)
         where = "one endpoint" if s.one_endpoint else "each its own endpoint"
         stall = f", the receiver stalls {s.stall:g} s once" if s.stall else ""
-        ctx.progress(f"[fanout] {s.subscriptions:,} subscriptions ({where}), {s.events} events at {s.rate:g}/s "
+        idle = f", {s.idle:,} idle ones" if s.idle else ""
+        ctx.progress(f"[fanout] {s.subscriptions:,} subscriptions ({where}){idle}, {s.events} events at {s.rate:g}/s "
                      f"({s.layout}){stall}")  # fmt: skip
         metrics_port = free_port()
         args = ["--processes", str(s.processes), "--metrics-port", str(metrics_port)]
@@ -113,7 +124,7 @@ async def _load(ctx: BenchContext, s: FanoutSettings, receiver: _ReceiverProcess
     try:
         async with ctx.connect() as conn:
             settle = time.monotonic() + 60
-            while int(await conn.fetchval(_q("spread"), s.subscriptions // s.processes)) < s.processes:
+            while int(await conn.fetchval(_q("spread"), (s.subscriptions + s.idle) // s.processes)) < s.processes:
                 if time.monotonic() > settle:
                     raise click.ClickException(f"the relay's {s.processes} processes did not share the subscriptions")
                 await asyncio.sleep(0.5)
@@ -170,6 +181,7 @@ def _pct(values: list[float], q: float) -> float:
 def _report(ctx: BenchContext, s: FanoutSettings, r: dict[str, Any]) -> None:
     where = "all on one endpoint (host:port)" if s.one_endpoint else "each its own endpoint"
     stall = f"; the receiver stalled {s.stall:g} s once" if s.stall else ""
+    stall += f"; {s.idle:,} more subscriptions on streams nothing writes" if s.idle else ""
     click.echo(f"\nFan-out: {s.subscriptions:,} subscriptions, {where}; {s.events} events "
                f"at {s.rate:g}/s, layout {s.layout}; one relay, {s.processes} process(es){stall}")  # fmt: skip
     click.echo(

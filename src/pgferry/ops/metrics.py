@@ -320,13 +320,17 @@ class _Gathered:
         return iter(self.families)
 
 
-def gather_processes(texts: Mapping[str, str], counts: Mapping[str, float]) -> bytes:
+def gather_processes(
+    texts: Mapping[str, str], counts: Mapping[str, float], ages: Mapping[str, float] | None = None
+) -> bytes:
     """The metrics of every process of `pgferry run --processes N` as one exposition.
 
     ``texts``: each running child's /metrics text by slot; every series gets a
     ``process`` label with the slot (counters of a restarted child start over,
     which Prometheus' rate() handles as any restart). ``counts``: the
-    supervisor's own numbers (processes, running, restarts). Aggregate as for
+    supervisor's own numbers (processes, running, restarts). ``ages``: how old each
+    child's text is (0: this scrape's; older: its last answer, standing in for one that
+    did not come in time). Aggregate as for
     several relays: ``sum`` the counters, ``max`` the database gauges.
 
     The children's texts are merged as text, family by family, each sample line
@@ -364,8 +368,15 @@ def gather_processes(texts: Mapping[str, str], counts: Mapping[str, float]) -> b
         "pgferry_relay_process_restarts", "Relay processes the supervisor restarted after they died unasked."
     )
     restarts.add_metric([], counts.get("restarts", 0))
+    age = GaugeMetricFamily(
+        "pgferry_relay_process_metrics_age_seconds",
+        "How old each process's series in this scrape are: 0, or its last answer's age when it did not answer in time.",
+        labels=["process"],
+    )  # fmt: skip
+    for slot, seconds in (ages or {}).items():
+        age.add_metric([slot], seconds)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Gathered([processes, restarts]))
+    registry.register(_Gathered([processes, restarts, age]))
     merged = "".join("\n".join((*header, *samples)) + "\n" for header, samples in families.values())
     return merged.encode() + generate_latest(registry)
 

@@ -7,6 +7,11 @@ select count(*) from (
                            'http://127.0.0.1:' || p || '/fan-' || o)
     from unnest($1::int[]) with ordinality as u(p, o)) s
 
+-- name: subscribe_idle
+-- $1 subscriptions on streams nothing writes (never sent to: the discard port).
+select count(ferry.subscribe('idle-' || n, array['idle.' || n], 'http://127.0.0.1:9/idle'))
+from generate_series(1, $1) n
+
 -- name: publish
 -- Event $1: one on the shared stream ($3), or one on each of the $2 subscriptions' streams.
 select count(*) from ferry.publish_many(
