@@ -121,15 +121,18 @@ async def test_run_explains_unreachable_database_and_missing_schema(pgferry_cmd:
 
 
 async def test_run_without_url_starts_a_throwaway_postgres_and_demo(pgferry_cmd: list[str]) -> None:
+    # Stopped with SIGTERM once checked: with --exit-after 10 a loaded CI machine once ended the
+    # demo before it served its page (2.4 s on a quiet one).
     proc = await asyncio.create_subprocess_exec(
-        *pgferry_cmd, "run", "--exit-after", "10", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        *pgferry_cmd, "run", "--exit-after", "90", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
-    assert proc.stdout is not None
+    assert proc.stdout is not None and proc.stderr is not None
     lines: list[str] = []
-    async with asyncio.timeout(30):
+    async with asyncio.timeout(60):
         while not any("to watch the answers stream in" in line for line in lines):
             line = (await proc.stdout.readline()).decode()
-            assert line, "the demo ended before serving its page"
+            if not line:
+                raise AssertionError(f"the demo ended before serving its page: {(await proc.stderr.read()).decode()}")
             lines.append(line)
     page = lines[-1].split("open ")[1].split()[0]
     stream = lines[-1].split("curl -N ")[1].strip()
@@ -143,6 +146,14 @@ async def test_run_without_url_starts_a_throwaway_postgres_and_demo(pgferry_cmd:
             event = (await r.content.readuntil(b"\n\n")).decode()
             data = orjson.loads(next(line[6:] for line in event.splitlines() if line.startswith("data: ")))
             assert data["payload"]["question"] == "What does pgferry do?", event
+    wanted = ("demo: backfill 1: done", "stream=public.demo_payments", "received:")
+    async with asyncio.timeout(60):  # what the demo shows, before it is stopped
+        while not all(any(w in line for line in lines) for w in wanted):
+            line = (await proc.stdout.readline()).decode()
+            if not line:
+                break
+            lines.append(line)
+    proc.terminate()
     out, err = await proc.communicate()
     assert proc.returncode == 0, err.decode()
     stdout = "".join(lines) + out.decode()

@@ -324,7 +324,7 @@ async def test_commands_without_ferry_relay_say_in_one_line_which_grant_is_missi
         (writer, ("run", "--processes", "2", "--exit-after", "20"), "table config"),
         (writer, ("subscription", "pause", "x"), "table subscriptions"),
         (writer, ("dlq", "list"), "table dead_letters"),
-        (writer, ("tail", "s", "--timeout", "20"), "table stream_scan"),
+        (writer, ("tail", "s", "--timeout", "20"), "table relays"),  # asked first: is a relay running?
         (writer, ("apply", str(plan)), "table subscriptions"),
         (writer, ("token", "list"), "table api_tokens"),
     ]
