@@ -930,3 +930,29 @@ async def test_a_partition_attached_after_capture_short_of_full_identity_is_name
     assert "alter table pt_b replica identity full" in found[0]["problem"]
     await conn.execute("alter table pt_b replica identity full")
     assert await conn.fetch("select * from ferry._wal_identity_problems()") == []
+
+
+async def test_a_type_changed_before_its_value_is_decoded_holds_capture_and_says_to_undo_the_change(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running
+) -> None:
+    """An enum value renamed after a change that is not decoded yet: the value no longer reads
+    back. That holds capture as before, but the message named only a capture's condition, which
+    has nothing to do with it (outside probe)."""
+    await conn.execute("create type mood as enum ('sad', 'ok')")
+    await conn.execute("create table moods (id int primary key, m mood)")
+    await ferry.capture_table("moods", method="wal")
+    await ferry.register_consumer("c", ["public.moods"])
+    async with conn.transaction():
+        await conn.execute("insert into moods values (1, 'sad')")
+        await conn.execute("alter type mood rename value 'sad' to 'blue'")
+
+    async def failing() -> bool:
+        return await conn.fetchval("select error from ferry.wal_slot") is not None
+
+    await eventually(failing, what="the error recorded")
+    error = await conn.fetchval("select error from ferry.wal_slot")
+    assert 'invalid input value for enum mood: "sad"' in error, error
+    assert "an enum value renamed" in error and "undo that type change until capture has passed" in error, error
+    await conn.execute("alter type mood rename value 'blue' to 'sad'")
+    await wal.caught_up(conn)
+    assert [e.payload["record"] for e in await read_all(ferry, conn, "c")] == [{"id": 1, "m": "sad"}]

@@ -63,6 +63,9 @@ NOT_JSON_NUMBERS = frozenset({"NaN", "Infinity", "-Infinity"})
 BOOL = 16
 #: OIDs from here on are the database's own types (domains among them), not built-in ones
 FIRST_USER_OID = 16384
+#: SQLSTATEs of a decoded value the column's type no longer takes: invalid input (an enum value
+#: renamed, a composite type altered), a check or not-null violation (a domain's constraint).
+NO_LONGER_ACCEPTED = frozenset({"22P02", "23514", "23502"})
 #: SQLSTATE classes of failures another attempt may not meet: serialization, resources,
 #: an operator's intervention (a connection's end is db.CONNECTION_ERRORS). The relay's leader
 #: job handles them as any other: it steps down and comes back.
@@ -207,6 +210,10 @@ class WalCapture:
                    f"ferry.captures set condition = '...' where id = {capture.group(1)}")  # fmt: skip
         else:
             fix = "Fix what the error names"
+        if exc.sqlstate in NO_LONGER_ACCEPTED:  # the hint named only the condition (outside probe)
+            fix = ("If a type changed after the change was made (an enum value renamed, a composite type "
+                   "altered, a domain constraint added NOT VALID), its value no longer reads back: undo that "
+                   f"type change until capture has passed this position, then make it again. {fix}")  # fmt: skip
         error = (f"cannot append the changes of {tables} at {_lsn_text(self.lsn)}: {one_line(exc)}. {fix}; WAL "
                  "capture retries and holds every later change until then")  # fmt: skip
         await self.conn.execute(sql.query("wal_failing"), error)
