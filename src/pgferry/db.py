@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 import asyncpg
 import orjson
 
-from pgferry.errors import DatabaseUnreachable
+from pgferry.errors import DatabaseUnreachable, one_line
 
 URL_ENV_VAR = "PGFERRY_DATABASE_URL"
 CONNECT_TIMEOUT_S = 10.0
@@ -307,7 +307,7 @@ async def again_if_rolled_back(action: Callable[[], Awaitable[_T]], what: str) -
         except ROLLED_BACK as exc:
             if tries == ROLLED_BACK_TRIES:
                 raise
-            _log.info("%s rolled back (%s); trying again", what, exc)
+            _log.info("%s rolled back (%s); trying again", what, one_line(exc))
             await asyncio.sleep(random.uniform(0.01, 0.05) * tries)
 
 

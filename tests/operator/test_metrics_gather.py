@@ -135,6 +135,13 @@ async def test_a_child_that_does_not_answer_in_time_is_served_from_its_last_answ
             monkeypatch.setattr(ops_web, "STALE_LIMIT", 0.1)
             gone = await scrape()
             assert ("pgferry_relay_is_ticker", "0") not in gone  # too old: left out
+            # The late answer still counts, for the scrape after it arrives: thrown away, a child
+            # that always took longer than the wait aged out of every scrape (outside probe).
+            await asyncio.sleep(1)
+            monkeypatch.setattr(ops_web, "STALE_LIMIT", 60.0)
+            late = await scrape()
+            assert late[("pgferry_relay_is_ticker", "0")] == 1
+            assert late[("pgferry_relay_process_metrics_age_seconds", "0")] < 1.0
     finally:
         await supervisor.stop()
         await runner.cleanup()
