@@ -156,10 +156,8 @@ begin
                 v_record := ferry._json_record_expression(c.id, 'x.n');
                 v_old := ferry._json_record_expression(c.id, 'x.o');
                 v_from := '';
-                v_filter := case when c.changed_columns is null then 'true'
-                                 else format('x.op <> ''U'' or x.o is null or %s',
-                                             (select string_agg(format('(x.o -> %1$L) is distinct from (x.n -> %1$L)', col), ' or ')
-                                              from unnest(c.changed_columns) col)) end;
+                v_filter := 'true';
+                v_gone := c.changed_columns;  -- no typed rows: changed_columns compared in the decoded ones
             else
                 v_key := ferry._key_expression(c.id, 'r');
                 -- Columns the table no longer has (dropped or renamed since; the change may be
@@ -190,15 +188,16 @@ begin
                 -- table's columns, not this statement's); an UPDATE when its old or new row matches.
                 v_filter := case when c.condition is null then 'true'
                                  else format('(select (%1$s) from (select r.*) s) or (x.op = ''U'' and x.o is not null '
-                                             'and (select (%1$s) from (select od.*) s))', c.condition) end
-                         || case when c.changed_columns is null then ''
-                                 else format(') and (x.op <> ''U'' or x.o is null or %s',
-                                             (select string_agg(case when col = any (v_gone)
-                                                                     then format('(x.o -> %1$L) is distinct from (x.n -> %1$L)', col)
-                                                                     else format('od.%1$I is distinct from r.%1$I', col) end,
-                                                                ' or ')
-                                              from unnest(c.changed_columns) col)) end;
+                                             'and (select (%1$s) from (select od.*) s))', c.condition) end;
             end if;
+            v_filter := v_filter
+                     || case when c.changed_columns is null then ''
+                             else format(') and (x.op <> ''U'' or x.o is null or %s',
+                                         (select string_agg(case when col = any (v_gone)
+                                                                 then format('(x.o -> %1$L) is distinct from (x.n -> %1$L)', col)
+                                                                 else format('od.%1$I is distinct from r.%1$I', col) end,
+                                                            ' or ')
+                                          from unnest(c.changed_columns) col)) end;
             execute format(
                 '/* pgferry capture %3$s */ '  -- names the capture in the context of an error (capture/wal.py)
                 'insert into ferry.events_%1$s (id, part, txid, stream, capture, key, payload, op, old_payload, created_at) '
