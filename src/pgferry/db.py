@@ -295,20 +295,26 @@ _T = TypeVar("_T")
 _log = logging.getLogger(__name__)
 
 
-async def again_if_rolled_back(action: Callable[[], Awaitable[_T]], what: str) -> _T:
+async def again_if_rolled_back(
+    action: Callable[[], Awaitable[_T]],
+    what: str,
+    *,
+    also: tuple[type[asyncpg.PostgresError], ...] = (),
+    tries: int = ROLLED_BACK_TRIES,
+) -> _T:
     """``action()``, again (after a short random pause) while PostgreSQL rolls it back as
-    ROLLED_BACK, up to ROLLED_BACK_TRIES tries. Only for an action that did nothing when it
-    failed: one statement, or one transaction opened inside it."""
-    tries = 0
+    ROLLED_BACK (or ``also``), up to ``tries`` tries; the last one's error is raised. Only for an
+    action that did nothing when it failed: one statement, or one transaction opened inside it."""
+    tried = 0
     while True:
-        tries += 1
+        tried += 1
         try:
             return await action()
-        except ROLLED_BACK as exc:
-            if tries == ROLLED_BACK_TRIES:
+        except (*ROLLED_BACK, *also) as exc:
+            if tried == tries:
                 raise
             _log.info("%s rolled back (%s); trying again", what, one_line(exc))
-            await asyncio.sleep(random.uniform(0.01, 0.05) * tries)
+            await asyncio.sleep(random.uniform(0.01, 0.05) * tried)
 
 
 async def rollback_if_open(conn: asyncpg.Connection) -> None:

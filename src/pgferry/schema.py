@@ -10,7 +10,6 @@ are exactly what the files say, whatever was changed by hand.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 
@@ -133,20 +132,15 @@ async def install_at(url: str, addons: Sequence[str] = ()) -> list[str]:
     another order than a relay's statements (2 of 7 live upgrades deadlocked; outside probe)."""
     conn = await db.connect(url)
     try:
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return await install(conn, addons)
-            except (asyncpg.DeadlockDetectedError, asyncpg.LockNotAvailableError) as exc:
-                if attempt == INSTALL_ATTEMPTS:
-                    raise PgferryError(
-                        f"install rolled back {attempt} times, waiting for locks that running relays or other "
-                        f"sessions hold on ferry's tables ({one_line(exc)}); nothing was changed. Run it again, "
-                        "or stop the relays while it runs"
-                    ) from None
-                log.warning("install rolled back (%s); trying again", one_line(exc))
-                await asyncio.sleep(0.5 * attempt)
+        return await db.again_if_rolled_back(
+            lambda: install(conn, addons), "install", also=(asyncpg.LockNotAvailableError,), tries=INSTALL_ATTEMPTS
+        )
+    except (*db.ROLLED_BACK, asyncpg.LockNotAvailableError) as exc:
+        raise PgferryError(
+            f"install rolled back {INSTALL_ATTEMPTS} times, waiting for locks that running relays or other "
+            f"sessions hold on ferry's tables ({one_line(exc)}); nothing was changed. Run it again, "
+            "or stop the relays while it runs"
+        ) from None
     except asyncpg.InsufficientPrivilegeError as exc:
         raise PgferryError(_install_refused(exc)) from None
     except asyncpg.PostgresError as exc:
