@@ -570,11 +570,7 @@ async def test_a_change_that_cannot_be_appended_holds_capture_says_why_and_goes_
     await conn.execute("insert into risky values (2, 5)")  # division by zero in the condition
     await conn.execute("insert into other values (1)")
 
-    async def failing() -> bool:
-        return await conn.fetchval("select error from ferry.wal_slot") is not None
-
-    await eventually(failing, what="the error recorded")
-    error = await conn.fetchval("select error from ferry.wal_slot")
+    error = await _capture_error(conn)
     assert "cannot append the changes of public.risky" in error and "division by zero" in error, error
     status = await inspect.wal_status(conn)
     assert status is not None and status["error"] == error
@@ -807,11 +803,7 @@ async def test_a_condition_naming_a_dropped_column_holds_capture_and_names_the_c
         await conn.execute("insert into cond values (1, 1)")
         await conn.execute("alter table cond drop column w")
 
-    async def failing() -> bool:
-        return await conn.fetchval("select error from ferry.wal_slot") is not None
-
-    await eventually(failing, what="the error recorded")
-    error = await conn.fetchval("select error from ferry.wal_slot")
+    error = await _capture_error(conn)
     assert 'column "w" does not exist' in error, error
     assert f"update ferry.captures set condition = '...' where id = {capture}" in error, error
     await conn.execute("update ferry.captures set condition = null where id = $1", capture)
@@ -946,13 +938,19 @@ async def test_a_type_changed_before_its_value_is_decoded_holds_capture_and_says
         await conn.execute("insert into moods values (1, 'sad')")
         await conn.execute("alter type mood rename value 'sad' to 'blue'")
 
-    async def failing() -> bool:
-        return await conn.fetchval("select error from ferry.wal_slot") is not None
-
-    await eventually(failing, what="the error recorded")
-    error = await conn.fetchval("select error from ferry.wal_slot")
+    error = await _capture_error(conn)
     assert 'invalid input value for enum mood: "sad"' in error, error
     assert "an enum value renamed" in error and "undo that type change until capture has passed" in error, error
     await conn.execute("alter type mood rename value 'blue' to 'sad'")
     await wal.caught_up(conn)
     assert [e.payload["record"] for e in await read_all(ferry, conn, "c")] == [{"id": 1, "m": "sad"}]
+
+
+async def _capture_error(conn: asyncpg.Connection) -> str:
+    """The error WAL capture records once an append fails (ferry.wal_slot.error)."""
+
+    async def failing() -> bool:
+        return await conn.fetchval("select error from ferry.wal_slot") is not None
+
+    await eventually(failing, what="the error recorded")
+    return str(await conn.fetchval("select error from ferry.wal_slot"))
