@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import socket
 from dataclasses import replace
 from pathlib import Path
@@ -79,6 +80,49 @@ async def test_dashboard_needs_a_token_off_loopback_and_checks_token_host_and_fo
             fresh.get(base, headers={"Authorization": "Bearer let-me-in"}) as r,
         ):
             assert r.status == 200
+    finally:
+        await relay.stop()
+
+
+async def test_the_overview_shows_a_page_of_subscriptions_filtered_and_keeps_it_after_a_button(
+    db_url: str, conn: asyncpg.Connection
+) -> None:
+    await conn.execute(
+        "select ferry.subscribe(format('hook-%s', lpad(g::text, 3, '0')), array['s'], 'http://127.0.0.1:9/x')"
+        " from generate_series(1, 250) g"
+    )
+    await conn.execute("update ferry.subscriptions set state = 'paused' where name in ('hook-007', 'hook-201')")
+    relay = RunningRelay(db_url, replace(FAST, dashboard_port=0))
+
+    def names(text: str) -> list[str]:
+        return re.findall(r'data-subscription="([^"]+)"', text)
+
+    try:
+        base = (await _started(relay)).rstrip("/")
+        async with aiohttp.ClientSession() as session:
+            async with session.get(base + "/") as r:
+                text = await r.text()
+            assert names(text) == [f"hook-{n:03d}" for n in range(1, 101)]
+            assert "250 subscription(s)" in text and "1-100 of 250 shown" in text and "page 1 of 3" in text
+            async with session.get(base + "/?page=3") as r:
+                assert names(await r.text()) == [f"hook-{n:03d}" for n in range(201, 251)]
+            async with session.get(base + "/?q=HOOK-02") as r:  # any case, any part of the name
+                assert names(await r.text()) == [f"hook-{n:03d}" for n in range(20, 30)]
+            async with session.get(base + "/?attention=1") as r:
+                text = await r.text()
+            assert names(text) == ["hook-007", "hook-201"] and "2 need attention" in text
+            async with session.get(base + "/?page=abc") as r:  # a bad page number is the first page
+                assert r.status == 200 and names(await r.text())[0] == "hook-001"
+
+            # A button on page 2 brings the operator back to page 2, with the message.
+            async with session.get(base + "/?page=2") as r:
+                csrf = re.search(r'name="csrf" value="([^"]+)"', await r.text())
+            assert csrf is not None
+            form = {"csrf": csrf[1], "back": "/?page=2&flash=old"}
+            async with session.post(base + "/subscriptions/hook-150/pause", data=form) as r:
+                text = await r.text()
+            assert "hook-150 paused" in text and names(text)[0] == "hook-101"
+            assert await conn.fetchval("select state from ferry.subscriptions where name = 'hook-150'") == "paused"
     finally:
         await relay.stop()
 

@@ -24,7 +24,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 import asyncpg
 from aiohttp import web
@@ -151,7 +151,16 @@ class Dashboard:
             wal = await inspect.wal_status(conn)
         return _html(
             pages.overview_page(
-                self._flash(request), rows, failures, relays, self.samples, self._controls(), active, behind, wal
+                self._flash(request),
+                rows,
+                failures,
+                relays,
+                self.samples,
+                self._controls(),
+                active,
+                behind,
+                wal,
+                pages.Listing.from_query(request.query),
             )
         )
 
@@ -199,7 +208,9 @@ class Dashboard:
             message = str(exc)
         except asyncpg.PostgresError as exc:
             message = f"failed: {exc}"
-        raise web.HTTPSeeOther(back.split("?")[0] + "?" + urlencode({"flash": self._remember(message)}))
+        path, _, query = back.partition("?")
+        kept = [(k, v) for k, v in parse_qsl(query) if k != "flash"]  # the page and filter the button was on
+        raise web.HTTPSeeOther(path + "?" + urlencode([*kept, ("flash", self._remember(message))]))
 
     async def _do(self, name: str, action: str, form: Any) -> str:
         async with self.pool.acquire() as conn:
