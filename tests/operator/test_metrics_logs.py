@@ -15,7 +15,7 @@ import pgferry
 from pgferry.delivery.signing import new_secret
 from pgferry.ops.logs import HumanFormatter, JsonFormatter
 from pgferry.receiver import Respond
-from tests.helpers import FAST, MakeReceiver, RunningRelay, eventually, pgferry_env, scrape, value
+from tests.helpers import FAST, MakeReceiver, RunningRelay, eventually, pgferry_env, scrape, series, value
 
 
 async def test_relay_serves_delivery_tick_and_database_metrics(
@@ -63,13 +63,18 @@ async def test_relay_serves_delivery_tick_and_database_metrics(
         assert value(samples, "pgferry_relay_is_ticker") == 1
         assert value(samples, "pgferry_relay_owned_subscriptions") == 2
 
-        # Paused: the database gauges follow on the next scrape; removed: its series go.
+        # Paused: the database gauges follow on the next scrape; removed: its series go, its counters
+        # and histograms once a second refresh has not seen it either (subscriptions come and go all day).
         await ferry.pause("good")
         await ferry.unsubscribe("bad")
         await asyncio.sleep(1.05)  # database gauges are refreshed at most once a second
         samples = await scrape(url)
         assert value(samples, "pgferry_subscription_active", subscription="good", state="paused") == 0
         assert ("pgferry_subscription_dead", (("subscription", "bad"),)) not in samples
+        await asyncio.sleep(1.05)
+        samples = await scrape(url)
+        assert not [key for key in samples if ("subscription", "bad") in key[1]], "series of a removed subscription"
+        assert value(samples, "pgferry_deliveries_total", subscription="good") == 6
     finally:
         await relay.stop()
 
@@ -87,6 +92,7 @@ async def test_run_logs_json_lines_and_serves_metrics_from_the_command_line(
     await ferry.publish("s", {"n": 1})
     proc = await asyncio.create_subprocess_exec(
         *pgferry_cmd, "run", "--log-format", "json", "--metrics-port", "0", "--exit-after", "4",
+        "--metrics-histograms", "relay",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=pgferry_env(db_url),
@@ -103,6 +109,12 @@ async def test_run_logs_json_lines_and_serves_metrics_from_the_command_line(
             metrics_url = found[1] if found else None
         samples = await scrape(metrics_url)
         assert ("pgferry_relay_is_ticker", ()) in samples
+        for _ in range(20):  # one set of histograms for every subscription, under "(all)"
+            requests = series(await scrape(metrics_url), "pgferry_request_duration_seconds_count")
+            if requests:
+                break
+            await asyncio.sleep(0.1)
+        assert requests == {(("subscription", "(all)"),): 1.0}
         _, rest = await asyncio.wait_for(proc.communicate(), 30)
         lines += rest.decode().splitlines(keepends=True)
     finally:

@@ -130,6 +130,14 @@ def install(database_url: str | None, pg_net: bool) -> None:
 )
 @click.option("--metrics-port", type=PORT, metavar="PORT", help="Serve Prometheus metrics on this port (0: any free).")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address the metrics server binds to.")
+@click.option(
+    "--metrics-histograms",
+    type=click.Choice(["subscription", "relay"]),
+    default="subscription",
+    show_default=True,
+    help="Latency, lag and batch histograms per subscription (~50 series each), or one set for the relay "
+    "(thousands of subscriptions).",
+)
 @click.option("--dashboard-port", type=PORT, metavar="PORT", help="Serve the web dashboard on this port (0: any free).")
 @click.option("--dashboard-host", default="127.0.0.1", show_default=True, help="Address the dashboard binds to.")
 @click.option(
@@ -205,6 +213,7 @@ def run(
     log_format: str,
     metrics_port: int | None,
     metrics_host: str,
+    metrics_histograms: str,
     dashboard_port: int | None,
     dashboard_host: str,
     dashboard_token: str | None,
@@ -250,6 +259,7 @@ def run(
             max_read_bytes=max_read_bytes,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
+            metrics_subscription_histograms=metrics_histograms == "subscription",
             dashboard_port=dashboard_port,
             dashboard_host=dashboard_host,
             dashboard_token=dashboard_token,

@@ -9,6 +9,12 @@ at most once a second, so an idle relay that nobody scrapes does no extra
 work. Every relay reports those database gauges, so aggregate them with
 ``max by (subscription)``; the counters are per relay, so ``sum`` them.
 
+A subscription's histograms are ~50 series (three of 13-18 buckets): at
+2,000 subscriptions ~100,000, which is why ``pgferry run --metrics-histograms
+relay`` keeps one set labelled ``subscription="(all)"`` instead. The series of
+a subscription that is gone from the database in two refreshes in a row are
+removed, so subscriptions created and removed all day do not grow the scrape.
+
 Each relay has its own registry (not prometheus_client's global one), so
 several relays in one process, as in the tests, keep separate numbers.
 """
@@ -17,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -34,6 +40,8 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600, 21600, 86400)
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 DB_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
+#: the subscription label of the histograms shared by every subscription (--metrics-histograms relay)
+ALL_SUBSCRIPTIONS = "(all)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +52,13 @@ class _SubscriptionSeries:
     lag: Histogram
     request_seconds: Histogram
     batch_events: Histogram
+    #: error classes its failures were counted under (to remove them with it)
+    failure_classes: set[str] = field(default_factory=set)
 
 
 class RelayMetrics:
-    def __init__(self) -> None:
+    def __init__(self, *, subscription_histograms: bool = True) -> None:
+        self.subscription_histograms = subscription_histograms
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.deliveries = Counter("pgferry_deliveries", "Events delivered (2xx answer).", ["subscription"], registry=r)
         self.failures = Counter(
@@ -193,20 +204,16 @@ class RelayMetrics:
         )  # fmt: skip
         self._refreshed = 0.0
         #: each subscription's series of observe_outcomes, looked up once: labels() per round was a
-        #: third of its cost with 1,000 subscriptions (a lock and a dict of tuples each); never pruned,
-        #: as the families' own children are not
+        #: third of its cost with 1,000 subscriptions (a lock and a dict of tuples each)
         self._per_subscription: dict[str, _SubscriptionSeries] = {}
+        #: subscriptions with series here that the last status refresh did not list
+        self._missing: set[str] = set()
 
     # -- fed by the relay ----------------------------------------------------
 
     def observe_outcomes(self, subscription: str, outcomes: Sequence[Outcome], from_batch: bool) -> None:
         """Count one round of a subscription's deliveries (a log batch or a retry round)."""
-        series = self._per_subscription.get(subscription)
-        if series is None:
-            series = self._per_subscription[subscription] = _SubscriptionSeries(
-                self.deliveries.labels(subscription), self.delivery_lag.labels(subscription),
-                self.request_seconds.labels(subscription), self.batch_events.labels(subscription),
-            )  # fmt: skip
+        series = self._series(subscription)
         now = time.time()
         delivered = 0
         failed: dict[str, int] = {}
@@ -226,13 +233,40 @@ class RelayMetrics:
             series.deliveries.inc(delivered)
         for cls, n in failed.items():
             self.failures.labels(subscription, cls).inc(n)
+            series.failure_classes.add(cls)
         for latency_ms in requests.values():
             series.request_seconds.observe(latency_ms / 1000)
         if from_batch and outcomes:
             series.batch_events.observe(len(outcomes))
 
     def observe_withdrawn(self, subscription: str, requests: int) -> None:
+        self._series(subscription)  # so that the counter goes with the subscription's other series
         self.withdrawn.labels(subscription).inc(requests)
+
+    def _series(self, subscription: str) -> _SubscriptionSeries:
+        series = self._per_subscription.get(subscription)
+        if series is None:
+            shared = ALL_SUBSCRIPTIONS if not self.subscription_histograms else subscription
+            series = self._per_subscription[subscription] = _SubscriptionSeries(
+                self.deliveries.labels(subscription), self.delivery_lag.labels(shared),
+                self.request_seconds.labels(shared), self.batch_events.labels(shared),
+            )  # fmt: skip
+        return series
+
+    def _forget_gone(self, listed: set[str]) -> None:
+        """Remove the series of subscriptions the database no longer has: missing from this refresh
+        and the one before (one miss may be a subscription created after its status was read)."""
+        missing = set(self._per_subscription) - listed
+        for name in missing & self._missing:
+            series = self._per_subscription.pop(name)
+            for family in (self.deliveries, self.withdrawn):
+                family.remove(name)
+            for cls in series.failure_classes:
+                self.failures.remove(name, cls)
+            if self.subscription_histograms:
+                for histogram in (self.delivery_lag, self.request_seconds, self.batch_events):
+                    histogram.remove(name)
+        self._missing = missing - self._missing
 
     def observe_tick(self, seconds: float, ticked: bool) -> None:
         self.db_roundtrip.labels("tick").observe(seconds)
@@ -259,6 +293,7 @@ class RelayMetrics:
             self.parked.labels(name).set(row["parked"] or 0)
             self.dead.labels(name).set(row["dead"] or 0)
             self.active.labels(name, row["state"]).set(1 if row["state"] == "active" else 0)
+        self._forget_gone({row["name"] for row in rows})
         self._refreshed = time.monotonic()
 
     def set_retention(self, rows: Sequence[dict[str, Any]]) -> None:

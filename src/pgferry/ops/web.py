@@ -90,7 +90,12 @@ class OperatorWeb(_Servers):
         super().__init__()
         self.relay = relay
         # Metrics hooks cost a little per event, so they are wired only when served.
-        self.metrics = RelayMetrics() if relay.web.metrics_port is not None else None
+        web = relay.web
+        self.metrics = (
+            RelayMetrics(subscription_histograms=web.metrics_subscription_histograms)
+            if web.metrics_port is not None
+            else None
+        )
         self.hooks = RelayHooks()
         if self.metrics is not None:
             self.hooks = RelayHooks(

@@ -73,6 +73,8 @@ class RelaySettings:
     #: Prometheus metrics at http://metrics_host:metrics_port/metrics (None: off; 0: any free port)
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    #: histograms per subscription (False: one set for the relay; ~50 series each, see ops/metrics.py)
+    metrics_subscription_histograms: bool = True
     #: the web dashboard (None: off; 0: any free port); a token is required off loopback
     dashboard_port: int | None = None
     dashboard_host: str = "127.0.0.1"
@@ -124,6 +126,7 @@ class RelaySettings:
         return WebSettings(
             metrics_port=self.metrics_port,
             metrics_host=self.metrics_host,
+            metrics_subscription_histograms=self.metrics_subscription_histograms,
             dashboard_port=self.dashboard_port,
             dashboard_host=self.dashboard_host,
             dashboard_token=self.dashboard_token,

@@ -50,6 +50,8 @@ class WebSettings:
     #: Prometheus metrics at http://metrics_host:metrics_port/metrics (None: off; 0: any free port)
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    #: histograms per subscription (False: one set for the relay)
+    metrics_subscription_histograms: bool = True
     #: the web dashboard (None: off; 0: any free port); a token is required off loopback
     dashboard_port: int | None = None
     dashboard_host: str = "127.0.0.1"
