@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import secrets
 from collections import defaultdict
 
 import asyncpg
@@ -194,6 +195,37 @@ async def test_dead_letters_after_max_attempts_then_replay(
     assert await conn.fetchval("select ferry.dlq_replay('dies')") == 1
     await all_delivered(receiver, {event_id})
     assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
+
+
+async def test_events_with_keys_too_long_for_a_btree_are_parked_retried_and_buried_once(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    """A btree entry holds at most 2,704 bytes: parking an event with a longer key failed, and the
+    worker sent its batch again for good (outside probe). Ordered, so that a key's later events
+    wait behind its parked one."""
+
+    def failing(received: Received) -> Action:
+        return Respond(500, b"no") if orjson.loads(received.body)["fail"] else Respond()
+
+    receiver, url = await receiver_factory(failing)
+    await conn.execute(
+        f"select ferry.subscribe('long-keys', array['s'], $1, max_attempts => 3, ordered => true, {FAST_RETRY})", url
+    )
+    first, second = secrets.token_urlsafe(2400), secrets.token_urlsafe(75_000)  # incompressible
+    plan = [(first, False), (first, True), (first, False), (second, True), (second, False)]
+    ids = await ferry.publish_many([{"stream": "s", "key": k, "payload": {"fail": f}} for k, f in plan])
+    good = {i for i, (_, fail) in zip(ids, plan, strict=True) if not fail}
+
+    async def buried() -> bool:
+        return bool(await conn.fetchval("select count(*) from ferry.dead_letters") == 2)
+
+    await eventually(buried, what="two dead letters")
+    await all_delivered(receiver, good)
+    await asyncio.sleep(0.3)
+    sent = [int(r.headers["webhook-id"].removeprefix("evt_")) for r in receiver.received]
+    assert sorted(i for i in sent if i in good) == sorted(good), "each good event once"
+    letters = await conn.fetch("select event_id, attempts, last_status from ferry.dead_letters order by event_id")
+    assert [tuple(r) for r in letters] == [(ids[1], 3, 500), (ids[3], 3, 500)]
 
 
 async def test_batches_of_events_per_request(
