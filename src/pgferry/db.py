@@ -266,8 +266,36 @@ DELIVERY_SETTINGS: Mapping[str, str] = {
 }
 
 
+#: The sessions pgferry runs its services on (the relay's, the streams API's, the dashboard's,
+#: ``tail``'s: those that name themselves ``pgferry ...``) run PostgreSQL's functions, never a
+#: user's:
+#: - ``search_path``: with ``public`` on the path, a role that may create functions there (every
+#:   role, before PostgreSQL 15) made ``public.format(text, text, text)``, which matches a call
+#:   better than ``pg_catalog.format(text, variadic "any")``; the relay ran it as its own role and
+#:   it read every subscription's signing secret (outside probe). A database's search_path with a
+#:   schema before pg_catalog stopped ticks and rewrote captured payloads the same way.
+#: - ``default_transaction_isolation``: a database set to ``serializable`` made the ticker and WAL
+#:   capture fail serialization ~30 times a minute and step down each time (outside probe); their
+#:   statements are written for read committed.
+SERVICE_SETTINGS: Mapping[str, str] = {
+    "search_path": "pg_catalog, pg_temp",
+    "default_transaction_isolation": "read committed",
+}
+
+
+#: What to do where a session cannot write (``writable_here``; SQLSTATE 25006), by why.
+READ_ONLY_FIX: Mapping[str, str] = {
+    "standby": "this server is a standby (in recovery), where nothing can be written: point pgferry at the primary",
+    "read_only": "sessions here are read-only (default_transaction_read_only is on for this role or database), "
+    "and pgferry writes: `alter role ... set default_transaction_read_only = off`, or use another role",
+}
+
+
 def _session_settings(server_settings: Mapping[str, str] | None) -> dict[str, str]:
-    return {**SESSION_DEFAULTS, **(server_settings or {})}
+    settings = {**SESSION_DEFAULTS, **(server_settings or {})}
+    if settings.get("application_name", "").startswith("pgferry "):
+        settings = {**SERVICE_SETTINGS, **settings}
+    return settings
 
 
 async def connect(url: str, *, server_settings: Mapping[str, str] | None = None, **kwargs: Any) -> asyncpg.Connection:

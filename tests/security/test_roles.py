@@ -13,8 +13,10 @@ import logging
 import os
 import subprocess
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
+import aiohttp
 import asyncpg
 import pytest
 
@@ -22,7 +24,7 @@ import pgferry
 from pgferry import api_tokens
 from pgferry.api_tokens import TokenStore
 from pgferry.receiver import Respond
-from tests.helpers import MakeReceiver, RunningRelay, cli, eventually
+from tests.helpers import FAST, MakeReceiver, RunningRelay, cli, eventually
 
 _n = itertools.count()
 
@@ -54,6 +56,27 @@ async def writer(net_db: str, admin: asyncpg.Connection) -> AsyncIterator[asyncp
     conn = await asyncpg.connect(as_role(net_db, name))
     yield conn
     await conn.close()
+
+
+async def test_a_writer_cannot_shut_net_http_off_for_every_session(
+    admin: asyncpg.Connection, writer: asyncpg.Connection
+) -> None:
+    """Two ways a writer broke every session's net.http_* calls (outside probe): closing the
+    stream, and queueing rows under request ids not drawn yet."""
+    with pytest.raises(asyncpg.PostgresError, match=r"net\.http.* cannot be closed"):
+        await writer.fetchval("select ferry.close_stream('net.http')")
+    with pytest.raises(asyncpg.PostgresError, match="currval of sequence"):  # nothing drawn yet in this session
+        await writer.execute("select net._queue_request(1, 'GET', 'http://x', null, null, 1000)")
+    await writer.execute("select ferry.publish('mine', '{}')")
+    upcoming = await admin.fetchval("select last_value + 1 from ferry.event_id_seq")
+    with pytest.raises(asyncpg.PostgresError, match=r"queues only the request net\._enqueue has just published"):
+        await writer.execute(
+            "select net._queue_request(g, 'GET', 'http://x', null, null, 1000) from generate_series($1, $1 + 5) g",
+            upcoming,
+        )
+    for _ in range(3):
+        assert await writer.fetchval("select net.http_get('http://127.0.0.1:9/y')") >= upcoming
+    assert await admin.fetchval("select count(*) from net.http_request_queue") == 3
 
 
 async def test_writer_publishes_captures_and_uses_the_net_api(
@@ -258,6 +281,67 @@ async def test_publish_ignores_a_hostile_search_path(net_db: str, admin: asyncpg
             await writer.fetchval("select ferry.publish('s', '{}')")
     finally:
         await writer.close()
+
+
+#: Overloads a writer may plant in public (any role may create there before PostgreSQL 15): each
+#: matches a call better than pg_catalog's variadic function, notes who ran it, and does its job.
+PLANTED = [
+    ("format", "f text, a text", "pg_catalog.format(f, a)", "text"),
+    ("format", "f text, a text, b text", "pg_catalog.format(f, a, b)", "text"),
+    ("format", "f text, a integer", "pg_catalog.format(f, a)", "text"),
+    ("format", "f text, a bigint", "pg_catalog.format(f, a)", "text"),
+    ("jsonb_build_object", "a text, b text", "pg_catalog.jsonb_build_object(a, b)", "jsonb"),
+    ("concat", "a text, b text", "pg_catalog.concat(a, b)", "text"),
+]
+
+
+async def test_the_relay_never_runs_functions_a_writer_planted_in_public(
+    net_db: str, admin: asyncpg.Connection, writer: asyncpg.Connection, receiver_factory: MakeReceiver
+) -> None:
+    """The relay's sessions search pg_catalog only: with public on their path, a writer's
+    public.format(text, text, text) ran as the relay's role and read every signing secret (outside probe)."""
+    writer_role = await writer.fetchval("select current_user")
+    await admin.execute(f"grant create on schema public to {writer_role}")
+    await writer.execute(
+        "create table public.planted_calls (role text, app text); grant insert on planted_calls to public"
+    )
+    for name, params, body, returns in PLANTED:
+        await writer.execute(
+            f"create function public.{name}({params}) returns {returns} language sql volatile as $$"
+            f" insert into public.planted_calls values (current_user, current_setting('application_name'));"
+            f" select {body} $$; grant execute on function public.{name}({params}) to public"
+        )
+    await admin.execute("select format('%s', 'x'::text)")  # the control: a session with public on its path
+    assert await admin.fetchval("select count(*) from planted_calls where role = 'postgres'") == 1
+    await admin.execute("truncate planted_calls")
+
+    relay_role = await login_role(admin, "ferry_relay")
+    good, good_url = await receiver_factory()
+    _, bad_url = await receiver_factory(lambda _: Respond(500, b"no"))
+    await admin.execute("select ferry.subscribe('good', array['public.orders', 'billing'], $1, secret => $2)",
+                        good_url, "whsec_" + "A" * 32)  # fmt: skip
+    await admin.execute("select ferry.subscribe('bad', array['billing'], $1, max_attempts => 2, retry_base_ms => 10)",
+                        bad_url)  # fmt: skip
+    await admin.execute("update ferry.config set rotation_interval = '0', idle_tick_interval = '100 ms'")
+    relay = RunningRelay(as_role(net_db, relay_role), replace(FAST, dashboard_port=0, metrics_port=0))
+    try:
+        await writer.execute("insert into orders select g, g from generate_series(1, 5) g")
+        await writer.execute("update orders set total = total + 1")
+        await writer.execute("select ferry.publish('billing', '{\"n\": 1}')")
+
+        async def done() -> bool:
+            dead = await admin.fetchval("select count(*) from ferry.dead_letters where subscription = 'bad'")
+            return len(good.received) == 11 and dead == 1
+
+        await eventually(done, timeout=20, what="deliveries and a dead letter")
+        async with aiohttp.ClientSession() as session:  # the dashboard's and the metrics' sessions too
+            for what in ("dashboard", "metrics"):
+                async with session.get(relay.relay.addresses[what]) as r:
+                    assert r.status == 200
+    finally:
+        await relay.stop()
+    ran = await admin.fetch("select distinct role, app from planted_calls where app like 'pgferry %'")
+    assert [tuple(r) for r in ran] == []
 
 
 async def test_relay_runs_with_only_ferry_relay(

@@ -6,7 +6,8 @@
 -- API's `end` event), and records the stream in ferry.closed_streams so that
 -- later publishes to it fail (55000). Closing a closed stream returns its
 -- end marker's id again. A stream a captured table writes cannot be closed
--- (its triggers would go on writing to it).
+-- (its triggers would go on writing to it), nor 'net.http' (pg_net's
+-- requests, every session's).
 -- Returns the end marker's event id (its offset is the end of the stream).
 --
 -- Calls:   ferry._check_stream, ferry._current_partition
@@ -33,6 +34,10 @@ begin
     select c.end_event into v_end from ferry.closed_streams c where c.stream = close_stream.stream;
     if found then
         return v_end;
+    end if;
+    if close_stream.stream = 'net.http' then  -- a writer closed it, and every net.http_* call failed (outside probe)
+        raise exception 'pgferry: stream ''net.http'' carries the net.http_* requests of every session and cannot be closed'
+            using errcode = '55000';
     end if;
     if exists (select 1 from ferry.captures c where c.stream = close_stream.stream and c.uncaptured_at is null) then
         raise exception 'pgferry: stream % is written by a captured table and cannot be closed', quote_literal(stream)
