@@ -1,12 +1,15 @@
 import asyncio
+import os
 import re
 
 import asyncpg
 import pytest
 
 from pgferry import db, schema, sql
+from pgferry.embedded import EmbeddedPostgres
 from pgferry.errors import PgferryError, SchemaMissing
 from pgferry.schema import check_installed, install
+from tests.helpers import cli
 
 
 async def test_install_is_idempotent(empty_db_url: str) -> None:
@@ -94,3 +97,30 @@ async def test_an_install_that_waits_too_long_for_a_lock_tries_again_then_says_s
         assert await install == []  # the lock gone, a later try succeeds
     finally:
         await holder.close()
+
+
+async def test_install_refuses_a_database_that_is_not_utf8(pg: EmbeddedPostgres) -> None:
+    """A SQL_ASCII database stores bytes that are not UTF-8, and one such captured row stopped every
+    subscription reading it, for good; LATIN1 failed install on a character (outside probe)."""
+    name = f"ascii_{os.getpid()}"
+    admin = await asyncpg.connect(pg.url)
+    try:
+        await admin.execute(
+            f"create database {name} encoding 'SQL_ASCII' lc_collate 'C' lc_ctype 'C' template template0"
+        )
+        with pytest.raises(PgferryError, match="encoding is SQL_ASCII, and pgferry needs UTF8"):
+            await schema.install_at(pg.url.rsplit("/", 1)[0] + "/" + name)
+    finally:
+        await admin.execute(f"drop database if exists {name} with (force)")
+        await admin.close()
+
+
+async def test_a_relay_on_read_only_sessions_stops_at_once_saying_why(pgferry_cmd: list[str], db_url: str) -> None:
+    """A standby or a role whose sessions default to read-only: the relay connected, then looped on
+    errors for good (outside probe). The URL's setting stands in for the role's."""
+    read_only = db_url + ("&" if "?" in db_url else "?") + "default_transaction_read_only=on"
+    done = await cli(pgferry_cmd, read_only, "run", "--exit-after", "10")
+    assert done.returncode == 1, done.stderr
+    assert "sessions here are read-only" in done.stderr and "Traceback" not in done.stderr
+    status = await cli(pgferry_cmd, read_only, "subscription", "pause", "nothing-here")
+    assert status.returncode == 1 and "Traceback" not in status.stderr

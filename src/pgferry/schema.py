@@ -43,6 +43,7 @@ async def install(conn: asyncpg.Connection, addons: Sequence[str] = ()) -> list[
     unknown = sorted(set(addons) - set(sql.ADDONS))
     if unknown:
         raise PgferryError(f"unknown add-on(s) {', '.join(unknown)}; available: {', '.join(sql.ADDONS)}")
+    await _require_utf8(conn)
     applied_now: list[str] = []
     async with conn.transaction():
         await conn.execute(sql.query("install_lock"), LOCK_CLASS, INSTALL_LOCK)
@@ -56,6 +57,18 @@ async def install(conn: asyncpg.Connection, addons: Sequence[str] = ()) -> list[
             applied_now += await _install_addon(conn, addon)
             await _define_functions(conn, addon)
     return applied_now
+
+
+async def _require_utf8(conn: asyncpg.Connection) -> None:
+    """Events are JSON, which is Unicode: in a LATIN1 database install failed on a character of a
+    function's comment, and in a SQL_ASCII one (which stores any bytes) a captured row with one
+    byte that is not UTF-8 stopped every subscription reading it, for good (outside probe)."""
+    encoding = await conn.fetchval(sql.query("database_encoding"))
+    if encoding != "UTF8":
+        raise PgferryError(
+            f"this database's encoding is {encoding}, and pgferry needs UTF8 (events are JSON text): install it "
+            "into a database created with ENCODING 'UTF8' (createdb --encoding UTF8 --template template0 ...)"
+        )
 
 
 async def _refuse_old_relays(conn: asyncpg.Connection) -> None:

@@ -71,7 +71,10 @@ def run_coroutine(coro: Coroutine[Any, Any, Any], *, relay: bool = False, url: s
     except asyncpg.InsufficientPrivilegeError as exc:
         raise click.ClickException(permission_denied(exc, url)) from None
     except asyncpg.PostgresError as exc:  # the database's own words, not a traceback (outside probe)
-        raise click.ClickException(f"{redact_secrets(one_line(exc))} (SQLSTATE {exc.sqlstate})") from None
+        said = f"{redact_secrets(one_line(exc))} (SQLSTATE {exc.sqlstate})"
+        if exc.sqlstate == "25006" or "recovery is in progress" in str(exc):  # a standby, or read-only sessions
+            said += f": {db.READ_ONLY_FIX['standby']}; or, if it is not a standby, {db.READ_ONLY_FIX['read_only']}"
+        raise click.ClickException(said) from None
 
 
 def permission_denied(exc: asyncpg.InsufficientPrivilegeError, url: str | None) -> str:

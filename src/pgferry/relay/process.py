@@ -25,7 +25,7 @@ from pgferry.delivery.budget import DEFAULT_MAX_READ_BYTES, MIN_READ_BOUND
 from pgferry.delivery.context import DEFAULT_MAX_BATCH_BYTES, PIPELINE_DEPTH, DeliveryContext
 from pgferry.delivery.fasthttp import MAX_IDLE, FastSender, tls_context
 from pgferry.delivery.in_flight import RelayInFlight
-from pgferry.errors import DatabaseUnreachable
+from pgferry.errors import DatabaseUnreachable, PgferryError
 from pgferry.limits import FD_RESERVE, raise_open_files
 from pgferry.log.ticker import Ticker, TickerSettings
 from pgferry.relay.leader import TICKER_LOCK, WAL_CAPTURE_LOCK, lead
@@ -200,6 +200,7 @@ class Relay:
         try:
             version = await check_installed(conn)
             config = await conn.fetchrow(sql.query("relay_config"))
+            not_writable = await conn.fetchval(sql.query("writable_here"))
         except (TimeoutError, *db.CONNECTION_ERRORS) as exc:  # e.g. the server shutting down meanwhile
             raise DatabaseUnreachable(
                 f"lost the connection to {db.redact(self.url)} while checking its schema: {db.describe(exc)}"
@@ -207,6 +208,8 @@ class Relay:
         finally:
             with contextlib.suppress(*db.CONNECTION_ERRORS):
                 await conn.close()
+        if not_writable is not None:  # it connected, then looped on errors forever (outside probe)
+            raise PgferryError(f"{db.redact(self.url)}: {db.READ_ONLY_FIX[not_writable]}")
         log.info("connected to %s (schema version %d)", db.redact(self.url), version)
         assert config is not None
         return config

@@ -52,6 +52,15 @@ select to_regclass('ferry.schema_migrations') is not null
 -- name: schema_version
 select max(version) from ferry.schema_migrations
 
+-- name: database_encoding
+select pg_encoding_to_char(encoding) from pg_database where datname = current_database()
+
+-- name: writable_here
+-- Why this session cannot write (a standby; a role or database whose sessions default to
+-- read-only), or NULL.
+select case when pg_is_in_recovery() then 'standby'
+            when current_setting('transaction_read_only') = 'on' then 'read_only' end
+
 -- name: relays_present
 -- The relays connected now (their ownership sessions hold the shared presence lock, $1/$2),
 -- with the host and pid each last reported in ferry.relays when its heartbeat is recent.
