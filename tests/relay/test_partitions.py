@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 
@@ -17,7 +18,7 @@ import pgferry
 from pgferry import sql
 from pgferry.delivery.model import consumer_name
 from pgferry.receiver import Received, Receiver, Respond, Slow
-from tests.helpers import RelayProcess, RunningRelay, eventually
+from tests.helpers import MakeReceiver, RelayProcess, RunningRelay, eventually
 
 KEYS = 24
 
@@ -226,6 +227,47 @@ async def test_a_relay_joining_leaves_no_partition_owned_by_nobody(
     finally:
         for relay in relays:
             relay.stop()
+
+
+async def test_a_subscription_handed_to_a_joining_relay_finishes_its_slow_requests_first(
+    db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    """A hand-over waited stop_grace (2 s here), then cancelled what was in flight, and the next
+    owner sent it again: a receiver answering in 15 s under timeout_ms 30000 got every event of a
+    moved subscription twice (outside probe). Now it waits for the requests' own timeout."""
+    arrived: list[str] = []
+
+    def slow(received: Received) -> Slow:
+        arrived.append(received.headers["webhook-id"])
+        return Slow(4.0)
+
+    _, url = await receiver_factory(slow)
+    for name in ("a", "b"):
+        await ferry.subscribe(name, [name], url, timeout_ms=5000)
+    first = RunningRelay(db_url)
+    second: RunningRelay | None = None
+    try:
+        await eventually(lambda: _owned_by(conn, 1), what="one relay delivering both")
+        ids = [await ferry.publish(name, {"n": 1}) for name in ("a", "b")]
+        sent = time.monotonic()
+        await eventually(lambda: _true(len(arrived) == 2), what="both requests in flight")
+        second = RunningRelay(db_url)  # the first hands one subscription over while its request waits
+        await eventually(lambda: _owned_by(conn, 2), timeout=20, what="each relay delivering one")
+        await asyncio.sleep(8 - (time.monotonic() - sent))  # past the requests' timeout: any re-send is done
+        assert sorted(arrived) == sorted(f"evt_{i}" for i in ids), "each event sent once"
+    finally:
+        await first.stop()
+        if second is not None:
+            await second.stop()
+
+
+async def _owned_by(conn: asyncpg.Connection, relays: int) -> bool:
+    owned = await units(conn)
+    return len(owned) == relays and sorted(u for us in owned.values() for u in us) == ["a", "b"]
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 async def test_a_hot_subscriptions_partitions_spread_over_relays_even_at_their_fair_share(

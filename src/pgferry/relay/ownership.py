@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 #: Seconds a relay leaves alone a partition it handed over to spread its subscription (so that
 #: the relay with room takes it, not this one again in its next round).
 HANDED_OVER_HOLD = 10.0
+#: a handed-over worker's wait beyond its requests' timeout: recording their answers
+HAND_OVER_MARGIN = 1.0
 
 
 @dataclass
@@ -82,9 +84,15 @@ class Ownership:
         self.url = url
         # The ownership connection holds every subscription lock of this relay: it
         # must neither wait forever on a silent network nor outlive us on the server.
-        self.connect_kwargs = (liveness or db.Liveness()).connect_kwargs("pgferry relay", holds_locks=True)
+        live = liveness or db.Liveness()
+        self.connect_kwargs = live.connect_kwargs("pgferry relay", holds_locks=True)
         self.ctx = ctx
         self.settings = settings or OwnershipSettings()
+        #: the longest a hand-over to a relay with room may wait for a worker's requests in flight: the
+        #: ownership connection is silent meanwhile, and PostgreSQL ends it after session_timeout
+        self._hand_over_cap = max(
+            self.settings.stop_grace, live.session_timeout - live.command_timeout - self.settings.claim_interval - 1
+        )
         self.relay_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.started_at = time.monotonic()
         self.owned: dict[str, _Owned] = {}
@@ -250,7 +258,7 @@ class Ownership:
                 self._spread.update(dict.fromkeys(extras, now))
         if extras:
             log.info("delivery: handing %d subscription(s) to other relays (fair share %d)", len(extras), share)
-            await asyncio.gather(*(self._stop_worker(n, self.owned[n], True) for n in extras))
+            await asyncio.gather(*(self._stop_worker(n, self.owned[n], True, self._hand_over_grace(n)) for n in extras))
             for name in extras:
                 owned = self.owned.pop(name)
                 await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, owned.lock_key)
@@ -323,15 +331,24 @@ class Ownership:
         await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, owned.lock_key)
         log.info("delivery: released subscription %s", name)
 
-    async def _stop_worker(self, name: str, owned: _Owned, graceful: bool) -> None:
+    def _hand_over_grace(self, name: str) -> float:
+        """How long a subscription handed to another relay may take to finish: its requests in flight
+        may take their timeout, and one cancelled was sent again by the next owner, answered or not
+        (outside probe: a receiver answering in 15 s under timeout_ms 30000 got every event of the
+        moved subscription twice). Stopping the relay keeps stop_grace, which its supervisor counts on."""
+        timeout = self.owned[name].worker.sub.timeout_ms / 1000
+        return min(self._hand_over_cap, max(self.settings.stop_grace, timeout + HAND_OVER_MARGIN))
+
+    async def _stop_worker(self, name: str, owned: _Owned, graceful: bool, grace: float | None = None) -> None:
         owned.worker.stop()
+        wait = grace if grace is not None else self.settings.stop_grace
         if graceful and not owned.task.done():
             # Its own failure is reported below (a worker that failed with a statement's timeout
             # read as "did not finish": the real error was hidden).
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(owned.task), self.settings.stop_grace)
+                await asyncio.wait_for(asyncio.shield(owned.task), wait)
             if not owned.task.done():
-                log.warning("delivery: %s did not finish within %.0f s; cancelling", name, self.settings.stop_grace)
+                log.warning("delivery: %s did not finish within %.0f s; cancelling", name, wait)
         owned.task.cancel()
         (result,) = await asyncio.gather(owned.task, return_exceptions=True)
         if isinstance(result, (TimeoutError, asyncpg.PostgresError, *CONNECTION_ERRORS)):
