@@ -35,6 +35,7 @@ from pgferry.db import CONNECTION_ERRORS, describe
 from pgferry.errors import PgferryError
 from pgferry.ops import inspect, pages
 from pgferry.ops.pages import Sample
+from pgferry.ops.serving import BODY_TIMEOUT
 from pgferry.relay.surface import is_loopback
 
 log = logging.getLogger(__name__)
@@ -121,15 +122,24 @@ class Dashboard:
                 response.set_cookie(COOKIE, self.token, httponly=True, samesite="Strict")
                 return response
             return web.Response(status=401, content_type="text/html", text=pages.token_page())
-        if request.method == "POST":
-            form = await request.post()
-            if not hmac.compare_digest(str(form.get("csrf", "")), self.csrf):
-                return web.Response(status=403, text="stale or missing form token; reload the page")
+        if request.method == "POST" and (refused := await self._check_form(request)) is not None:
+            return refused
         try:
             return await handler(request)
         except CONNECTION_ERRORS as exc:  # the database is down: was a bare 500 and a traceback (outside review)
             log.debug("dashboard: %s %s: database unreachable: %s", request.method, request.path, describe(exc))
             return _html(pages.unavailable_page(describe(exc)), status=503)
+
+    async def _check_form(self, request: web.Request) -> web.Response | None:
+        """None when a POST's form came in time with this process's CSRF token, else the answer."""
+        try:
+            async with asyncio.timeout(BODY_TIMEOUT):  # a form promised and never sent held on for good
+                form = await request.post()
+        except TimeoutError:
+            return web.Response(status=408, text=f"the form did not arrive within {BODY_TIMEOUT:g} s")
+        if not hmac.compare_digest(str(form.get("csrf", "")), self.csrf):
+            return web.Response(status=403, text="stale or missing form token; reload the page")
+        return None
 
     def _authorized(self, request: web.Request) -> bool:
         assert self.token is not None

@@ -29,6 +29,7 @@ from pgferry.db import CONNECTION_ERRORS
 from pgferry.errors import PgferryError
 from pgferry.ops import inspect
 from pgferry.ops.metrics import RelayMetrics, gather_processes
+from pgferry.ops.serving import GuardedRunner
 from pgferry.relay.surface import RelayHooks, RelayView, SupervisorView
 
 if TYPE_CHECKING:
@@ -47,6 +48,11 @@ SCRAPE_TIMEOUT = 50.0
 #: child rendering ~100K series under load did in 4 of 6 scrapes (outside probe, 2,100
 #: subscriptions); pgferry_relay_process_metrics_age_seconds says how old they are.
 STALE_LIMIT = 60.0
+#: connections the dashboard and the metrics server each hold at most (a browser opens ~6 to a
+#: site, a scraper one or two): idle ones from anyone who reaches the port took all the relay's
+#: open files, and a webhook was not delivered (outside probe)
+DASHBOARD_CONNECTIONS = 32
+METRICS_CONNECTIONS = 16
 
 
 class _Servers:
@@ -54,7 +60,7 @@ class _Servers:
     and the pool it reads through, started and stopped the same way."""
 
     def __init__(self) -> None:
-        self.runners: list[web.AppRunner] = []
+        self.runners: list[GuardedRunner] = []
         self.pool: asyncpg.Pool | None = None
         self.dashboard: Dashboard | None = None
 
@@ -66,7 +72,7 @@ class _Servers:
         assert self.pool is not None
         dashboard = Dashboard(self.pool, host=host, token=token)
         self.dashboard = dashboard
-        url = await _serve(self.runners, dashboard.app(), host, port)
+        url = await _serve(self.runners, dashboard.app(), host, port, "dashboard", DASHBOARD_CONNECTIONS)
         dashboard.start_sampling()
         log.info("dashboard: serving at %s/%s", url, " (token required)" if token else "")
         return url + "/"
@@ -117,7 +123,7 @@ class OperatorWeb(_Servers):
         if s.metrics_port is not None:
             app = web.Application()
             app.router.add_get("/metrics", self._metrics)
-            url = await _serve(self.runners, app, s.metrics_host, s.metrics_port)
+            url = await _serve(self.runners, app, s.metrics_host, s.metrics_port, "metrics", METRICS_CONNECTIONS)
             self.relay.announce("metrics", url + "/metrics")
             log.info("metrics: serving Prometheus metrics at %s/metrics", url)
         if s.dashboard_port is not None:
@@ -152,8 +158,9 @@ class OperatorWeb(_Servers):
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-async def _serve(runners: list[web.AppRunner], app: web.Application, host: str, port: int) -> str:
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+async def _serve(runners: list[GuardedRunner], app: web.Application, host: str, port: int, name: str,
+                 max_connections: int) -> str:  # fmt: skip
+    runner = GuardedRunner(app, name=name, max_connections=max_connections)
     await runner.setup()
     runners.append(runner)
     site = web.TCPSite(runner, host, port, reuse_address=True)
@@ -190,7 +197,7 @@ class SupervisorWeb(_Servers):
             self.session = ClientSession(timeout=ClientTimeout(total=SCRAPE_TIMEOUT))
             app = web.Application()
             app.router.add_get("/metrics", self._metrics)
-            url = await _serve(self.runners, app, s.metrics_host, s.metrics_port)
+            url = await _serve(self.runners, app, s.metrics_host, s.metrics_port, "metrics", METRICS_CONNECTIONS)
             self.supervisor.announce("metrics", url + "/metrics")
             log.info("metrics: serving the metrics of every relay process at %s/metrics", url)
         if s.dashboard_port is not None:

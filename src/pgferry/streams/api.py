@@ -53,6 +53,7 @@ from pgferry import db, sql
 from pgferry.api_tokens import Decision, TokenStore, bearer_from_header
 from pgferry.errors import PgferryError, TokenStoreUnavailable
 from pgferry.limits import FD_RESERVE, raise_open_files
+from pgferry.ops.serving import BODY_TIMEOUT, GuardedRunner
 from pgferry.relay.surface import is_loopback
 from pgferry.streams import history
 from pgferry.streams.history import History, Pace, resume_point
@@ -93,6 +94,11 @@ MAX_BODY = 1 << 20
 WRITE_PIECE = 64 * 1024
 #: The kernel send buffer of an SSE connection (the kernel doubles it).
 SSE_SEND_BUFFER = 128 * 1024
+#: Connections the API holds beyond max_clients readers, whatever they are doing: publishes,
+#: requests whose head has not come yet, a reader being told 503. Idle connections that sent
+#: nothing were never counted, and took all the relay's open files (outside probe); this many of
+#: FD_RESERVE may go to them.
+SPARE_CONNECTIONS = 64
 
 
 class Authorizer(Protocol):
@@ -298,7 +304,10 @@ class StreamsApi:
     async def publish(self, request: web.Request) -> web.Response:
         stream, _ = await self._admit(request, "write", sse=False)
         try:
-            raw = await request.read()
+            async with asyncio.timeout(BODY_TIMEOUT):  # one that promised a body and sent none held on for good
+                raw = await request.read()
+        except TimeoutError:
+            raise _error(408, f"the body did not arrive within {BODY_TIMEOUT:g} s") from None
         except (HttpProcessingError, RequestPayloadError) as exc:  # e.g. a Content-Encoding that does not decode
             raise _error(400, f"the body cannot be read: {' '.join(str(exc).split())}") from None
         try:
@@ -663,7 +672,8 @@ def _error(
     if challenge:
         headers = {**(headers or {}), "WWW-Authenticate": challenge}
     classes: dict[int, type[web.HTTPException]] = {
-        400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 403: web.HTTPForbidden, 409: web.HTTPConflict,
+        400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 403: web.HTTPForbidden, 408: web.HTTPRequestTimeout,
+        409: web.HTTPConflict,
         410: web.HTTPGone, 503: web.HTTPServiceUnavailable,
     }  # fmt: skip
     return classes[status](text=text, content_type="application/json", headers=headers)
@@ -733,9 +743,10 @@ async def serve(api: StreamsApi, stop: asyncio.Event, announce: Callable[[str], 
     """Run the API, and the hub it reads from, until ``stop``."""
     api.settings = fit_open_files(api.settings)
     await api.open()
-    runner = web.AppRunner(
-        api.app, access_log=None, handle_signals=False, handler_cancellation=True, shutdown_timeout=5.0
-    )
+    runner = GuardedRunner(
+        api.app, name="streams API", max_connections=api.settings.max_clients + SPARE_CONNECTIONS,
+        idle_timeout=api.settings.idle_timeout, handler_cancellation=True, shutdown_timeout=5.0,
+    )  # fmt: skip
     hub = asyncio.create_task(api.hub.run(stop))
     try:
         await runner.setup()

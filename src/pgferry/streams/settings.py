@@ -31,6 +31,9 @@ class ApiSettings:
     stall_timeout: float = 30.0
     #: seconds between keep-alive comments on an idle SSE response
     heartbeat: float = 15.0
+    #: seconds a connection may go without a whole request head, from its start or its last
+    #: response (a reader being served is not timed by it: it has heartbeats and stall_timeout)
+    idle_timeout: float = 15.0
     #: readers at once (SSE and long-polls); more get 503 and retry
     max_clients: int = DEFAULT_MAX_CLIENTS
     #: events of the whole log read per history range, at most
@@ -47,8 +50,10 @@ class ApiSettings:
             raise PgferryError(
                 "streams API: client_buffer, max_clients, range_events and history_connections must be at least 1"
             )
-        if self.heartbeat <= 0 or self.stall_timeout <= 0:
-            raise PgferryError("streams API: heartbeat and stall_timeout must be positive numbers of seconds")
+        if self.heartbeat <= 0 or self.stall_timeout <= 0 or self.idle_timeout <= 0:
+            raise PgferryError(
+                "streams API: heartbeat, stall_timeout and idle_timeout must be positive numbers of seconds"
+            )
         if not 0 <= self.port <= 65535:
             raise PgferryError(f"streams API: port {self.port} is not a TCP port (0-65535)")
         for origin in self.cors_origins:
