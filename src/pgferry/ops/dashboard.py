@@ -45,6 +45,10 @@ LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+#: the largest event id (ferry.events.id is a bigint)
+MAX_EVENT_ID = 2**63 - 1
+NOT_AN_EVENT_ID = f"an event id is a number from 0 to {MAX_EVENT_ID}"
+
 
 class Dashboard:
     def __init__(
@@ -187,18 +191,19 @@ class Dashboard:
         return _html(page)
 
     async def find_event(self, request: web.Request) -> web.StreamResponse:
-        event_id = request.query.get("id", "").strip().lstrip("#")
-        if not event_id.isdigit():
-            raise web.HTTPSeeOther("/?" + urlencode({"flash": self._remember("an event id is a number")}))
+        event_id = _event_id(request.query.get("id", "").strip().lstrip("#"))
+        if event_id is None:
+            raise web.HTTPSeeOther("/?" + urlencode({"flash": self._remember(NOT_AN_EVENT_ID)}))
         raise web.HTTPSeeOther(f"/events/{event_id}")
 
     async def event(self, request: web.Request) -> web.Response:
         raw = request.match_info["id"]
-        if not raw.isdigit():
-            raise web.HTTPNotFound(text="an event id is a number")
+        event_id = _event_id(raw)
+        if event_id is None:
+            raise web.HTTPNotFound(text=NOT_AN_EVENT_ID)
         try:
             async with self.pool.acquire() as conn:
-                result = await inspect.trace(conn, int(raw))
+                result = await inspect.trace(conn, event_id)
         except PgferryError as exc:
             return _html(pages.event_missing_page(raw, str(exc)), status=404)
         return _html(pages.event_page(raw, result.event, result.in_log, result.subscriptions, result.attempts))
@@ -247,7 +252,9 @@ class Dashboard:
         raise web.HTTPNotFound(text=f"unknown action {action}")
 
     def _start_replay(self, name: str, since_text: str, from_text: str) -> str:
-        from_event = int(from_text) if from_text.strip().isdigit() else None
+        from_event = _event_id(from_text.strip()) if from_text.strip() else None
+        if from_text.strip() and from_event is None:  # was a replay since 1 h, or a 500 for "²"
+            raise PgferryError(f"cannot replay from event {from_text.strip()!r}: {NOT_AN_EVENT_ID}")
         since = None
         if from_event is None:
             try:
@@ -289,6 +296,15 @@ class Dashboard:
 
     def _controls(self) -> pages.Controls:
         return pages.Controls(csrf=self.csrf, replays=self.replays)
+
+
+def _event_id(text: str) -> int | None:
+    """``text`` as an event id, or None: ASCII digits only ("²".isdigit() is true, and int() of it
+    failed with a 500) and within bigint (a longer number was a 500 from asyncpg's OverflowError)."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if value <= MAX_EVENT_ID else None
 
 
 def _html(text: str, status: int = 200) -> web.Response:
