@@ -20,6 +20,9 @@ from pgferry import db
 from tests.helpers import StartApi, eventually
 from tests.streams.sse import SseEvent, sse_events
 
+#: what a publish or close without a token says it sends (``--api-allow-loopback`` requires it)
+JSON = {"Content-Type": "application/json"}
+
 
 async def read_sse(session: aiohttp.ClientSession, url: str, n: int | None = None, timeout: float = 10,
                    **kwargs: Any) -> list[SseEvent]:  # fmt: skip
@@ -197,11 +200,11 @@ async def test_publish_over_http_one_event_or_many_in_one_transaction(
             b'{"payload": 1, "headers": {"n": 5}}': "headers must be an object of strings",
         }
         for body, message in bad.items():
-            async with session.post(url, data=body) as r:
+            async with session.post(url, data=body, headers=JSON) as r:
                 assert r.status == 400 and message in (await r.json())["error"], (body, await r.text())
         async with session.post(url, json={"payload": 1, "headers": {"pgferry-control": "end"}}) as r:
             assert r.status == 400 and "reserved" in (await r.json())["error"]
-        async with session.post(f"{url}/close") as r:
+        async with session.post(f"{url}/close", headers=JSON) as r:
             assert r.status == 200 and (await r.json())["end"] > one
         async with session.post(url, json={"payload": 1}) as r:
             assert r.status == 409 and "closed" in (await r.json())["error"]
@@ -264,7 +267,7 @@ async def test_bad_requests_get_clear_errors_and_the_relay_keeps_serving(
             assert r.status == 400 and "1-200 characters" in (await r.json())["error"]
         async with session.delete(base + "/events") as r:  # aiohttp's own answers are JSON too
             assert r.status == 405 and "error" in await r.json() and "GET" in r.headers["Allow"]
-        async with session.post(base, data=b"x" * (2 << 20)) as r:
+        async with session.post(base, data=b"x" * (2 << 20), headers=JSON) as r:
             assert r.status == 413 and "exceeded" in (await r.json())["error"]
         for name in ("%FF", "a%ED%A0%80", "%C2%85"):  # not UTF-8 (kept as the text "%FF" before), a C1 control
             async with session.get(yarl.URL(f"{api.base}/v1/streams/{name}/events", encoded=True)) as r:
@@ -305,7 +308,7 @@ async def test_deeply_nested_events_are_served_and_published_like_any_other(
     await conn.execute("select ferry.publish('deep', $1::jsonb)", deep)
     base = f"{api.base}/v1/streams/deep"
     async with aiohttp.ClientSession() as session:
-        async with session.post(base, data=f'{{"payload": {deep}, "headers": {{"x": "y"}}}}') as r:
+        async with session.post(base, data=f'{{"payload": {deep}, "headers": {{"x": "y"}}}}', headers=JSON) as r:
             assert r.status == 201, await r.text()
         await ferry.publish("deep", {"a": 3})
         await conn.execute("select ferry.close_stream('deep')")
@@ -320,7 +323,7 @@ async def test_deeply_nested_events_are_served_and_published_like_any_other(
             assert body.count(deep) == 2 and body.endswith('"closed":true}')
         # A body its Content-Encoding does not decode: 400, not 500.
         async with session.post(base.replace("deep", "other"), data=b'{"payload": 1}',
-                                headers={"Content-Encoding": "gzip"}) as r:  # fmt: skip
+                                headers={**JSON, "Content-Encoding": "gzip"}) as r:  # fmt: skip
             assert r.status == 400 and "cannot be read" in (await r.json())["error"]
 
 
@@ -396,7 +399,7 @@ async def test_a_client_that_falls_behind_reads_on_from_the_log_and_one_that_sta
     async with aiohttp.ClientSession() as session:
         # One client never reads at all: its connection is cut once a write waits stall_timeout.
         _, stalled = await asyncio.open_connection(host, int(port))
-        stalled.write(b"GET /v1/streams/flood HTTP/1.1\r\nHost: x\r\n\r\n")
+        stalled.write(b"GET /v1/streams/flood HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         # One reads, but more than client_buffer events come at once: it reads on from the log.
         slow = asyncio.create_task(read_sse(session, f"{api.base}/v1/streams/slow", n=20))
         # One follows another stream and is served all along.
@@ -520,7 +523,7 @@ async def test_a_client_reading_history_slowly_but_steadily_is_not_cut_off(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65_536)
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
-    await asyncio.get_running_loop().sock_sendall(sock, b"GET /v1/streams/long HTTP/1.1\r\nHost: x\r\n\r\n")
+    await asyncio.get_running_loop().sock_sendall(sock, b"GET /v1/streams/long HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     received = bytearray()
     while True:  # until the relay closes the connection: after the end, or cutting it off
         await asyncio.sleep(0.02)  # a few MB/s: what the kernel's buffers do not take of 6 MB of history

@@ -35,13 +35,12 @@ from pgferry.db import CONNECTION_ERRORS, describe
 from pgferry.errors import PgferryError
 from pgferry.ops import inspect, pages
 from pgferry.ops.pages import Sample
-from pgferry.ops.serving import BODY_TIMEOUT
+from pgferry.ops.serving import BODY_TIMEOUT, LOOPBACK_NAMES
 from pgferry.relay.surface import is_loopback
 
 log = logging.getLogger(__name__)
 
 COOKIE = "pgferry_dashboard"
-LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -29,6 +29,9 @@ from aiohttp.web_protocol import RequestHandler
 
 log = logging.getLogger(__name__)
 
+#: the Host names a server bound to loopback answers to: a page of another name that reaches it
+#: (DNS rebinding) is refused
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 #: seconds a connection may go without a whole request head, from its start or its last response
 IDLE_TIMEOUT = 15.0
 #: seconds a request's body may take to arrive, once its head has (a POST that promised a body and

@@ -53,7 +53,7 @@ from pgferry import db, sql
 from pgferry.api_tokens import Decision, TokenStore, bearer_from_header
 from pgferry.errors import PgferryError, TokenStoreUnavailable
 from pgferry.limits import FD_RESERVE, raise_open_files
-from pgferry.ops.serving import BODY_TIMEOUT, GuardedRunner
+from pgferry.ops.serving import BODY_TIMEOUT, LOOPBACK_NAMES, GuardedRunner
 from pgferry.relay.surface import is_loopback
 from pgferry.streams import history
 from pgferry.streams.history import History, Pace, resume_point
@@ -385,7 +385,10 @@ class StreamsApi:
             raise _error(400, "a stream name is UTF-8, percent-encoded in the path (%FF is not UTF-8)") from None
         if _BAD_ESCAPE.search(segment):  # kept as text too: %ZZ named the stream "%ZZ"
             raise _error(400, "a '%' in the path starts an escape of two hex digits (a '%' itself is %25)")
-        if not (self.settings.allow_loopback and is_loopback(request.remote or "")):
+        if self._loopback_grant(request):
+            if action == "write":
+                self._check_cross_site(request)
+        else:
             assert self.authorizer is not None
             try:
                 decision = await self.authorizer.authorize(_bearer(request), stream, action)
@@ -399,6 +402,29 @@ class StreamsApi:
             return stream, Offset.parse(raw) if raw else None
         except BadOffset as exc:
             raise _error(400, str(exc)) from None
+
+    def _loopback_grant(self, request: web.Request) -> bool:
+        """Whether a request needs no token: --api-allow-loopback, from a loopback address, to a
+        loopback host name. Any page a browser on the host loads can reach loopback, and through
+        DNS rebinding under its own name: without the Host check such a page read every stream
+        (outside probe); with it, it is asked for a token like anyone else."""
+        return (
+            self.settings.allow_loopback
+            and is_loopback(request.remote or "")
+            and (request.url.host or "") in LOOPBACK_NAMES
+        )
+
+    def _check_cross_site(self, request: web.Request) -> None:
+        """A write let in without a token must be one no other site can make a browser send: its
+        body declared JSON (which a cross-site page can send only after a CORS preflight, that this
+        API answers only for the listed origins), and no Origin but a listed one. A page anywhere
+        published (Content-Type: text/plain, parsed as JSON all the same) and closed streams."""
+        if request.content_type != "application/json":
+            raise _error(415, "a request without a token publishes or closes with Content-Type: application/json")
+        origin = request.headers.get("Origin")
+        origins = self.settings.cors_origins
+        if origin is not None and not ("*" in origins or origin in origins):
+            raise _error(403, f"origin {origin!r} may not write here; list it with --api-cors-origin")
 
     async def _cors(self, request: web.Request, response: web.StreamResponse) -> None:
         """CORS headers for the listed origins, on every response (errors too, so a page can read
@@ -475,7 +501,7 @@ class StreamsApi:
         """Why an open stream's token no longer lets it read (revoked, or its patterns changed),
         or None. The tokens are reloaded every few seconds (``TokenStore``), so this costs a
         lookup; while they cannot be reloaded the stream goes on (nothing new is read then)."""
-        if self.settings.allow_loopback and is_loopback(request.remote or ""):
+        if self._loopback_grant(request):
             return None
         assert self.authorizer is not None
         try:
@@ -673,8 +699,7 @@ def _error(
         headers = {**(headers or {}), "WWW-Authenticate": challenge}
     classes: dict[int, type[web.HTTPException]] = {
         400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 403: web.HTTPForbidden, 408: web.HTTPRequestTimeout,
-        409: web.HTTPConflict,
-        410: web.HTTPGone, 503: web.HTTPServiceUnavailable,
+        409: web.HTTPConflict, 410: web.HTTPGone, 415: web.HTTPUnsupportedMediaType, 503: web.HTTPServiceUnavailable,
     }  # fmt: skip
     return classes[status](text=text, content_type="application/json", headers=headers)
 
