@@ -75,6 +75,7 @@ class Dashboard:
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._guard])
+        app.on_response_prepare.append(_security_headers)
         app.router.add_get("/", self.overview)
         app.router.add_get("/subscriptions/{name}", self.subscription)
         app.router.add_post("/subscriptions/{name}/{action}", self.act)
@@ -307,9 +308,12 @@ def _event_id(text: str) -> int | None:
 
 
 def _html(text: str, status: int = 200) -> web.Response:
-    return web.Response(
-        text=text,
-        status=status,
-        content_type="text/html",
-        headers={"Cache-Control": "no-store", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer"},
-    )
+    return web.Response(text=text, status=status, content_type="text/html", headers={"Cache-Control": "no-store"})
+
+
+async def _security_headers(_: web.Request, response: web.StreamResponse) -> None:
+    """On every answer, errors and the token page too (that page had no X-Frame-Options)."""
+    response.headers["Content-Security-Policy"] = pages.CSP
+    response.headers["X-Frame-Options"] = "DENY"
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "no-referrer"

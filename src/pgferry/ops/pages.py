@@ -8,6 +8,8 @@ anything. Buttons post the dashboard's per-process CSRF token (``Controls``).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -57,6 +59,17 @@ async function refresh() {
 }
 setTimeout(refresh, 3000);
 """
+
+#: The Content-Security-Policy of every dashboard answer: its one script by hash, its inline
+#: styles, fetches and forms to itself only, nothing else loaded, never framed. Receivers' text is
+#: escaped; this keeps any markup that slipped through inert (no page sent a policy before, and
+#: the token page was not even kept out of frames; outside probe).
+CSP = (
+    "default-src 'none'; "
+    f"script-src 'sha256-{base64.b64encode(hashlib.sha256(REFRESH_JS.encode()).digest()).decode()}'; "
+    "style-src 'unsafe-inline'; img-src 'self'; connect-src 'self'; form-action 'self'; base-uri 'none'; "
+    "frame-ancestors 'none'"
+)
 
 
 @dataclass(frozen=True, slots=True)
