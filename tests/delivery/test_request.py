@@ -85,3 +85,14 @@ def test_an_event_s_writer_overrides_none_of_the_subscription_s_headers_nor_the_
     headers = build(sub, [mine], Signer(()), max_body_bytes=1 << 20).headers
     assert headers["authorization"] == "Bearer receiver-secret" and headers["content-type"] == "application/json"
     assert "connection" not in headers and "keep-alive" not in headers and headers["x-trace"] == "t1"
+
+
+def test_an_event_s_writer_sets_neither_how_the_body_is_decoded_nor_who_sends_it() -> None:
+    """An event's `Content-Encoding: gzip` went to the receiver with pgferry's plain JSON body (it
+    would gunzip it, or refuse it), and its `User-Agent` replaced pgferry's (outside probe)."""
+    forged = {"Content-Encoding": "gzip", "content-range": "bytes 0-1/2", "User-Agent": "curl/8", "X-Trace": "t1"}
+    mine = OutEvent(1, "s", "k", '{"n": 1}', json.dumps(forged), NOW)
+    headers = build(SUB, [mine], Signer(()), max_body_bytes=1 << 20).headers
+    assert not {"content-encoding", "content-range", "user-agent"} & set(headers), headers
+    assert headers["x-trace"] == "t1" and headers["content-type"] == "application/json"
+    assert orjson.loads(build(SUB, [mine], Signer(()), max_body_bytes=1 << 20).body) == {"n": 1}  # as it is

@@ -42,8 +42,11 @@ RESERVED = frozenset({"webhook-id", "webhook-timestamp", "webhook-signature", "c
 
 #: Headers an event's writer may not set on a webhook request, beside RESERVED and the
 #: subscription's own (which win: a writer's `Authorization` replaced the subscription's, and a
-#: writer may only append; outside probe): the body's type, and the connection's (hop-by-hop).
-WRITERS_MAY_NOT_SET = frozenset({"content-type", "connection", "keep-alive", "te", "trailer", "upgrade", "expect",
+#: writer may only append; outside probe): the body's type and how it is decoded (a writer's
+#: `Content-Encoding: gzip` made a receiver gunzip pgferry's JSON, or refuse it), the sender's name
+#: (`User-Agent` is pgferry's, which receivers may let in by), and the connection's (hop-by-hop).
+WRITERS_MAY_NOT_SET = frozenset({"content-type", "content-encoding", "content-range", "user-agent",
+                                 "connection", "keep-alive", "te", "trailer", "upgrade", "expect",
                                  "proxy-authorization", "proxy-connection"})  # fmt: skip
 
 
