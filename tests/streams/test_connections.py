@@ -1,4 +1,4 @@
-"""Connections that send nothing are bounded in time and in number (``ops/serving.py``): 650 of
+"""Connections that send nothing are bounded in time and in number (``serving.py``): 650 of
 them took a relay under ``ulimit -n 600`` to its limit, a webhook was not delivered and the
 dashboard and metrics stopped answering (outside probe). Real sockets against a real relay."""
 
@@ -97,7 +97,7 @@ async def test_connections_beyond_the_cap_are_refused_with_503_and_a_log_line(
 ) -> None:
     api = await start_api(allow_loopback=True, max_clients=2)
     cap = 2 + SPARE_CONNECTIONS
-    caplog.set_level(logging.WARNING, logger="pgferry.ops.serving")
+    caplog.set_level(logging.WARNING, logger="pgferry.serving")
     with _sockets() as opened:
         for _ in range(cap):
             opened.append(_connect(api.base))

@@ -35,8 +35,8 @@ from pgferry.db import CONNECTION_ERRORS, describe
 from pgferry.errors import PgferryError
 from pgferry.ops import inspect, pages
 from pgferry.ops.pages import Sample
-from pgferry.ops.serving import BODY_TIMEOUT, LOOPBACK_NAMES
 from pgferry.relay.surface import is_loopback
+from pgferry.serving import BODY_TIMEOUT, LOOPBACK_NAMES
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from pgferry.db import CONNECTION_ERRORS
 from pgferry.errors import PgferryError
 from pgferry.ops import inspect
 from pgferry.ops.metrics import RelayMetrics, gather_processes
-from pgferry.ops.serving import GuardedRunner
 from pgferry.relay.surface import RelayHooks, RelayView, SupervisorView
+from pgferry.serving import GuardedRunner
 
 if TYPE_CHECKING:
     from pgferry.ops.dashboard import Dashboard

@@ -53,8 +53,8 @@ from pgferry import db, sql
 from pgferry.api_tokens import Decision, TokenStore, bearer_from_header
 from pgferry.errors import PgferryError, TokenStoreUnavailable
 from pgferry.limits import FD_RESERVE, raise_open_files
-from pgferry.ops.serving import BODY_TIMEOUT, LOOPBACK_NAMES, GuardedRunner
 from pgferry.relay.surface import is_loopback
+from pgferry.serving import BODY_TIMEOUT, LOOPBACK_NAMES, GuardedRunner
 from pgferry.streams import history
 from pgferry.streams.history import History, Pace, resume_point
 from pgferry.streams.hub import Follower, StreamHub
