@@ -1,6 +1,7 @@
 """ferry.backfill and ferry.backfill_chunk in SQL: READ events, chunks, keys, targets, bad input."""
 
 import asyncio
+import os
 
 import asyncpg
 import pytest
@@ -185,6 +186,70 @@ async def test_a_table_uncaptured_midway_fails_the_backfill_with_the_reason(
     backfill = await _one_chunk_in(conn)
     await conn.execute("select ferry.uncapture_table('t')")
     assert await _run(conn, backfill) == "failed: table public.t is no longer captured (SQLSTATE 55000)"
+
+
+async def test_a_backfill_whose_subscription_was_removed_midway_says_so(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """It said the table was now captured into another stream (outside probe)."""
+    await ferry.subscribe("gone", ["public.t"], "http://127.0.0.1:9/")
+    await conn.execute("create table t (id int primary key)")
+    await conn.execute("insert into t select generate_series(1, 10)")
+    await conn.execute("select ferry.capture_table('t')")
+    backfill = await conn.fetchval("select ferry.backfill('t', subscription => 'gone', chunk_size => 3)")
+    await conn.fetch("select * from ferry.backfill_chunk($1)", backfill)
+    await ferry.unsubscribe("gone")
+    assert await _run(conn, backfill) == (
+        "failed: the backfill's target webhook:gone is gone (its subscription or consumer was removed) (SQLSTATE 55000)"
+    )
+
+
+async def test_rows_hidden_by_row_level_security_are_refused_not_skipped(conn: asyncpg.Connection) -> None:
+    """Capture sees every row; a backfill under a policy read 0 of 3,000 rows and said done (outside probe)."""
+    owner = f"rls_owner_{os.getpid()}"
+    await conn.execute(f"create role {owner}")
+    await conn.execute("create table t (id int primary key, tenant text)")
+    await conn.execute("insert into t select g, 'a' from generate_series(1, 10) g")
+    await conn.execute("select ferry.capture_table('t')")
+    await conn.execute(f"alter table t owner to {owner}; grant usage on schema ferry to {owner}")
+    await conn.execute("alter table t enable row level security")
+    await conn.execute("create policy only_b on t using (tenant = 'b')")
+    backfill = await conn.fetchval("select ferry.backfill('t', chunk_size => 3)")  # a superuser sees every row
+    await conn.execute("alter table t force row level security")
+    await conn.execute(f"grant all on all tables in schema ferry to {owner}; grant all on all sequences in schema "
+                       f"ferry to {owner}; set role {owner}")  # fmt: skip
+    try:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security hides rows of t"):
+            await conn.fetchval("select ferry.backfill('t')")
+        assert await _run(conn, backfill) == (
+            f"failed: row-level security hides rows of public.t from role {owner}, so a backfill would miss them; "
+            "run it as the table's owner (without FORCE ROW LEVEL SECURITY) or a role with BYPASSRLS (SQLSTATE 42501)"
+        )
+    finally:
+        await conn.execute("reset role")
+
+
+async def test_a_chunk_waits_at_most_a_second_for_a_locked_row_and_keeps_the_backfill_running(
+    conn: asyncpg.Connection, db_url: str
+) -> None:
+    """Waiting on one row, a chunk held its share locks on every row before it: an idle transaction
+    made writers of other rows of the chunk wait as long (outside probe: 23 s)."""
+    await conn.execute("create table t (id int primary key, v int)")
+    await conn.execute("insert into t select g, 0 from generate_series(1, 10) g")
+    await conn.execute("select ferry.capture_table('t')")
+    backfill = await conn.fetchval("select ferry.backfill('t', chunk_size => 10)")
+    holder = await db.connect(db_url)
+    try:
+        await holder.execute("begin; update t set v = 1 where id = 7")
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(asyncpg.LockNotAvailableError):
+            await conn.fetch("select * from ferry.backfill_chunk($1)", backfill)
+        assert asyncio.get_running_loop().time() - started < 5
+        assert await conn.fetchval("select state from ferry.backfills where id = $1", backfill) == "running"
+        await holder.execute("rollback")
+        assert await _run(conn, backfill) == "done"
+    finally:
+        await holder.close()
 
 
 async def test_a_backfill_for_every_reader_fails_when_its_table_is_captured_into_another_stream_midway(

@@ -17,7 +17,7 @@
 -- Calls:   ferry._backfill_condition
 -- Reads:   ferry.captures, ferry.consumers, ferry.subscriptions, pg_index, the planner's estimate of tbl's rows
 -- Writes:  ferry.backfills
--- Raises:  22023, 42501 (no SELECT, or no UPDATE on any column: FOR SHARE needs it), 42704, 42P10, 55000, and the SQLSTATE of an invalid condition (42601, 42703, 42804, ...)
+-- Raises:  22023, 42501 (no SELECT, or no UPDATE on any column: FOR SHARE needs it; rows hidden by row-level security), 42704, 42P10, 55000, and the SQLSTATE of an invalid condition (42601, 42703, 42804, ...)
 -- Runs as: the caller (SECURITY INVOKER): the condition runs with the caller's rights
 -- Callers: PUBLIC (the default); the caller must be able to read tbl
 
@@ -46,6 +46,14 @@ begin
     if not exists (select 1 from pg_index i where i.indrelid = tbl and i.indisprimary) then
         raise exception 'pgferry: table % has no primary key; a backfill reads it in primary-key order', tbl
             using errcode = '42P10', hint = 'Add a primary key to the table.';
+    end if;
+    -- Capture sees every row (transition tables and the WAL know no policies); a backfill sees what
+    -- the policies show its role: it read 0 of 3,000 rows and said done (outside probe).
+    if row_security_active(tbl) then
+        raise exception 'pgferry: row-level security hides rows of % from role %, so a backfill would miss them', tbl,
+                        current_user
+            using errcode = '42501',
+                  hint = 'Run it as the table''s owner (without FORCE ROW LEVEL SECURITY) or as a role with BYPASSRLS.';
     end if;
     -- A chunk reads its rows FOR SHARE (migration 0013), which PostgreSQL allows only with UPDATE
     -- on a column of the table as well: without it every chunk failed with "permission denied".

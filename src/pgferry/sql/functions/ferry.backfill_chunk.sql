@@ -41,7 +41,8 @@
 -- Calls:   ferry._backfill_key_literal, ferry._current_partition, ferry._key_expression, ferry._record_expression
 -- Reads:   ferry.backfills, ferry.captures, pg_index, pg_attribute, the backfilled table
 -- Writes:  ferry.backfills, ferry.events_0..2
--- Raises:  42704, 42501 (a condition written by another role), and transient errors (08, 40, 53, 57, 55P03)
+-- Raises:  42704, 42501 (a condition written by another role), and transient errors (08, 40, 53, 57, 55P03: a
+--          row locked for over a second, set lock_timeout below)
 -- Runs as: the caller (SECURITY INVOKER): the table and condition are read with the caller's rights
 -- Callers: PUBLIC (the default)
 
@@ -49,6 +50,10 @@ create or replace function ferry.backfill_chunk(backfill bigint)
 returns table (state text, rows_done bigint, rows_estimate bigint, chunk_rows integer)
 language plpgsql
 set datestyle = 'ISO, YMD' set intervalstyle = 'postgres' set extra_float_digits = 3 set bytea_output = 'hex'  -- ferry._set_portable_output's
+-- A chunk waiting on one row's lock held its share locks on every row before it meanwhile: one
+-- idle transaction made writers of up to chunk_size other rows wait as long (outside probe: 23 s).
+-- The runner tries a chunk that timed out again after a pause (55P03 is transient).
+set lock_timeout = '1s'
 as $$
 declare
     b         ferry.backfills;
@@ -120,13 +125,24 @@ begin
                 using errcode = '55000';
         end if;
         if b.target is not null and not exists (
+            select 1 from ferry.consumers c where c.name = b.target or 'webhook:' || c.subscription = b.target) then
+            raise exception 'the backfill''s target % is gone (its subscription or consumer was removed)', b.target
+                using errcode = '55000';
+        end if;
+        if b.target is not null and not exists (
             select 1 from ferry.consumers c
             where (c.name = b.target or 'webhook:' || c.subscription = b.target)
               and (c.streams is null or v_capture.stream = any (c.streams))) then
-            raise exception '%.% is now captured into stream %, which % does not read (or it is gone); start a new '
+            raise exception '%.% is now captured into stream %, which % does not read; start a new '
                             'backfill for a reader of that stream', quote_ident(b.schema_name),
                             quote_ident(b.table_name), quote_literal(v_capture.stream), b.target
                 using errcode = '55000';
+        end if;
+        if row_security_active(b.relid) then  -- it read only the rows the policies showed, and said done
+            raise exception 'row-level security hides rows of %.% from role %, so a backfill would miss them; run it '
+                            'as the table''s owner (without FORCE ROW LEVEL SECURITY) or a role with BYPASSRLS',
+                            quote_ident(b.schema_name), quote_ident(b.table_name), current_user
+                using errcode = '42501';
         end if;
         if b.target is null and b.last_key is not null
            and v_capture.stream is distinct from (select c.stream from ferry.captures c where c.id = b.capture) then
