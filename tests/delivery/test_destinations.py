@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from urllib.parse import unquote
 
 import asyncpg
@@ -53,6 +54,9 @@ def test_urls_parse_into_host_port_and_templates() -> None:
         ("redis://cache:6379/²?stream=s", "not a Redis database number"),
         ("redis://cache:6379/0?stream=s&ttl=5", "unknown parameter 'ttl'"),
         ("redis://cache:6379/0?stream=s{key", "unbalanced braces"),
+        ("redis://cache:6379/0?stream={a{key}b}", "unbalanced braces in '{a{key}b}'"),
+        ("redis://cache:6379/0?stream=%7Borders%7D:{key}", "unknown placeholder {orders} in '{orders}:{key}'"),
+        ("redis://cache:6379/abc?stream=x", "'abc' is not a Redis database number"),
         # each accepted once, and failing at every send (found by an outside probe):
         ("nats://broker:99999/x", "Port out of range"),
         ("nats://[::1/x", "Invalid IPv6 URL"),
@@ -66,6 +70,28 @@ def test_bad_urls_are_refused_with_what_is_wrong(url: str, says: str) -> None:
     with pytest.raises(BadDestination, match=None) as caught:
         parse(url)
     assert says in str(caught.value)
+
+
+def test_a_template_is_rendered_in_one_pass_so_a_stream_holding_key_stays_as_it_is() -> None:
+    """`{stream}` was replaced first and then every `{key}`, the stream's own too: stream `ev{key}il`
+    with key k1 went to `tpl:evk1il:k1`, the Redis stream of stream `evk1il` (outside probe)."""
+    template = parse_redis("redis://cache/0?stream=tpl:{stream}:{key}").stream
+    assert template.render(_event(stream="ev{key}il", key="k1"), subject=False) == "tpl:ev{key}il:k1"
+    assert template.render(_event(stream="evk1il", key="k1"), subject=False) == "tpl:evk1il:k1"
+    assert (
+        parse_redis("redis://cache/0?stream={key}").stream.render(_event(key="{stream}"), subject=False) == "{stream}"
+    )
+
+
+def test_doubled_braces_are_literal_braces_for_a_redis_cluster_hash_tag() -> None:
+    """docs/sinks.md told Redis Cluster users to put a `{hash tag}` in the stream name, and every
+    brace but {stream} and {key} was refused as an unknown placeholder."""
+    tagged = parse_redis("redis://cache/0?stream={{orders}}:{key}").stream
+    assert tagged.render(_event(key="k1"), subject=False) == "{orders}:k1" and not tagged.fixed
+    fixed = parse_redis("redis://cache/0?stream=%7B%7Borders%7D%7D").stream
+    assert fixed.fixed and fixed.name == "{orders}" and fixed.render(_event(), subject=False) == "{orders}"
+    assert parse_redis("redis://cache/0?stream={{{key}}}").stream.render(_event(key="k"), subject=False) == "{k}"
+    assert parse_nats("nats://b/a.{{x}}.{key}").subject.render(_event(key="k"), subject=True) == "a.{x}.k"
 
 
 @given(st.text(min_size=1, max_size=40))
@@ -131,6 +157,45 @@ async def test_subscribe_refuses_bad_broker_urls_in_sql_and_in_python(conn: asyn
     for url in ("redis://127.0.0.1:6379/0?stream=s&maxlen=1000&dedup_window=60", "http://127.0.0.1:9/caf%C3%A9"):
         await conn.execute("select ferry.subscribe('ok', array['s'], $1)", url)  # still taken
         await conn.execute("select ferry.unsubscribe('ok')")
+
+
+BROKER_URLS_REFUSED_ALIKE = [
+    # ferry.subscribe and apply matched the braces of the encoded URL: the relay decodes %7B first
+    # and failed every event with "unknown placeholder {orders}" (outside probe)
+    "redis://127.0.0.1:6379/0?stream=%7Borders%7D:{key}",
+    "redis://127.0.0.1:6379/0?stream={orders}:{key}",
+    "redis://127.0.0.1:6379/0?stream=s{key",
+    "redis://127.0.0.1:6379/0?stream={a{key}b}",
+    "redis://127.0.0.1:6379/0?stream=}}}",
+    "nats://127.0.0.1:4222/a.%7Bnope%7D",
+    "nats://127.0.0.1:4222/a.{x}.{y}",
+    # "names no Redis stream", for a database that is not a number
+    "redis://127.0.0.1:6379/abc?stream=x",
+]
+
+
+async def test_subscribe_apply_and_subscription_add_refuse_the_same_broker_urls_with_the_same_words(
+    conn: asyncpg.Connection, ferry: pgferry.Ferry, pgferry_cmd: list[str], db_url: str, tmp_path: Path
+) -> None:
+    for url in BROKER_URLS_REFUSED_ALIKE:
+        parse = parse_nats if url.startswith("nats") else parse_redis
+        with pytest.raises(BadDestination) as by_relay:
+            parse(url)
+        words = f"pgferry: {by_relay.value}"
+        with pytest.raises(asyncpg.InvalidParameterValueError) as by_sql:
+            await conn.execute("select ferry.subscribe('x', array['s'], $1)", url)
+        assert by_sql.value.message == words, url  # (its hint apart)
+        with pytest.raises(PgferryError) as by_api:  # `pgferry subscription add`
+            await ferry.subscribe("x", ["s"], url)
+        assert str(by_api.value) == words, url
+        plan = tmp_path / "bad.toml"
+        plan.write_text(f'[subscriptions.bad]\nstreams = ["s"]\nurl = "{url}"\n')
+        applied = await cli(pgferry_cmd, db_url, "apply", str(plan), "--dry-run")
+        assert applied.returncode != 0 and words in applied.stderr, (url, applied.stdout, applied.stderr)
+    for url in ("redis://127.0.0.1:6379/0?stream={{orders}}:{key}", "redis://127.0.0.1:6379/0?stream=%7B%7Bo%7D%7D"):
+        await conn.execute("select ferry.subscribe('ok', array['s'], $1)", url)  # a hash tag: taken
+        await conn.execute("select ferry.unsubscribe('ok')")
+    assert await conn.fetchval("select count(*) from ferry.subscriptions") == 0
 
 
 async def test_credentials_are_checked_kept_apart_and_never_listed(

@@ -19,7 +19,7 @@ stores them apart, like signing secrets), so a URL can be shown anywhere.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 from pgferry.delivery.model import OutEvent
@@ -29,8 +29,8 @@ DEFAULT_REDIS_PORT = 6379
 #: JetStream's own default duplicate window; Redis keeps its deduplication marks as long.
 DEFAULT_DEDUP_WINDOW_S = 120
 
-_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
-_KNOWN = {"stream", "key"}
+#: a template's tokens: escaped braces, a placeholder, a stray brace, or text without braces
+_TOKEN = re.compile(r"\{\{|\}\}|\{[^{}]*\}|[{}]|[^{}]+")
 _TOKEN_SAFE = re.compile(r"[A-Za-z0-9_-]")
 _SUBJECT_SAFE = re.compile(r"[A-Za-z0-9_.-]")
 
@@ -41,32 +41,61 @@ class BadDestination(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Template:
-    """A name with ``{stream}`` and ``{key}`` placeholders."""
+    """A name with ``{stream}`` and ``{key}`` placeholders; ``{{`` and ``}}`` are literal braces
+    (a Redis Cluster ``{hash tag}`` is written ``?stream={{orders}}:{key}``)."""
 
     text: str
+    #: the text cut into literal parts and placeholders (``("stream",)`` / ``("key",)``)
+    parts: tuple[str | tuple[str], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(_PLACEHOLDER.findall(self.text)) - _KNOWN)
-        if unknown:
-            raise BadDestination(f"unknown placeholder {{{unknown[0]}}} in {self.text!r}; use {{stream}} or {{key}}")
-        rest = self.text.replace("{stream}", "").replace("{key}", "")
-        if "{" in rest or "}" in rest:
-            raise BadDestination(f"unbalanced braces in {self.text!r}")
+        parts: list[str | tuple[str]] = []
+        unknown: str | None = None
+        stray = False
+        literal = ""
+        for match in _TOKEN.finditer(self.text):
+            token = match.group()
+            if token in ("{{", "}}"):
+                literal += token[0]
+            elif token in ("{stream}", "{key}"):
+                parts += [literal, (token[1:-1],)]
+                literal = ""
+            elif token[0] == "{" and len(token) > 1:  # the first unknown one, as ferry._check_template names it
+                unknown = unknown if unknown is not None else token
+            elif token in ("{", "}"):
+                stray = True
+            else:
+                literal += token
+        if unknown is not None:
+            raise BadDestination(f"unknown placeholder {unknown} in {self.text!r}; use {{stream}} or {{key}}")
+        if stray:
+            raise BadDestination(f"unbalanced braces in {self.text!r}; write a literal brace as {{{{ or }}}}")
+        object.__setattr__(self, "parts", tuple(p for p in (*parts, literal) if p))
 
     @property
     def fixed(self) -> bool:
-        return "{" not in self.text
+        """No placeholders: every event goes to one name (``name``)."""
+        return all(isinstance(p, str) for p in self.parts)
+
+    @property
+    def name(self) -> str:
+        """The name of a fixed template (its braces unescaped)."""
+        return self.fill("", "")
+
+    def fill(self, stream: str, key: str) -> str:
+        """The name with these values, in one pass: a value that holds ``{key}`` stays as it is."""
+        return "".join(p if isinstance(p, str) else stream if p[0] == "stream" else key for p in self.parts)
 
     def render(self, event: OutEvent, *, subject: bool) -> str:
         if self.fixed:
-            return self.text
+            return self.name
         stream = _encode(event.stream, _SUBJECT_SAFE) if subject else event.stream
         if subject and (stream.startswith(".") or stream.endswith(".") or ".." in stream):
             stream = stream.replace(".", "%2E")  # its dots would make an empty token: one token instead
         key = event.key or "_"
         if subject:
             key = _encode(key, _TOKEN_SAFE) if key != "_" else key
-        return self.text.replace("{stream}", stream).replace("{key}", key)
+        return self.fill(stream, key)
 
 
 def _encode(text: str, safe: re.Pattern[str]) -> str:
@@ -106,7 +135,7 @@ def parse_nats(url: str) -> NatsDestination:
     if not subject:
         raise BadDestination(f"{url!r} names no subject; use nats://host:4222/<subject>, e.g. orders.{{key}}")
     template = Template(subject)
-    probe = template.text.replace("{stream}", "s").replace("{key}", "k")
+    probe = template.fill("s", "k")
     if any(c.isspace() for c in probe) or any(t in ("", "*", ">") for t in probe.split(".")):
         raise BadDestination(f"{subject!r} is not a subject to publish to (no spaces, empty tokens or wildcards)")
     if probe.startswith(("$", "_INBOX.")):  # the server's commands ($JS.API...) and replies (ferry._check_url)

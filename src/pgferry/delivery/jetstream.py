@@ -165,7 +165,7 @@ class _Messages:
         self.msg_id_start = f"Nats-Msg-Id: {self.dedup.lstrip()}/"  # a value is sent trimmed (header_block)
         self.subject: str | None = None
         if dest.subject.fixed:
-            self.subject = dest.subject.text
+            self.subject = dest.subject.name
             if not _sendable(self.subject):
                 self.general = True  # message_of refuses it, event by event
         self.stream_lines: dict[str, str] = {}

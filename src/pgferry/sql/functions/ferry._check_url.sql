@@ -13,7 +13,7 @@
 -- is only the early error: the relay decides on the address it connects to,
 -- with its own PGFERRY_ALLOW_ADDRESSES.
 --
--- Calls:   -
+-- Calls:   ferry._check_template
 -- Reads:   -
 -- Writes:  -
 -- Raises:  22023
@@ -28,6 +28,8 @@ declare
     v_ip      inet;
     v_subject text;
     v_hex     text;
+    v_path    text;
+    v_stream  text;
 begin
     if url is null or btrim(url) = '' then
         raise exception 'pgferry: url must not be empty' using errcode = '22023';
@@ -55,6 +57,7 @@ begin
             using errcode = '22023', hint = 'Use nats://host:4222/<subject>, e.g. nats://127.0.0.1:4222/orders.{key}.';
     end if;
     if v_scheme = 'nats' then
+        perform ferry._check_template(substring(url from '^[A-Za-z]+://[^/]+/([^?#]*)'));
         -- The subject as the relay reads it (percent-decoded, the placeholders filled in) must
         -- be one to publish to: this was checked by `pgferry subscription add` only, and
         -- ferry.subscribe and apply took k.*, k.>, k..{key} (outside probe).
@@ -79,6 +82,12 @@ begin
                       hint = 'Subjects starting with $ ($JS.API, $SYS, ...) or _INBOX. are commands and replies; '
                              'publish to a subject a JetStream stream captures, e.g. orders.{key}.';
         end if;
+    end if;
+    -- A database that is not a number was "names no Redis stream" (outside probe).
+    v_path := btrim(substring(url from '^[A-Za-z]+://[^/?#]+/([^?#]*)'), '/');
+    if v_scheme = 'redis' and v_path <> '' and v_path !~ '^[0-9]+$' then
+        raise exception 'pgferry: % is not a Redis database number; use redis://host:6379/0?stream=<name>',
+            quote_literal(v_path) using errcode = '22023';
     end if;
     if v_scheme = 'redis' and url !~ '^[A-Za-z]+://[^/?#]+(/[0-9]*)?[?](.*&)?stream=[^&]' then
         raise exception 'pgferry: % names no Redis stream', quote_literal(url)
@@ -108,14 +117,13 @@ begin
                     quote_literal(v_param.value) using errcode = '22023';
             end if;
         end loop;
+        -- The stream template as the relay reads it: a %7B in it is a brace there.
+        v_stream := substring(url from '[?&]stream=([^&#]*)');
+        perform ferry._check_template(v_stream);
     end if;
     if v_scheme in ('http', 'https') and url ~ '[^\x01-\x7F]' then
         raise exception 'pgferry: % has characters outside ASCII; percent-encode them', quote_literal(url)
             using errcode = '22023', hint = 'e.g. /caf%C3%A9 for /café (UTF-8, as browsers and curl send it).';
-    end if;
-    if v_scheme in ('nats', 'redis') and regexp_replace(url, '\{(stream|key)\}', '', 'g') ~ '[{}]' then
-        raise exception 'pgferry: % has an unknown placeholder or a stray brace', quote_literal(url)
-            using errcode = '22023', hint = 'A subject or stream name may use {stream} and {key}.';
     end if;
     if url !~ '^[A-Za-z]+://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]+)(:[0-9]{1,5})?([/?#][^[:space:][:cntrl:]]*)?$' then
         raise exception 'pgferry: malformed URL %', quote_literal(url)
