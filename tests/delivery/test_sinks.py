@@ -283,6 +283,36 @@ async def test_a_redis_user_allowed_what_docs_sinks_lists_appends(
 
 
 @needs_redis
+@pytest.mark.parametrize("missing", ["+hset", "+expire"])
+async def test_a_redis_user_not_allowed_to_write_the_marks_stores_nothing_and_is_dead_lettered(
+    db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry, redis_server: RedisServer, missing: str
+) -> None:
+    """The script appended before it wrote the marks, and a script failing part-way keeps what it
+    wrote: without HSET each event was stored at every try (6-8 copies) and still dead-lettered;
+    without EXPIRE once, with a mark hash that never expired (outside probe). docs/sinks.md: a user
+    allowed less fails each event with NOPERM, retried and then dead-lettered."""
+    client = redis_client(redis_server.port)
+    await client.execute_command("ACL", "SETUSER", *ACL_USER.replace(f" {missing}", "").split())
+    await ferry.subscribe("acl", ["s"], f"{redis_server.url}/0?stream=acl:{{key}}", batch_size=5, max_attempts=3,
+                          retry_base_ms=20, retry_max_ms=100)  # fmt: skip
+    await ferry.set_credentials("acl", {"user": "relay_acl", "password": "s3cret"})
+    for n in range(4):
+        await ferry.publish("s", {"n": n}, key=f"k{n % 2}")
+    relay = RunningRelay(db_url)
+    try:
+        await eventually(lambda: _equals(conn.fetchval("select count(*) from ferry.dead_letters"), 4), what="4 dead")
+    finally:
+        await relay.stop()
+    errors = [r[0] for r in await conn.fetch("select last_error from ferry.dead_letters")]
+    assert all("NOPERM" in e or "can't run this command" in e for e in errors), errors  # (Redis 7.0's words)
+    assert await conn.fetchval("select count(*) from ferry.attempts where subscription = 'acl'") >= 8  # retried
+    assert await client.keys("acl:*") == []  # not one entry stored
+    for marks in await client.keys("pgferry:dedup:*"):
+        assert await client.ttl(marks) > 0, marks
+    await client.aclose()
+
+
+@needs_redis
 async def test_redis_dedup_windows_are_the_servers_so_relays_with_skewed_clocks_append_once(
     redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

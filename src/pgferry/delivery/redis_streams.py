@@ -13,7 +13,7 @@ Exactly-once handoff: a chunk is appended by one Lua script, which Redis runs
 atomically. For each event it first looks for the event's webhook-id among
 the subscription's deduplication marks (``pgferry:dedup:<instance>:<subscription>:<n>``,
 the instance being the install's name, ferry.config.instance, migration 0034,
-hashes of webhook-id to entry id, one per ``dedup_window`` seconds, kept for
+hashes of webhook-id to entry id, an empty one counting as none, one per ``dedup_window`` seconds, kept for
 two windows) and appends only if the id is not there, recording it in the
 same script. A chunk re-sent after a relay died between Redis's answer and
 pgferry's bookkeeping appends nothing twice, for at least ``dedup_window``
@@ -81,10 +81,20 @@ end
 local current = redis.call('HMGET', KEYS[1], unpack(ids))
 local previous = redis.call('HMGET', KEYS[2], unpack(ids))
 local marks, taken = {}, {}
-local added = 0
+local added, writable = 0, false
 for j = 1, #ids do
     local id = ids[j]
-    if not current[j] and not previous[j] and not taken[id] then
+    if (not current[j] or current[j] == '') and (not previous[j] or previous[j] == '') and not taken[id] then
+        if not writable then
+            -- Before the first XADD, the writes of the marks: a script that fails part-way keeps
+            -- what it wrote, so a user not allowed HSET or EXPIRE on them appended the chunk at
+            -- every try (and without EXPIRE the hash stayed for good). Here it fails having
+            -- written nothing; the id's empty mark counts as none until its entry's replaces it.
+            redis.call('EXPIRE', KEYS[1], 2 * window)
+            redis.call('HSET', KEYS[1], id, '')
+            redis.call('EXPIRE', KEYS[1], 2 * window)
+            writable = true
+        end
         taken[id] = true
         local s = starts[j]
         local args = {KEYS[j + 2]}
