@@ -12,11 +12,13 @@ import contextlib
 import dataclasses
 import importlib.util
 import logging
+import os
 import signal
 import time
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -1028,6 +1030,93 @@ async def test_a_nats_credentials_file_the_relay_cannot_read_is_a_config_error_n
     }
     assert "internal" not in classes and "connect" not in classes, classes
     assert importlib.util.find_spec("nkeys") is not None  # installed with nats-py[nkeys]: creds files need it
+
+
+def _user_nkey() -> tuple[str, str]:
+    """A new user nkey: (seed, public key)."""
+    import nkeys  # type: ignore[import-untyped]
+
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    return seed.decode(), nkeys.from_seed(bytearray(seed)).public_key.decode()
+
+
+SEED_BLOCK = "-----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n"
+JWT_BLOCK = "-----BEGIN NATS USER JWT-----\neyJ0eXAiOiJKV1QifQ.e30.c2ln\n------END NATS USER JWT------\n\n"
+
+
+async def test_a_nats_creds_file_without_both_blocks_is_a_config_error_naming_it_and_the_relay_goes_on(
+    pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry, nats_server: NatsServer,
+    js: Any, tmp_path: Path,
+) -> None:  # fmt: skip
+    """nats-py looks for the JWT block on the event loop and loops forever at the end of a file
+    without one: one subscription with such a file froze the relay, its other subscriptions too,
+    and every relay that took it over (outside probe). A malformed seed was an internal error
+    (`ErrInvalidSeed()`)."""
+    await js.add_stream(name="C", subjects=["c.>"])
+    seed, _ = _user_nkey()
+    files = {
+        "nothing": ("just some text\n", "neither a NATS user JWT nor a user nkey seed"),
+        "jwt-only": (JWT_BLOCK, "a JWT block but no user nkey seed"),
+        "bad-seed": (JWT_BLOCK + SEED_BLOCK.format("SUNOTASEED"), "no valid user nkey seed"),
+        "account-seed": (JWT_BLOCK + SEED_BLOCK.format("SA" + seed[2:]), "nkey seed, not a user's"),
+    }
+    for name, (text, _) in files.items():
+        path = tmp_path / f"{name}.creds"
+        path.write_text(text)
+        await ferry.subscribe(name, ["s"], f"{nats_server.url}/c.{name}", max_attempts=50)
+        await ferry.set_credentials(name, {"creds_file": str(path)})
+    await ferry.subscribe("plain", ["s"], f"{nats_server.url}/c.plain")  # beside them, no credentials
+    for n in range(3):
+        await ferry.publish("s", {"n": n})
+    relay = RelayProcess(pgferry_cmd, db_url)
+    try:
+
+        async def plain_stored() -> bool:
+            return bool((await js.stream_info("C")).state.messages == 3)
+
+        await eventually(plain_stored, timeout=20, what="the plain subscription's 3 messages")
+        for name, (_, says) in files.items():
+            await eventually(_failed_with(conn, name, "config"), what=f"{name}: a config error")
+            errors = {e for _, e in await _attempt_errors(conn, name)}
+            assert all(f"{tmp_path / name}.creds" in e and says in e for e in errors), errors
+        await ferry.publish("s", {"n": 3})
+        await eventually(lambda: _equals(_stored(js, "C"), 4), timeout=10, what="a later event too")
+    finally:
+        relay.stop()
+    classes = {r[0] for r in await conn.fetch("select distinct error_class from ferry.attempt_history()")}
+    assert classes <= {None, "config"}, classes
+
+
+async def _stored(js: Any, stream: str) -> int:
+    return int((await js.stream_info(stream)).state.messages)
+
+
+async def test_a_nats_user_nkey_seed_file_alone_logs_in_with_the_nkey(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, tmp_path: Path
+) -> None:
+    """A seed without a JWT (nk -gen user, or a .creds file's seed block): nkey authentication, the
+    server knowing the user's public key; another user's seed is refused as auth."""
+    seed, public = _user_nkey()
+    other, _ = _user_nkey()
+    server = NatsServer(f'authorization {{ users = [ {{ nkey: "{public}" }} ] }}')
+    server.start()
+    try:
+        client = await nats.connect(server.url, nkeys_seed_str=seed)
+        js = client.jetstream()
+        try:
+            await js.add_stream(name="NK", subjects=["nk.>"])
+            for name, text in (("bare", f"{seed}\n"), ("block", SEED_BLOCK.format(seed)), ("other", other)):
+                path = tmp_path / f"{name}.seed"
+                path.write_text(text)
+                await ferry.subscribe(name, ["s"], f"{server.url}/nk.{name}", max_attempts=50)
+                await ferry.set_credentials(name, {"creds_file": str(path)})
+            await ferry.publish("s", {"n": 1})
+            await eventually(lambda: _equals(_stored(js, "NK"), 2), what="bare's and block's messages")
+            await eventually(_failed_with(conn, "other", "auth"), what="other's seed refused as auth")
+        finally:
+            await client.close()
+    finally:
+        server.close()
 
 
 @needs_redis

@@ -14,13 +14,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from pgferry.delivery import nats_creds
 from pgferry.delivery.addresses import DEFAULT_POLICY, AddressPolicy, RefusedAddress, allowed_addresses
 from pgferry.delivery.redis_pipe import RedisError, RedisPipe
 
@@ -260,13 +260,11 @@ class Brokers:
                 options["token"] = credentials["token"]
             if "user" in credentials:
                 options["user"], options["password"] = credentials["user"], credentials.get("password", "")
-            if "creds_file" in credentials:
-                path = credentials["creds_file"]
-                if not os.access(path, os.R_OK):  # it was "internal" (nkeys missing), or "connect"
-                    raise BrokerUnreachable(
-                        "config", f"cannot read the NATS credentials file {path!r} on this relay's host"
-                    )
-                options["user_credentials"] = path
+            if "creds_file" in credentials:  # read and checked here: nats-py could hang on it (nats_creds)
+                try:
+                    options.update(await nats_creds.connect_options(credentials["creds_file"]))
+                except nats_creds.BadCredentials as exc:
+                    raise BrokerUnreachable("config", str(exc)) from None
 
             async def quiet(exc: Exception) -> None:  # failed publishes say what matters
                 log.debug("NATS %s:%d: %s", host, port, exc)
