@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import asyncpg
 import nats
@@ -158,6 +159,24 @@ async def test_many_jetstream_subscriptions_share_one_connection_and_each_messag
 
     await eventually(acknowledged, timeout=60, what="3,000 acknowledged attempts")
     assert await conn.fetchval("select count(*) from ferry.attempt_history() where error_class is not null") == 0
+
+
+async def test_non_ascii_header_values_arrive_percent_encoded_with_a_marker_not_as_raw_utf8(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, nats_server: NatsServer, js: Any
+) -> None:
+    """`pgferry-stream` of stream `ü.x` and an event's `x-u: héllo` went out as raw UTF-8, which
+    nats-py consumers read as garbage (outside probe); the key was percent-encoded already."""
+    await js.add_stream(name="U", subjects=["u.>"])
+    await ferry.subscribe("u", ["ü.x", "plain"], f"{nats_server.url}/u.{{key}}")
+    await ferry.publish("ü.x", {"n": 1}, key="k", headers={"x-u": "héllo", "x-a": "ascii"})
+    await ferry.publish("plain", {"n": 2}, key="k")
+    await eventually(lambda: _equals(_stored(js, "U"), 2), what="2 messages")
+    first, second = (m.headers for m in await stream_messages(js, "U"))
+    assert first["pgferry-stream"] == "%C3%BC.x" and first["pgferry-stream-encoding"] == "percent", first
+    assert first["x-u"] == "h%C3%A9llo" and first["pgferry-encoded-headers"] == "x-u", first
+    assert first["x-a"] == "ascii" and unquote(first["x-u"]) == "héllo" and unquote(first["pgferry-stream"]) == "ü.x"
+    assert second["pgferry-stream"] == "plain" and "pgferry-stream-encoding" not in second, second
+    assert "pgferry-encoded-headers" not in second
 
 
 def recorded(conn: asyncpg.Connection, subscription: str, count: int):  # type: ignore[no-untyped-def]

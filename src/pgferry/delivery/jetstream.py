@@ -111,7 +111,16 @@ def message_of(sub: Subscription, dest: NatsDestination, event: OutEvent, instan
     webhook_id = request.message_id([event])
     own = {k: v for k, v in sub.headers.items() if k.lower() not in RESERVED}  # saved before subscribe refused them
     mine = {k: v for k, v in request.event_headers(event).items() if not _reserved_for_writers(k)}
-    headers = {**own, **mine, "webhook-id": webhook_id, "pgferry-stream": event.stream}
+    headers = {**own, **mine}
+    encoded_names = [name for name, value in headers.items() if not _plain(value)]
+    for name in encoded_names:  # raw UTF-8 (or control characters) in a header read as garbage by nats-py
+        headers[name] = request.key_header(headers[name].strip())[0]
+    if encoded_names:
+        headers[ENCODED_HEADERS] = ", ".join(encoded_names)
+    headers["webhook-id"] = webhook_id
+    headers["pgferry-stream"], encoded = request.key_header(event.stream)
+    if encoded:
+        headers["pgferry-stream-encoding"] = "percent"
     if event.key is not None:
         headers["pgferry-key"], encoded = request.key_header(event.key)
         if encoded:
@@ -121,6 +130,16 @@ def message_of(sub: Subscription, dest: NatsDestination, event: OutEvent, instan
     if not _sendable(subject):
         raise request.BadRequest(f"subject {subject!r} is empty or holds white space, which NATS does not allow")
     return Message(subject, event.payload.encode(), headers, header_block(headers))
+
+
+#: The header naming the other headers whose values were percent-encoded (comma-separated).
+ENCODED_HEADERS = "pgferry-encoded-headers"
+
+
+def _plain(value: str) -> bool:
+    """A header value sent as it is: printable ASCII (nats-py decodes header values as UTF-8 with
+    no error handling it lets one choose, and many clients as Latin-1)."""
+    return value.isascii() and value.isprintable()
 
 
 def _reserved_for_writers(name: str) -> bool:
@@ -139,7 +158,7 @@ def _sendable(subject: str) -> bool:
 
 #: Headers a subscription's own may not set (message_of leaves them out): those a webhook request
 #: does not take from it, and JetStream's duplicate check (ferry._check_headers_map refuses them all).
-RESERVED = request.RESERVED | {"nats-msg-id"}
+RESERVED = request.RESERVED | {"nats-msg-id", "pgferry-stream-encoding", "pgferry-encoded-headers"}
 #: Stream header lines kept by a sink's _Messages (a subscription has few streams).
 STREAM_LINES_MAX = 1_000
 
@@ -155,7 +174,8 @@ class _Messages:
     def __init__(self, sub: Subscription, dest: NatsDestination, instance: str = "") -> None:
         self.sub, self.dest, self.instance = sub, dest, instance
         self.dedup = dedup_name(sub, instance)
-        self.general = any(k.lower() in RESERVED for k in sub.headers) or "\r" in sub.name or "\n" in sub.name
+        self.general = any(k.lower() in RESERVED or not _plain(v) for k, v in sub.headers.items())
+        self.general = self.general or "\r" in sub.name or "\n" in sub.name
         self.head = ""
         if not self.general:
             try:
@@ -175,6 +195,8 @@ class _Messages:
             return message_of(self.sub, self.dest, event, self.instance)
         webhook_id = request.message_id((event,))
         stream_line = self.stream_lines.get(event.stream)
+        if stream_line is None and request.key_header(event.stream)[1]:
+            return message_of(self.sub, self.dest, event, self.instance)  # its stream percent-encoded there
         if stream_line is None:
             stream_line = header_block({"pgferry-stream": event.stream})[10:-2].decode()
             if len(self.stream_lines) < STREAM_LINES_MAX:
