@@ -588,6 +588,20 @@ async def test_a_change_that_cannot_be_appended_holds_capture_says_why_and_goes_
     assert [(e.stream, e.key) for e in events] == [("public.risky", "1"), ("public.other", "1")]
 
 
+async def test_an_error_an_earlier_relay_recorded_is_cleared_once_appending_works(
+    conn: asyncpg.Connection, wal: Running
+) -> None:
+    """Only the process that saw the failure cleared it: after a restart status said "WAL capture
+    failing since ..." for good, beside "behind by 0 bytes" (outside probe)."""
+    await conn.execute("create table t (id int primary key)")
+    async with conn.transaction():  # as a relay stopped while failing left it
+        await conn.execute("select ferry.capture_table('t', method => 'wal')")
+        await conn.execute("update ferry.wal_slot set error = 'an old error', error_at = now()")
+    await conn.execute("insert into t values (1)")
+    await wal.caught_up(conn)
+    assert await conn.fetchval("select error from ferry.wal_slot") is None
+
+
 async def test_a_char_n_key_is_the_key_triggers_and_backfills_give(
     ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running
 ) -> None:

@@ -165,6 +165,9 @@ class WalCapture:
                     await self._report_lost(slot)
                     await wait_for_event(wake, self.settings.recheck_interval)
                     continue
+                # An error recorded by an earlier leader (or process) is this one's to clear once
+                # appending works: it stayed in status for good beside "behind by 0 bytes" (outside probe).
+                self._failing = self._failing or slot["error"]
                 failures = await self._stream(slot, stop, failures)
         finally:
             stopping.cancel()

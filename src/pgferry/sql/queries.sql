@@ -737,8 +737,9 @@ order by b.id
 select 1
 
 -- name: wal_slot
--- WAL capture's slot (capture/wal.py), and what is wrong with it, if anything.
-select w.slot_name, w.publication, w.lsn::text as lsn,
+-- WAL capture's slot (capture/wal.py), and what is wrong with it, if anything; why appending
+-- last failed (cleared by the next append that commits).
+select w.slot_name, w.publication, w.lsn::text as lsn, w.error,
        case when s.slot_name is null then format('the replication slot %s is gone', w.slot_name)
             when s.wal_status = 'lost' then format('PostgreSQL invalidated the replication slot %s (max_slot_wal_keep_size)', w.slot_name)
        end as problem
