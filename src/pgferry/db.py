@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import re
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -309,6 +310,29 @@ async def connect(url: str, *, server_settings: Mapping[str, str] | None = None,
         raise _explain(url, exc) from exc
     await init_connection(conn)
     return conn
+
+
+#: Seconds ``connect_when_up`` waits for a server that says it is starting up or recovering.
+STARTING_WAIT_S = 60.0
+
+
+async def connect_when_up(url: str, *, wait: float = STARTING_WAIT_S, **kwargs: Any) -> asyncpg.Connection:
+    """``connect``, waiting up to ``wait`` seconds while the server answers that it is starting up,
+    shutting down or not yet consistent (57P03): a relay started with its database, after a crash
+    or a restart, exited at once with a hint to check its URL (outside probe)."""
+    deadline = time.monotonic() + wait
+    said = False
+    while True:
+        try:
+            return await connect(url, **kwargs)
+        except DatabaseUnreachable as exc:
+            if not isinstance(exc.__cause__, asyncpg.CannotConnectNowError) or time.monotonic() >= deadline:
+                raise
+            if not said:
+                _log.info("PostgreSQL at %s is not accepting connections yet (%s); waiting up to %.0f s",
+                          redact(url), one_line(exc.__cause__), wait)  # fmt: skip
+                said = True
+            await asyncio.sleep(0.5)
 
 
 #: What PostgreSQL rolls back whole and a second try may pass: a deadlock's victim, a serialization

@@ -14,6 +14,8 @@ and a receiver, to produce the network faults real deployments see:
   a backend, and whatever it holds, until something times it out.
 * ``stall()``: stop forwarding but keep the bytes (TCP backpressure); after
   ``resume()`` everything flows on, as after a short network hiccup.
+* ``starting()``: new connections are answered as PostgreSQL answers while it
+  starts up or recovers (FATAL 57P03), never passed on.
 * ``resume()``: new connections pass again (and stalled ones continue).
 
 It only ever listens on and connects to 127.0.0.1.
@@ -28,7 +30,10 @@ import struct
 from dataclasses import dataclass, field
 from typing import Literal
 
-Mode = Literal["pass", "blackhole", "stall"]
+Mode = Literal["pass", "blackhole", "stall", "starting"]
+#: PostgreSQL's startup answer while it starts up: an ErrorResponse, FATAL, SQLSTATE 57P03
+_STARTING_FIELDS = b"SFATAL\x00VFATAL\x00C57P03\x00Mthe database system is starting up\x00\x00"
+_SSL_REQUEST = 80877103
 
 
 @dataclass(eq=False)
@@ -94,6 +99,9 @@ class FaultProxy:
         self.mode = "stall"
         self._flowing.clear()
 
+    def starting(self) -> None:
+        self.mode = "starting"
+
     def resume(self) -> None:
         self.mode = "pass"
         self._flowing.set()
@@ -115,6 +123,9 @@ class FaultProxy:
         self.links.add(link)
         link.tasks.append(asyncio.current_task())  # type: ignore[arg-type]
         try:
+            if self.mode == "starting":
+                await _answer_starting(reader, writer)
+                return
             if not link.blackholed:
                 await self._flowing.wait()
             if link.blackholed:
@@ -181,3 +192,15 @@ class FaultProxy:
                 writer.transport.abort()
             else:
                 writer.close()
+
+
+async def _answer_starting(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Read the client's startup packet (after declining TLS) and answer 57P03, as PostgreSQL does."""
+    (length,) = struct.unpack("!I", await reader.readexactly(4))
+    body = await reader.readexactly(length - 4)
+    if struct.unpack("!I", body[:4])[0] == _SSL_REQUEST:
+        writer.write(b"N")
+        (length,) = struct.unpack("!I", await reader.readexactly(4))
+        await reader.readexactly(length - 4)
+    writer.write(b"E" + struct.pack("!I", len(_STARTING_FIELDS) + 4) + _STARTING_FIELDS)
+    await writer.drain()

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 from pgferry import db
 from pgferry.embedded import EmbeddedPostgres
 from pgferry.receiver import Receiver, Slow
 from pgferry.schema import install
-from tests.faults.conftest import Load, received_ids, settle
-from tests.helpers import MakeReceiver, RunningRelay, eventually
+from tests.faults.conftest import Load, port_of, received_ids, settle
+from tests.faults.proxy import FaultProxy
+from tests.helpers import MakeReceiver, RunningRelay, cli, eventually
 
 
 async def test_postgres_restarts_and_outage_under_load(receiver_factory: MakeReceiver) -> None:
@@ -77,3 +79,19 @@ async def test_postgres_restarts_and_outage_under_load(receiver_factory: MakeRec
 
 async def _received(receiver: Receiver, n: int) -> bool:
     return len(receiver.received) >= n
+
+
+async def test_a_relay_started_while_postgres_starts_up_waits_for_it(
+    pgferry_cmd: list[str], db_url: str, proxies: Callable[[int], Awaitable[FaultProxy]]
+) -> None:
+    """A relay started with its database (after a crash, a restart) met FATAL 57P03 and exited at
+    once, with a hint to check its URL (outside probe)."""
+    proxy = await proxies(port_of(db_url))
+    proxy.starting()
+    run = asyncio.create_task(cli(pgferry_cmd, proxy.url_for(db_url), "run", "--exit-after", "4"))
+    await asyncio.sleep(2)
+    assert not run.done(), (await run).stderr
+    proxy.resume()
+    done = await run
+    assert done.returncode == 0, done.stderr
+    assert "not accepting connections yet" in done.stderr and "connected to" in done.stderr

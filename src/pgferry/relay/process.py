@@ -196,7 +196,7 @@ class Relay:
     async def check(self) -> asyncpg.Record:
         """Fail fast, with the fix in the message, if the database is unusable; else what the relay
         reads once from ferry.config (max_body_bytes, instance)."""
-        conn = await db.connect(self.url, command_timeout=self.settings.liveness.command_timeout)
+        conn = await db.connect_when_up(self.url, command_timeout=self.settings.liveness.command_timeout)
         try:
             version = await check_installed(conn)
             config = await conn.fetchrow(sql.query("relay_config"))
