@@ -101,3 +101,24 @@ async def test_status_piped_is_one_line_a_row_and_says_when_no_relay_runs(
     assert lines[0].startswith("no relay is running"), text
     assert [line.split()[0] for line in lines if line.startswith((name, "other "))] == [name, "other"], text
     assert not any(c in text for c in "┃━│─"), "no box drawing in a pipe"
+
+
+async def test_trace_and_dlq_show_print_control_characters_as_escapes(
+    pgferry_cmd: list[str], db_url: str, relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry,
+    receiver_factory: MakeReceiver,
+) -> None:  # fmt: skip
+    """A writer's key and a receiver's answer reached the operator's terminal raw: ESC[2J cleared it
+    (outside probe)."""
+    _, url = await receiver_factory(lambda _: Respond(500, b"no\x1b]0;owned\x07"))
+    await ferry.subscribe("hook", ["s"], url, max_attempts=1)
+    event_id = await ferry.publish("s", {"n": 1}, key="k\x1b[2J")
+
+    async def dead() -> bool:
+        return bool(await conn.fetchval("select count(*) from ferry.dead_letters") == 1)
+
+    await eventually(dead, what="a dead letter")
+    letter = str(await conn.fetchval("select id from ferry.dead_letters"))
+    for args in (("trace", str(event_id)), ("dlq", "show", letter)):
+        shown = await cli(pgferry_cmd, db_url, *args)
+        assert shown.returncode == 0 and "\x1b" not in shown.stdout and "\x07" not in shown.stdout, shown.stdout
+        assert "\\x1b" in shown.stdout, shown.stdout

@@ -202,7 +202,14 @@ def cell(value: Any) -> Text:
         text = f"{value:%Y-%m-%d %H:%M:%S}"
     else:
         text = str(value)
-    return Text("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
+    return Text(visible(text))
+
+
+def visible(text: str) -> str:
+    """``text`` with every character that is not printable written as its escape (``\\x1b``): keys,
+    stream names and receivers' answers come from writers and receivers, and a raw ``ESC[2J`` in
+    one cleared the operator's terminal (outside probe)."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def attempts_table(rows: list[dict[str, Any]], title: str = "attempts") -> None:

@@ -19,6 +19,7 @@ from pgferry.cli.common import (
     on_conn,
     print_json,
     table,
+    visible,
     with_ferry,
 )
 from pgferry.ops import inspect
@@ -97,12 +98,13 @@ def dlq_show(database_url: str | None, letter_id: int, as_json: bool) -> None:
         print_json(letter)
         return
     console.print(f"[bold]dead letter {letter['id']}[/] of subscription [bold]{escape(letter['subscription'])}[/]:"
-                  f" event {letter['event_id']} on stream {escape(letter['stream'])}"
-                  f" (key {escape(str(letter['key'] or '-'))})")  # fmt: skip
+                  f" event {letter['event_id']} on stream {escape(visible(letter['stream']))}"
+                  f" (key {escape(visible(str(letter['key'] or '-')))})")  # fmt: skip
     console.print(f"created {cell(letter['event_created_at'])}, first failed {cell(letter['first_failed_at'])}, "
                   f"died {cell(letter['died_at'])} after {letter['attempts']} attempt(s)")  # fmt: skip
-    console.print(f"last error: [red]{escape(letter['last_error'] or '-')}[/] (status {cell(letter['last_status'])})")
-    console.print("last response:", escape(letter["last_response"] or "-"), markup=False)
+    console.print(f"last error: [red]{escape(visible(letter['last_error'] or '-'))}[/] "
+                  f"(status {cell(letter['last_status'])})")  # fmt: skip
+    console.print("last response:", visible(letter["last_response"] or "-"), markup=False)
     console.print("payload:", orjson.dumps(letter["payload"]).decode(), markup=False)
     attempts_table(letter["attempt_history"])
     console.print(f"replay it with: pgferry dlq replay {letter['subscription']} --id {letter['id']}", markup=False)

@@ -33,6 +33,7 @@ from pgferry.cli.common import (
     require_url,
     run_coroutine,
     table,
+    visible,
     with_ferry,
 )
 from pgferry.errors import PgferryError
@@ -143,9 +144,9 @@ def trace(database_url: str | None, event_id: int, as_json: bool) -> None:
         where = (
             "in the log" if result.in_log else "dropped from the log by retention; copy kept with a retry/dead letter"
         )
-        console.print(f"[bold]event {event['id']}[/] on stream [bold]{escape(event['stream'])}[/], "
-                      f"key {escape(str(event['key'] or '-'))}, created {event['created_at']:%Y-%m-%d %H:%M:%S%z} "
-                      f"({where})")  # fmt: skip
+        console.print(f"[bold]event {event['id']}[/] on stream [bold]{escape(visible(event['stream']))}[/], "
+                      f"key {escape(visible(str(event['key'] or '-')))}, "
+                      f"created {event['created_at']:%Y-%m-%d %H:%M:%S%z} ({where})")  # fmt: skip
         payload = orjson.dumps(event["payload"]).decode()
         console.print("payload:", payload if len(payload) <= 2000 else payload[:2000] + " …", markup=False)
         if event["headers"]:
@@ -412,8 +413,8 @@ def _print_event(event: pgferry.Event, as_json: bool) -> None:
     if len(payload) > 300:
         payload = payload[:300] + " …"
     console.print(
-        f"[dim]{event.created_at:%H:%M:%S}[/] [bold]#{event.id}[/] [cyan]{escape(event.stream)}[/] "
-        f"{escape(str(event.key or '-'))} {escape(payload)}",
+        f"[dim]{event.created_at:%H:%M:%S}[/] [bold]#{event.id}[/] [cyan]{escape(visible(event.stream))}[/] "
+        f"{escape(visible(str(event.key or '-')))} {escape(payload)}",
         highlight=False,
         soft_wrap=True,
     )
