@@ -74,6 +74,12 @@ async def test_strict_mode_refuses_a_name_resolving_to_loopback_without_connecti
         ("[::1]", "loopback"),
         ("169.254.169.254", "cloud-metadata"),
         ("[fd00:ec2::254]", "cloud-metadata"),
+        ("198.18.0.1", "special-purpose"),  # these six were allowed in strict mode (outside probe)
+        ("192.0.2.1", "special-purpose"),
+        ("192.0.0.8", "special-purpose"),
+        ("[fec0::1]", "special-purpose"),
+        ("[2001::1]", "special-purpose"),
+        ("[64:ff9b:1::a00:1]", "private"),  # local-use NAT64 to 10.0.0.1
     ],
 )
 async def test_strict_mode_refuses_private_cgnat_multicast_ranges_by_rule(ip: str, rule: str) -> None:
@@ -81,6 +87,24 @@ async def test_strict_mode_refuses_private_cgnat_multicast_ranges_by_rule(ip: st
         assert result.error_class == "refused_address", result
         assert rule in (result.error or ""), result
         assert result.latency_ms < 500  # refused before any connection attempt
+
+
+@pytest.mark.parametrize(
+    "ip",
+    [
+        "100.100.100.200",
+        "168.63.129.16",
+        "192.0.0.192",
+        "[64:ff9b:1::a9fe:a9fe]",
+        "[::a9fe:a9fe]",
+        "[::ffff:0:a9fe:a9fe]",
+    ],
+)
+async def test_the_other_clouds_metadata_addresses_and_forms_reaching_link_local_are_always_refused(ip: str) -> None:
+    """Alibaba's, Azure's WireServer and Oracle's legacy metadata addresses, and local-use NAT64,
+    IPv4-compatible and IPv4-translated forms of 169.254.169.254, were allowed by default (outside probe)."""
+    for result in await send_both(AddressPolicy(), f"http://{ip}:80/x"):
+        assert result.error_class == "refused_address" and "cloud-metadata" in (result.error or ""), result
 
 
 async def test_allow_list_overrides_strict_mode_for_the_listed_range_only(receiver_factory: MakeReceiver) -> None:

@@ -47,9 +47,21 @@ def _nets(*cidrs: str) -> tuple[Network, ...]:
     return tuple(ipaddress.ip_network(c) for c in cidrs)
 
 
-#: Refused whatever the mode: where cloud credentials live.
+#: Refused whatever the mode: where cloud credentials live (link-local, which holds AWS's, GCP's and
+#: Azure's metadata; AWS's IPv6 one; Alibaba's, Azure's WireServer and Oracle's legacy address, which
+#: an outside probe found allowed).
 ALWAYS_REFUSED = (
-    Rule("link-local or cloud-metadata address", _nets("169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128")),
+    Rule(
+        "link-local or cloud-metadata address",
+        _nets(
+            "169.254.0.0/16",
+            "fe80::/10",
+            "fd00:ec2::254/128",
+            "100.100.100.200/32",
+            "168.63.129.16/32",
+            "192.0.0.192/32",
+        ),
+    ),
 )
 
 #: Refused too in strict mode: everything that is not the public internet.
@@ -60,6 +72,23 @@ STRICT_REFUSED = (
     Rule("unspecified address", _nets("0.0.0.0/8", "::/128")),
     Rule("multicast address", _nets("224.0.0.0/4", "ff00::/8")),
     Rule("reserved address", _nets("240.0.0.0/4")),
+    # IANA's special-purpose ranges that are not the internet either: protocol assignments,
+    # documentation, benchmarking, deprecated site-local, Teredo, discard, local-use NAT64.
+    Rule(
+        "special-purpose address",
+        _nets(
+            "192.0.0.0/24",
+            "192.0.2.0/24",
+            "198.18.0.0/15",
+            "198.51.100.0/24",
+            "203.0.113.0/24",
+            "fec0::/10",
+            "2001::/32",
+            "2001:db8::/32",
+            "100::/64",
+            "64:ff9b:1::/48",
+        ),
+    ),
 )
 
 
@@ -83,8 +112,11 @@ def parse_networks(text: str | Iterable[str]) -> tuple[Network, ...]:
     return tuple(networks)
 
 
-#: The well-known NAT64 prefix (RFC 6052): its last 32 bits are the IPv4 address reached.
-_NAT64 = _nets("64:ff9b::/96")
+#: NAT64 prefixes: the well-known one (RFC 6052) and the local-use one (RFC 8215) as deployed with a
+#: /96, whose last 32 bits are the IPv4 address reached; and the IPv4-translated (::ffff:0:0/96) and
+#: deprecated IPv4-compatible (::/96) forms, which stacks may route to the IPv4 address too.
+_NAT64 = _nets("64:ff9b::/96", "64:ff9b:1::/48", "::ffff:0:0:0/96", "::/96")
+_NOT_IPV4 = _nets("::/127")  # :: and ::1 are not 0.0.0.0 and 0.0.0.1
 
 
 def _plain(ip: str) -> Address:
@@ -95,7 +127,7 @@ def _plain(ip: str) -> Address:
     if isinstance(address, ipaddress.IPv6Address):
         if address.ipv4_mapped is not None:
             return address.ipv4_mapped
-        if any(address in prefix for prefix in _NAT64):
+        if any(address in prefix for prefix in _NAT64) and not any(address in n for n in _NOT_IPV4):
             return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
         if address.sixtofour is not None:
             return address.sixtofour

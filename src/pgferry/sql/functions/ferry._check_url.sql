@@ -140,7 +140,8 @@ begin
     exception when others then
         v_ip := null;
     end;
-    if v_ip is not null and (v_ip << '169.254.0.0/16' or v_ip << 'fe80::/10' or v_ip = 'fd00:ec2::254')
+    if v_ip is not null and (v_ip << '169.254.0.0/16' or v_ip << 'fe80::/10'
+                             or v_ip in ('fd00:ec2::254', '100.100.100.200', '168.63.129.16', '192.0.0.192'))
        and not exists (select 1 from regexp_split_to_table(coalesce(current_setting('pgferry.allow_addresses', true), ''), '[,\s]+') a
                        where a <> '' and v_ip <<= a::cidr) then
         raise exception 'pgferry: % is a link-local or cloud-metadata address; webhooks may not be sent there', host(v_ip)
