@@ -272,3 +272,18 @@ async def test_a_chunk_stuck_on_a_lock_is_stopped_by_a_second_signal_and_another
 
 async def _rows_done_over(conn: asyncpg.Connection, rows: int) -> bool:
     return bool(await conn.fetchval("select coalesce(max(rows_done), 0) > $1 from ferry.backfills", rows))
+
+
+async def test_a_backfill_paced_slower_than_the_databases_idle_session_timeout_goes_on(
+    conn: asyncpg.Connection, db_url: str, pgferry_cmd: list[str]
+) -> None:
+    """Idle between chunks (--max-rate, the pauses before a chunk is tried again), the runner's
+    session was ended by idle_session_timeout (outside probe). The URL's setting stands in for the
+    database's."""
+    await conn.execute("create table t (id int primary key)")
+    await conn.execute("insert into t select generate_series(1, 3)")
+    await conn.execute("select ferry.capture_table('t')")
+    url = db_url + ("&" if "?" in db_url else "?") + "idle_session_timeout=300"
+    done = await cli(pgferry_cmd, url, "backfill", "public.t", "--chunk", "1", "--max-rate", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["rows_done"] == 3

@@ -286,9 +286,12 @@ class BackfillRunner:
                 if (refused := _refused(exc)) is not None:
                     raise refused from None
                 if getattr(exc, "sqlstate", None) not in TRANSIENT or failures >= s.transient_tries:
+                    smaller = (  # a statement_timeout that cancels every chunk: fewer rows a chunk
+                        f" (or with smaller chunks: --resume {s.backfill} --chunk N)" if exc.sqlstate == "57014" else ""
+                    )
                     raise InvalidBackfill(
                         f"backfill {s.backfill}: its chunk failed ({one_line(exc)}); the backfill is still "
-                        f"running from its last chunk: go on with `pgferry backfill --resume {s.backfill}`"
+                        f"running from its last chunk: go on with `pgferry backfill --resume {s.backfill}`{smaller}"
                     ) from None
                 failures += 1  # a deadlock, a cancel, a lock or statement timeout: the chunk again, later
                 log.warning("backfill %d: chunk failed (%s); trying again in %.1f s",

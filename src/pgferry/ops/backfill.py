@@ -153,6 +153,9 @@ async def _drive(
     console: Console | None,
 ) -> backfills.Progress:
     async with ferry.pool.acquire() as conn:
+        # Idle through the pauses between tries (up to 12.8 s) and --max-rate's: a database's
+        # idle_session_timeout ended the session mid-backfill (outside probe). Reset on release.
+        await conn.execute("set idle_session_timeout = 0")
         first = await backfills.progress(conn, backfill)
         settings = backfills.BackfillSettings(backfill, max_rate=max_rate)
         with _shown(console or get_console(), f"backfill {backfill} of {first.table}", first, show) as observe:
