@@ -607,10 +607,13 @@ class SubscriptionWorker:
                 outcomes = [(e, result) for chunk, result in answers for e in chunk]
                 await self._record(self._account(outcomes, from_batch=False), advance=None)
             except (asyncpg.PostgresError, *db.CONNECTION_ERRORS) as exc:
-                # Still parked as in flight: they are sent again once that is due (at-least-once),
-                # by this worker's retry loop too, which skips events in self.let_go.
-                log.warning("subscription %s: could not record %d late answer(s) (%s); they will be sent again",
-                            self.sub.name, len(answers), db.describe(exc))  # fmt: skip
+                if getattr(exc, "sqlstate", None) == REMOVED:  # nothing left to record them for
+                    log.info("subscription %s was removed; %d late answer(s) not recorded", self.sub.name, len(answers))
+                else:
+                    # Still parked as in flight: they are sent again once that is due (at-least-once),
+                    # by this worker's retry loop too, which skips events in self.let_go.
+                    log.warning("subscription %s: could not record %d late answer(s) (%s); they will be sent "
+                                "again", self.sub.name, len(answers), db.describe(exc))  # fmt: skip
             for chunk, _ in answers:
                 self.let_go.difference_update(e.id for e in chunk)
 
