@@ -217,7 +217,8 @@ select t.latest,
                  where r.subscription = w.name and r.next_attempt_at <= now()
                    and (not w.ordered or r.key is null or not exists (
                          select 1 from ferry.retries r2
-                         where r2.subscription = r.subscription and r2.key = r.key and r2.event_id < r.event_id
+                         where r2.subscription = r.subscription and hashtextextended(r2.key, 0) = hashtextextended(r.key, 0)
+                           and r2.key = r.key and r2.event_id < r.event_id
                            and r2.next_attempt_at > now())))) as due
 from t
 
@@ -244,7 +245,8 @@ from (
       and ($6::int <= 1 or ferry._partition_of(r.key, r.event_id, $6::int) = $5::int)
       and (not $2 or r.key is null or not exists (
             select 1 from ferry.retries r2
-            where r2.subscription = r.subscription and r2.key = r.key and r2.event_id < r.event_id
+            where r2.subscription = r.subscription and hashtextextended(r2.key, 0) = hashtextextended(r.key, 0)
+                           and r2.key = r.key and r2.event_id < r.event_id
               and r2.next_attempt_at > now()))
     order by r.event_id
     limit $3
@@ -287,7 +289,8 @@ where r.subscription = $1 and r.next_attempt_at <= now()
   and ($4::int <= 1 or ferry._partition_of(r.key, r.event_id, $4::int) = $3::int)
   and (not $2 or r.key is null or not exists (
         select 1 from ferry.retries r2
-        where r2.subscription = r.subscription and r2.key = r.key and r2.event_id < r.event_id))
+        where r2.subscription = r.subscription and hashtextextended(r2.key, 0) = hashtextextended(r.key, 0)
+                           and r2.key = r.key and r2.event_id < r.event_id))
 order by r.attempts, r.event_id
 limit 1
 
@@ -305,7 +308,8 @@ where r.subscription = $1
   and ($4::int <= 1 or ferry._partition_of(r.key, r.event_id, $4::int) = $3::int)
   and (not $2 or r.key is null or not exists (
         select 1 from ferry.retries r2
-        where r2.subscription = r.subscription and r2.key = r.key and r2.event_id < r.event_id))
+        where r2.subscription = r.subscription and hashtextextended(r2.key, 0) = hashtextextended(r.key, 0)
+                           and r2.key = r.key and r2.event_id < r.event_id))
 
 -- name: disable_subscription
 select ferry._set_subscription_state($1, 'disabled', $2)

@@ -258,7 +258,8 @@ begin
                            ferry._envelope_text(ev.op, ev.payload, ev.old_payload, ev.schema_name, ev.table_name),
                            ev.headers::text, ev.created_at,
                            g.is_ordered and ev.key is not null
-                           and exists (select 1 from ferry.retries rt where rt.subscription = g.one_sub and rt.key = ev.key),
+                           and exists (select 1 from ferry.retries rt where rt.subscription = g.one_sub
+                                       and hashtextextended(rt.key, 0) = hashtextextended(ev.key, 0) and rt.key = ev.key),
                            null::bigint
                     from ferry._batch_rows(g.v_start, g.v_end, g.one_streams, g.one_target) ev
                     where ferry._filter_match(g.filter::jsonpath, ev.stream, ev.key, ev.headers,
@@ -374,7 +375,8 @@ begin
                         null::text, g.v_start, k.v_end, k.more, r.id, r.stream, r.key, r.payload, r.headers,
                         r.created_at,
                         g.is_ordered and r.key is not null
-                        and exists (select 1 from ferry.retries rt where rt.subscription = g.one_sub and rt.key = r.key),
+                        and exists (select 1 from ferry.retries rt where rt.subscription = g.one_sub
+                                    and hashtextextended(rt.key, 0) = hashtextextended(r.key, 0) and rt.key = r.key),
                         k.cut_after
                  from r
                  cross join k
