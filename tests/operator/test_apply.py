@@ -141,7 +141,7 @@ async def test_a_dry_run_refuses_what_applying_would_naming_the_subscription(
         'url = "http://127.0.0.1:9/"\nmax_attempts = -3': "[subscriptions.bad]: pgferry: max_attempts must be between",
         'url = "http://127.0.0.1:9/"\npartitions = 0': "[subscriptions.bad]: pgferry: partitions must be between",
         'url = "http://127.0.0.1:9/"\nmax_age = "soon"': "[subscriptions.bad]: invalid input syntax for type interval",
-        'url = "nats://127.0.0.1:4222/o.{nope}"': "[subscriptions.bad]: pgferry: 'nats://127.0.0.1:4222/o.{nope}' has",
+        'url = "nats://127.0.0.1:4222/o.{nope}"': "[subscriptions.bad]: pgferry: unknown placeholder {nope} in",
         'url = "http://127.0.0.1:9/"\nfilter = "$.("': "[subscriptions.bad]: pgferry: ",
         'url = "http://127.0.0.1:9/"\nheaders = { "X-A" = "a\\u0001b" }': "[subscriptions.bad]: pgferry: header 'X-A'",
         'url = "http://127.0.0.1:9/"\ntimeout_ms = 99999999999999': "timeout_ms = 99999999999999 is out of range",

@@ -18,7 +18,9 @@
 -- Webhooks trio (webhook-id, webhook-timestamp, webhook-signature: a
 -- subscription header of that name replaced the signature, outside probe),
 -- pgferry-stream, pgferry-key and pgferry-key-encoding (the event's stream
--- and key), JetStream's Nats-Msg-Id (its duplicate check), and what frames
+-- and key), pgferry-stream-encoding and pgferry-encoded-headers (JetStream's
+-- marks of percent-encoded values), JetStream's Nats-Msg-Id (its duplicate
+-- check), and what frames
 -- the request (host, content-length, transfer-encoding). The same names as
 -- delivery/request.py's and delivery/jetstream.py's RESERVED.
 -- One loop over the map for both (migration 0026: the strict rule was
@@ -58,7 +60,8 @@ begin
             raise exception 'pgferry: % is not a valid HTTP header name', quote_literal(v_name) using errcode = '22023';
         end if;
         if strict and lower(v_name) in ('webhook-id', 'webhook-timestamp', 'webhook-signature', 'pgferry-stream',
-                                        'pgferry-key', 'pgferry-key-encoding', 'nats-msg-id', 'host', 'content-length',
+                                        'pgferry-key', 'pgferry-key-encoding', 'pgferry-stream-encoding',
+                                        'pgferry-encoded-headers', 'nats-msg-id', 'host', 'content-length',
                                         'transfer-encoding') then
             raise exception 'pgferry: header % is one pgferry sets itself on every delivery', quote_literal(v_name)
                 using errcode = '22023',
