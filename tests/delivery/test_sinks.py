@@ -703,6 +703,51 @@ async def test_a_subject_nothing_acknowledges_holds_its_subscription_alone(
         await listener.close()
 
 
+async def test_a_stream_with_no_ack_dead_letters_its_events_once_naming_it_and_holds_nothing(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, nats_server: NatsServer, js: Any
+) -> None:
+    """A stream created with no_ack stores each message and never acknowledges it: taken for a
+    frozen server, its subscription was held and probed for good, and each probe after the
+    duplicate window stored the event again (7 copies in 50 s: outside probe). Its events are
+    dead-lettered naming the stream and sent no more; the events of their chunk that an
+    acknowledging stream captures are delivered, and nothing is held."""
+    await js.add_stream(StreamConfig(name="QUIET", subjects=["na.quiet"], no_ack=True))
+    await js.add_stream(name="LOUD", subjects=["na.loud", "beside"])
+    await ferry.subscribe("na", ["s"], f"{nats_server.url}/na.{{key}}", batch_size=6, timeout_ms=300)
+    await ferry.subscribe("beside", ["s"], f"{nats_server.url}/beside")
+    async with conn.transaction():  # one chunk: quiet, loud, quiet, ...
+        ids = [await conn.fetchval("select ferry.publish('s', jsonb_build_object('n', $1::int), key => $2)",
+                                   n, "quiet" if n % 2 == 0 else "loud") for n in range(6)]  # fmt: skip
+    quiet, loud = ids[0::2], ids[1::2]
+
+    async def buried() -> bool:
+        return bool(await conn.fetchval("select count(*) from ferry.dead_letters") == len(quiet))
+
+    await eventually(buried, timeout=20, what="the quiet stream's events in dead letters")
+    letters = {r["event_id"]: r["last_error"] for r in await conn.fetch("select * from ferry.dead_letters")}
+    assert sorted(letters) == sorted(quiet)
+    assert all("stream 'QUIET'" in e and "has no_ack" in e and "recreate it without no_ack" in e
+               for e in letters.values()), letters  # fmt: skip
+    attempts = await conn.fetchval("select count(*) from ferry.attempt_history() where subscription = 'na'")
+    await asyncio.sleep(2.5)  # no probe, no retry: nothing published again
+    assert await conn.fetchval("select count(*) from ferry.attempt_history() where subscription = 'na'") == attempts
+    classes = {r[0] for r in await conn.fetch("select distinct error_class from ferry.attempt_history()")}
+    assert classes <= {None, "rejected", "no_ack"}, classes
+    assert sorted(m.headers["webhook-id"] for m in await stream_messages(js, "QUIET")) == sorted(
+        f"evt_{i}" for i in quiet
+    )
+    stored = [m.headers["webhook-id"] for m in await stream_messages(js, "LOUD") if m.subject == "na.loud"]
+    assert stored == [f"evt_{i}" for i in loud]
+    await ferry.publish("s", {"n": 6})
+
+    async def beside_has_all() -> bool:
+        return bool(sum(m.subject == "beside" for m in await stream_messages(js, "LOUD")) == 7)
+
+    await eventually(beside_has_all, timeout=10, what="the other subscription's 7 messages")
+    status = {r["name"]: r["health"] for r in await inspect.subscription_status(conn)}
+    assert not status["na"].startswith("down") and not status["beside"].startswith("down"), status
+
+
 async def test_an_ordered_chunk_whose_first_event_is_refused_keeps_its_key_in_order(
     relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, nats_server: NatsServer, js: Any
 ) -> None:

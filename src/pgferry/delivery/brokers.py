@@ -53,6 +53,9 @@ class PublishRefused(Exception):
         self.description = description
 
 
+#: The subject prefix of JetStream's API (the account's own; no domain).
+JS_API = "$JS.API"
+
 #: Bytes of frames joined into one write at most.
 FRAMES_AT_ONCE = 1 << 18
 
@@ -161,6 +164,30 @@ class AckedPublisher:
         finally:
             del self._chunks[chunk_id]
         return [_ack_outcome(answer) for answer in chunk.answers]
+
+    async def stream_capturing(self, subject: str, timeout: float) -> tuple[str, Mapping[str, Any]] | None:
+        """The name and configuration of the JetStream stream that captures ``subject``, asked on
+        this connection (``STREAM.NAMES`` filtered by the subject, then ``STREAM.INFO``): what a
+        publish left unacknowledged is explained by (``jetstream._unacknowledged``). None when no
+        stream does, or JetStream does not say within ``timeout`` each (a frozen server, a user
+        not allowed its API)."""
+        names = await self._api(f"{JS_API}.STREAM.NAMES", orjson.dumps({"subject": subject}), timeout)
+        streams = names.get("streams") if names is not None else None
+        if not (isinstance(streams, list) and streams and isinstance(streams[0], str)):
+            return None
+        info = await self._api(f"{JS_API}.STREAM.INFO.{streams[0]}", b"", timeout)
+        config = info.get("config") if info is not None else None
+        return (streams[0], config) if isinstance(config, dict) else None
+
+    async def _api(self, subject: str, body: bytes, timeout: float) -> dict[str, Any] | None:
+        """JetStream's JSON answer to a request of its API, or None (no answer, or not an object)."""
+        import nats.errors  # noqa: PLC0415
+
+        try:
+            answer = orjson.loads((await self.client.request(subject, body, timeout=timeout)).data)
+        except (nats.errors.Error, TimeoutError, OSError, orjson.JSONDecodeError):
+            return None
+        return answer if isinstance(answer, dict) else None
 
 
 @dataclass

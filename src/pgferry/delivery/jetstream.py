@@ -47,6 +47,11 @@ if TYPE_CHECKING:
 MESSAGE_TOO_LARGE_CODES = frozenset((10054,))
 
 
+#: Seconds each JetStream API request of the stream check after an unacknowledged publish may
+#: take at most (a frozen server answers none: its attempts take this much longer).
+NO_ACK_CHECK_S = 2.0
+
+
 #: The longest subject a publish may have: a NATS server's max_control_line (4,096 bytes by default)
 #: less the rest of the line (HPUB, the reply subject, the sizes).
 MAX_SUBJECT_BYTES = 3_840
@@ -283,7 +288,10 @@ class JetStreamSink(Sink):
             return _explain(exc, messages[0], dest, max_payload, timeout, started)
         for m, outcome in zip(messages, outcomes, strict=True):
             if outcome is not None:
-                return _explain(outcome, m, dest, max_payload, timeout, started)
+                no_ack = None
+                if isinstance(outcome, TimeoutError):  # the connection stands: the stream may say why
+                    no_ack = await _unacknowledged(publisher, m, outcomes, dest, timeout, started)
+                return no_ack if no_ack is not None else _explain(outcome, m, dest, max_payload, timeout, started)
         return HttpResult(None, None, None, None, (time.perf_counter() - started) * 1000)
 
     def endpoint_down(self) -> None:
@@ -321,6 +329,23 @@ async def _publish_in_key_order(
             if outcome is not None and key is not None:
                 stopped.add(key)
     return outcomes
+
+
+async def _unacknowledged(publisher: AckedPublisher, m: Message, outcomes: Sequence[BaseException | None],
+                          dest: NatsDestination, timeout: float, started: float) -> HttpResult | None:  # fmt: skip
+    """Why JetStream did not acknowledge ``m``, when the stream that captures its subject says
+    so: one created with ``no_ack`` stores a message and never answers. Taken for a frozen
+    server, that held the subscription and probed it for good, and each probe after the
+    duplicate window stored the event again (7 copies in 50 s: outside probe). ``no_ack`` is
+    dead-lettered at once, as no retry can be acknowledged; a chunk some of whose messages were
+    stored elsewhere fails as ``rejected``, split until this one goes alone. None: the stream
+    does not say (a timeout as any other)."""
+    found = await publisher.stream_capturing(m.subject, min(timeout, NO_ACK_CHECK_S))
+    if found is None or found[1].get("no_ack") is not True:
+        return None
+    error = (f"stream {found[0]!r} on {dest.address} has no_ack: it never acknowledges, so pgferry cannot "
+             f"know {m.subject!r} was stored; recreate it without no_ack")  # fmt: skip
+    return _failed("rejected" if any(o is None for o in outcomes) else "no_ack", error, started)
 
 
 def _explain(exc: BaseException, m: Message, dest: NatsDestination, max_payload: int, timeout: float,

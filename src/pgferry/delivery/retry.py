@@ -10,7 +10,8 @@ from pgferry.delivery.http import HttpResult
 from pgferry.delivery.model import Subscription
 
 #: Failures that another attempt cannot fix.
-PERMANENT = {"bad_request", "too_large", "refused_address"}
+#: (``no_ack``: a JetStream stream that never acknowledges; each retry might store the event again.)
+PERMANENT = {"bad_request", "too_large", "refused_address", "no_ack"}
 #: The longest we honour a Retry-After header.
 MAX_RETRY_AFTER = timedelta(hours=6)
 
