@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import fcntl
+import inspect
 import os
 import pty
 import re
@@ -102,10 +103,14 @@ async def read_all(ferry: pgferry.Ferry, conn: asyncpg.Connection, consumer: str
         await it.aclose()  # type: ignore[attr-defined]
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0, what: str = "condition") -> None:
+async def eventually(
+    check: Callable[[], Awaitable[bool] | bool], timeout: float = 10.0, what: str = "condition"
+) -> None:
+    """Wait until ``check()`` (a coroutine's result, or a plain value) is true, for ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if await check():
+        result = check()
+        if await result if inspect.isawaitable(result) else result:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
@@ -220,14 +225,20 @@ StartApi = Callable[..., Awaitable[ApiRelay]]
 
 @contextlib.asynccontextmanager
 async def api_relay_process(
-    pgferry_cmd: list[str], db_url: str, *, log: Path | None = None, wrapper: Sequence[str] = ()
+    pgferry_cmd: list[str],
+    db_url: str,
+    *,
+    log: Path | None = None,
+    wrapper: Sequence[str] = (),
+    args: Sequence[str] = (),
 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
-    """`pgferry run --api-port PORT --api-allow-loopback` as a process of its own (run by
+    """`pgferry run --api-port PORT --api-allow-loopback ARGS` as a process of its own (run by
     ``wrapper``, e.g. prlimit; its output to ``log``, else none), once its streams API serves:
     the process and the API's base URL (``.../v1/streams``). Stopped when the block ends
     (SIGTERM, killed if it has not exited 20 s later)."""
     port = free_port()
-    cmd = [*wrapper, *pgferry_cmd, "run", "--database-url", db_url, "--api-port", str(port), "--api-allow-loopback"]
+    cmd = [*wrapper, *pgferry_cmd, "run", "--database-url", db_url, "--api-port", str(port), "--api-allow-loopback",
+           *args]  # fmt: skip
     with contextlib.ExitStack() as files:
         out = files.enter_context(log.open("wb")) if log is not None else asyncio.subprocess.DEVNULL
         relay = await asyncio.create_subprocess_exec(*cmd, stdout=out, stderr=out, env=pgferry_env(db_url))

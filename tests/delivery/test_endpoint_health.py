@@ -209,7 +209,7 @@ async def test_failed_probes_spend_none_of_an_event_s_attempts(
     try:
         await ferry.subscribe("p", ["s"], f"{url}/p", max_attempts=3, retry_base_ms=50, retry_max_ms=200)
         await conn.execute("select ferry.publish('s', jsonb_build_object('n', g)) from generate_series(1, 10) g")
-        await eventually(lambda: _true(endpoint.while_down >= 10 + 5 + 4), what="probes while down")
+        await eventually(lambda: endpoint.while_down >= 10 + 5 + 4, what="probes while down")
         endpoint.down = False
 
         async def all_arrived() -> bool:
@@ -223,10 +223,6 @@ async def test_failed_probes_spend_none_of_an_event_s_attempts(
         "select count(*) from ferry.attempts where error like '%not counted against max_attempts'"
     )
     assert probes >= 4, probes  # recorded, and said so
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 def test_a_subscription_s_429s_hold_it_alone_and_its_host_s_other_subscriptions_go_on() -> None:
@@ -279,7 +275,7 @@ async def test_a_rate_limited_subscription_does_not_hold_another_on_the_same_hos
         await ferry.subscribe("limited", ["s"], f"{url}/limited")
         await ferry.subscribe("fine", ["s"], f"{url}/fine")
         await conn.execute("select ferry.publish('s', jsonb_build_object('n', g)) from generate_series(1, 20) g")
-        await eventually(lambda: _true(refused >= 5), what="429s")
+        await eventually(lambda: refused >= 5, what="429s")
         await conn.execute("select ferry.publish('s', jsonb_build_object('n', g)) from generate_series(21, 40) g")
 
         async def fine_has_all() -> bool:

@@ -492,12 +492,8 @@ async def test_a_subscription_removed_while_its_requests_are_in_flight_is_said_t
     _, url = await receiver_factory(slow)
     await ferry.subscribe("brief", ["s"], url)
     await ferry.publish_many([{"stream": "s", "payload": {"n": n}} for n in range(5)])
-    await eventually(lambda: _true(bool(arrived)), what="requests in flight")
+    await eventually(lambda: bool(arrived), what="requests in flight")
     await ferry.unsubscribe("brief")
     await asyncio.sleep(2)
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "brief" in r.getMessage()]
     assert not said, said
-
-
-async def _true(value: bool) -> bool:
-    return value

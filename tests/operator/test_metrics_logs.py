@@ -27,7 +27,7 @@ async def test_relay_serves_delivery_tick_and_database_metrics(
     await ferry.subscribe("bad", ["s"], bad_url, max_attempts=1)
     relay = RunningRelay(db_url, replace(FAST, metrics_port=0))
     try:
-        await eventually(lambda: _true(bool(relay.relay.addresses.get("metrics"))), what="the metrics server")
+        await eventually(lambda: bool(relay.relay.addresses.get("metrics")), what="the metrics server")
         url = relay.relay.addresses["metrics"]
         assert url.startswith("http://127.0.0.1:")
         await ferry.publish_many([{"stream": "s", "payload": {"n": n}} for n in range(6)])
@@ -77,10 +77,6 @@ async def test_relay_serves_delivery_tick_and_database_metrics(
         assert value(samples, "pgferry_deliveries_total", subscription="good") == 6
     finally:
         await relay.stop()
-
-
-async def _true(result: bool) -> bool:
-    return result
 
 
 async def test_run_logs_json_lines_and_serves_metrics_from_the_command_line(

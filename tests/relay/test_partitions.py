@@ -250,7 +250,7 @@ async def test_a_subscription_handed_to_a_joining_relay_finishes_its_slow_reques
         await eventually(lambda: _owned_by(conn, 1), what="one relay delivering both")
         ids = [await ferry.publish(name, {"n": 1}) for name in ("a", "b")]
         sent = time.monotonic()
-        await eventually(lambda: _true(len(arrived) == 2), what="both requests in flight")
+        await eventually(lambda: len(arrived) == 2, what="both requests in flight")
         second = RunningRelay(db_url)  # the first hands one subscription over while its request waits
         await eventually(lambda: _owned_by(conn, 2), timeout=20, what="each relay delivering one")
         await asyncio.sleep(8 - (time.monotonic() - sent))  # past the requests' timeout: any re-send is done
@@ -264,10 +264,6 @@ async def test_a_subscription_handed_to_a_joining_relay_finishes_its_slow_reques
 async def _owned_by(conn: asyncpg.Connection, relays: int) -> bool:
     owned = await units(conn)
     return len(owned) == relays and sorted(u for us in owned.values() for u in us) == ["a", "b"]
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def test_a_hot_subscriptions_partitions_spread_over_relays_even_at_their_fair_share(
