@@ -19,7 +19,7 @@ import pytest
 import pgferry
 from pgferry.embedded import free_port
 from pgferry.streams.api import SPARE_CONNECTIONS
-from tests.helpers import MakeReceiver, StartApi, eventually, pgferry_env, received
+from tests.helpers import MakeReceiver, StartApi, api_relay_process, eventually, received
 
 
 def _connect(base: str) -> socket.socket:
@@ -127,31 +127,18 @@ async def test_idle_connections_to_the_api_leave_delivery_dashboard_and_metrics_
     dashboard and metrics; 650 connections to the API that send nothing."""
     receiver, url = await receiver_factory()
     await ferry.subscribe("hook", ["fd"], url)
-    api, dashboard, metrics = free_port(), free_port(), free_port()
+    dashboard, metrics = free_port(), free_port()
     log = tmp_path / "relay.log"
-    cmd = [
-        "prlimit", "--nofile=600:600", *pgferry_cmd, "run", "--database-url", db_url, "--processes", "1",
-        "--api-port", str(api), "--dashboard-port", str(dashboard), "--metrics-port", str(metrics),
-    ]  # fmt: skip
-    with log.open("wb") as out:
-        relay = await asyncio.create_subprocess_exec(*cmd, stdout=out, stderr=out, env=pgferry_env(db_url))
-    try:
-
-        async def serving() -> bool:
-            assert relay.returncode is None, log.read_text()
-            try:
-                async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{metrics}/metrics") as r:
-                    return r.status == 200
-            except aiohttp.ClientConnectionError:
-                return False
-
-        await eventually(serving, timeout=30, what="the relay's metrics")
+    async with api_relay_process(
+        pgferry_cmd, db_url, log=log, wrapper=("prlimit", "--nofile=600:600"),
+        args=("--dashboard-port", str(dashboard), "--metrics-port", str(metrics)),
+    ) as (relay, base):  # fmt: skip
         await ferry.publish("fd", {"n": 0})
         await eventually(lambda: received(receiver, 1), timeout=15, what="the first event delivered")
         with _sockets() as opened:
             for _ in range(650):
                 with contextlib.suppress(OSError):  # refused ones may be reset before the next
-                    opened.append(_connect(f"http://127.0.0.1:{api}"))
+                    opened.append(_connect(base.removesuffix("/v1/streams")))
             await asyncio.sleep(1)
             fds = len(await asyncio.to_thread(os.listdir, f"/proc/{relay.pid}/fd"))
             assert fds < 560, f"the relay holds {fds} open files of 600"
@@ -162,13 +149,6 @@ async def test_idle_connections_to_the_api_leave_delivery_dashboard_and_metrics_
                     assert r.status == 200
                 async with s.get(f"http://127.0.0.1:{metrics}/metrics") as r:
                     assert r.status == 200
-    finally:
-        relay.terminate()
-        try:
-            await asyncio.wait_for(relay.wait(), 20)
-        except TimeoutError:
-            relay.kill()
-            await relay.wait()
     text = log.read_text()
     assert "Too many open files" not in text, text[-3000:]
     assert "streams API: refused" in text
