@@ -248,13 +248,15 @@ class Dashboard:
                 n = await conn.fetchval(sql.query("dlq_replay"), name, None)
                 return f"{n} dead letter(s) of {name} queued for delivery"
         if action == "replay":
-            return self._start_replay(name, str(form.get("since") or "").strip(), str(form.get("from_event") or ""))
+            return self._start_replay(
+                name, str(form.get("since") or "").strip(), str(form.get("from_event") or "").strip()
+            )
         raise web.HTTPNotFound(text=f"unknown action {action}")
 
     def _start_replay(self, name: str, since_text: str, from_text: str) -> str:
-        from_event = _event_id(from_text.strip()) if from_text.strip() else None
-        if from_text.strip() and from_event is None:  # was a replay since 1 h, or a 500 for "²"
-            raise PgferryError(f"cannot replay from event {from_text.strip()!r}: {NOT_AN_EVENT_ID}")
+        from_event = _event_id(from_text) if from_text else None
+        if from_text and from_event is None:  # was a replay since 1 h, or a 500 for "²"
+            raise PgferryError(f"cannot replay from event {from_text!r}: {NOT_AN_EVENT_ID}")
         since = None
         if from_event is None:
             try:
