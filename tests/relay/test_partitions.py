@@ -5,6 +5,7 @@ order holds while partitions move between relays, and across a change of N on a 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import time
 from collections import defaultdict
@@ -15,10 +16,10 @@ import orjson
 import pytest
 
 import pgferry
-from pgferry import sql
+from pgferry import db, sql
 from pgferry.delivery.model import consumer_name
 from pgferry.receiver import Received, Receiver, Respond, Slow
-from tests.helpers import MakeReceiver, RelayProcess, RunningRelay, eventually
+from tests.helpers import FAST, MakeReceiver, RelayProcess, RunningRelay, eventually
 
 KEYS = 24
 
@@ -234,26 +235,30 @@ async def test_a_subscription_handed_to_a_joining_relay_finishes_its_slow_reques
 ) -> None:
     """A hand-over waited stop_grace (2 s here), then cancelled what was in flight, and the next
     owner sent it again: a receiver answering in 15 s under timeout_ms 30000 got every event of a
-    moved subscription twice (outside probe). Now it waits for the requests' own timeout."""
+    moved subscription twice (outside probe). Then it waited for the requests' own timeout, but
+    only as long as the ownership connection could stay silent (session_timeout - command_timeout
+    - claim_interval - 1: 17 s by default, 3.8 s with the liveness below), so a request slower than
+    that still went twice. Now the hand-over waits in the background while the rounds go on."""
     arrived: list[str] = []
 
     def slow(received: Received) -> Slow:
         arrived.append(received.headers["webhook-id"])
-        return Slow(4.0)
+        return Slow(5.0)
 
     _, url = await receiver_factory(slow)
     for name in ("a", "b"):
-        await ferry.subscribe(name, [name], url, timeout_ms=5000)
-    first = RunningRelay(db_url)
+        await ferry.subscribe(name, [name], url, timeout_ms=8000)
+    short = dataclasses.replace(FAST, liveness=db.Liveness(command_timeout=3.0, session_timeout=8.0))
+    first = RunningRelay(db_url, short)
     second: RunningRelay | None = None
     try:
         await eventually(lambda: _owned_by(conn, 1), what="one relay delivering both")
         ids = [await ferry.publish(name, {"n": 1}) for name in ("a", "b")]
         sent = time.monotonic()
         await eventually(lambda: len(arrived) == 2, what="both requests in flight")
-        second = RunningRelay(db_url)  # the first hands one subscription over while its request waits
+        second = RunningRelay(db_url, short)  # the first hands one subscription over while its request waits
         await eventually(lambda: _owned_by(conn, 2), timeout=20, what="each relay delivering one")
-        await asyncio.sleep(8 - (time.monotonic() - sent))  # past the requests' timeout: any re-send is done
+        await asyncio.sleep(11 - (time.monotonic() - sent))  # past the requests' timeout: any re-send is done
         assert sorted(arrived) == sorted(f"evt_{i}" for i in ids), "each event sent once"
     finally:
         await first.stop()

@@ -73,6 +73,15 @@ class _Owned:
     lock_key: int
 
 
+@dataclass
+class _Leaving:
+    """A subscription handed to another relay whose worker is finishing its requests in flight:
+    its lock is given back once ``stopped`` is done, on the next round."""
+
+    owned: _Owned
+    stopped: asyncio.Task[None]
+
+
 class Ownership:
     def __init__(
         self,
@@ -88,14 +97,12 @@ class Ownership:
         self.connect_kwargs = live.connect_kwargs("pgferry relay", holds_locks=True)
         self.ctx = ctx
         self.settings = settings or OwnershipSettings()
-        #: the longest a hand-over to a relay with room may wait for a worker's requests in flight: the
-        #: ownership connection is silent meanwhile, and PostgreSQL ends it after session_timeout
-        self._hand_over_cap = max(
-            self.settings.stop_grace, live.session_timeout - live.command_timeout - self.settings.claim_interval - 1
-        )
         self.relay_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.started_at = time.monotonic()
         self.owned: dict[str, _Owned] = {}
+        #: subscriptions handed over whose workers are still finishing; this relay's session still
+        #: holds their locks, and a session re-enters its own advisory locks: never claim them
+        self.leaving: dict[str, _Leaving] = {}
         #: partitions handed over to spread their subscription, and when (see HANDED_OVER_HOLD)
         self._spread: dict[str, float] = {}
         #: metrics hook: seconds the heartbeat round trip took
@@ -130,7 +137,7 @@ class Ownership:
                 conn.add_termination_listener(self._on_lost)
                 while not stop.is_set():
                     await self._round(conn)
-                    await wait_for_event(stop, self.settings.claim_interval)
+                    await self._pause(stop)
                 await self._release_all(conn, graceful=True)
                 await conn.execute(sql.query("relay_gone"), self.relay_id)
             except CONNECTION_ERRORS as exc:
@@ -150,9 +157,21 @@ class Ownership:
                     conn.terminate()
         await self._abandon_all()
 
+    async def _pause(self, stop: asyncio.Event) -> None:
+        """Waits claim_interval between rounds, or until a hand-over is done: its lock goes back at once."""
+        if not self.leaving:
+            await wait_for_event(stop, self.settings.claim_interval)
+            return
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            handed = [leaving.stopped for leaving in self.leaving.values()]
+            await asyncio.wait([stopping, *handed], timeout=self.settings.claim_interval, return_when="FIRST_COMPLETED")
+        finally:
+            stopping.cancel()
+
     def _on_lost(self, *_: object) -> None:
         """The ownership connection is gone, and with it our locks: stop sending at once."""
-        for owned in self.owned.values():
+        for owned in [*self.owned.values(), *(leaving.owned for leaving in self.leaving.values())]:
             owned.worker.stop()
             owned.task.cancel()
 
@@ -164,7 +183,7 @@ class Ownership:
         not delivered: they are a gap now. Its worker stops sending at once what it read before
         (finishing its round sent a slow subscription's events for seconds after they were counted
         lost); the next round lets it go, and claims it again if it is still active."""
-        for owned in self.owned.values():
+        for owned in [*self.owned.values(), *(leaving.owned for leaving in self.leaving.values())]:
             if owned.worker.sub.consumer == consumer and not owned.task.done():
                 log.warning("delivery: the cursor of %s was moved over events it had not delivered (ferry.gaps); "
                             "it stops sending what it had read", consumer)  # fmt: skip
@@ -174,6 +193,7 @@ class Ownership:
     async def _round(self, conn: asyncpg.Connection) -> None:
         # One round trip: heartbeat, active subscriptions, number of live relays
         # (those whose ownership connection holds the presence lock).
+        await self._unlock_handed_over(conn)
         started = time.perf_counter()
         rows = await conn.fetch(
             sql.query("relay_round"),
@@ -212,7 +232,7 @@ class Ownership:
         wanted: list[tuple[str, Subscription]] = []
         capped: list[tuple[str, Subscription]] = []
         for name, sub in active.items():
-            if name in self.owned:
+            if name in self.owned or name in self.leaving:
                 continue
             if held[sub.generation] >= math.ceil(sub.parts / relays):
                 capped.append((name, sub))
@@ -258,10 +278,26 @@ class Ownership:
                 self._spread.update(dict.fromkeys(extras, now))
         if extras:
             log.info("delivery: handing %d subscription(s) to other relays (fair share %d)", len(extras), share)
-            await asyncio.gather(*(self._stop_worker(n, self.owned[n], True, self._hand_over_grace(n)) for n in extras))
             for name in extras:
-                owned = self.owned.pop(name)
-                await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, owned.lock_key)
+                self._hand_over(name, self.owned.pop(name))
+
+    def _hand_over(self, name: str, owned: _Owned) -> None:
+        """Stops a worker in the background, letting its requests in flight take their own timeout:
+        one cancelled was sent again by the next owner, answered or not (outside probe: a receiver
+        answering in 15 s under timeout_ms 30000 got every event of the moved subscription twice).
+        The rounds go on meanwhile (waiting here kept the ownership connection silent, so a wait had
+        to end before PostgreSQL's idle_session_timeout: ~17 s by default), and the round after the
+        worker stopped gives its lock back."""
+        grace = max(self.settings.stop_grace, owned.worker.sub.timeout_ms / 1000 + HAND_OVER_MARGIN)
+        stopped = asyncio.create_task(self._stop_worker(name, owned, True, grace), name=f"hand over {name}")
+        self.leaving[name] = _Leaving(owned, stopped)
+
+    async def _unlock_handed_over(self, conn: asyncpg.Connection) -> None:
+        for name, leaving in list(self.leaving.items()):
+            if leaving.stopped.done():
+                del self.leaving[name]
+                await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, leaving.owned.lock_key)
+                log.info("delivery: handed subscription %s over", name)
 
     async def _claim(self, conn: asyncpg.Connection, candidates: list[tuple[str, Subscription]], room: int) -> None:
         """Takes up to ``room`` of ``candidates`` (in order) that no relay holds, in one statement
@@ -289,6 +325,8 @@ class Ownership:
     async def _retire(self, conn: asyncpg.Connection, sub: Subscription) -> None:
         """Removes an old partition that drained after a change of partitions, once its worker (if
         this relay runs it) has stopped and recorded what it still had in flight."""
+        if sub.unit in self.leaving:
+            return  # retired once its hand-over is done: this session still holds its lock
         if sub.unit in self.owned:
             owned = self.owned.pop(sub.unit)
             await self._stop_worker(sub.unit, owned, graceful=True)
@@ -331,14 +369,6 @@ class Ownership:
         await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, owned.lock_key)
         log.info("delivery: released subscription %s", name)
 
-    def _hand_over_grace(self, name: str) -> float:
-        """How long a subscription handed to another relay may take to finish: its requests in flight
-        may take their timeout, and one cancelled was sent again by the next owner, answered or not
-        (outside probe: a receiver answering in 15 s under timeout_ms 30000 got every event of the
-        moved subscription twice). Stopping the relay keeps stop_grace, which its supervisor counts on."""
-        timeout = self.owned[name].worker.sub.timeout_ms / 1000
-        return min(self._hand_over_cap, max(self.settings.stop_grace, timeout + HAND_OVER_MARGIN))
-
     async def _stop_worker(self, name: str, owned: _Owned, graceful: bool, grace: float | None = None) -> None:
         owned.worker.stop()
         wait = grace if grace is not None else self.settings.stop_grace
@@ -358,8 +388,9 @@ class Ownership:
             log.error("delivery: worker for %s failed", name, exc_info=result)
 
     async def _release_all(self, conn: asyncpg.Connection, *, graceful: bool) -> None:
-        """Stop every worker at once (each within its grace period), then give the locks back."""
-        owned, self.owned = self.owned, {}
+        """Stop every worker at once (each within its grace period, hand-overs under way included:
+        stopping the relay keeps stop_grace, which its supervisor counts on), then give the locks back."""
+        owned = await self._take_all()
         await asyncio.gather(*(self._stop_worker(name, o, graceful) for name, o in owned.items()))
         for name, o in owned.items():
             await conn.fetchval(sql.query("advisory_unlock"), CONSUMER_LOCK_CLASS, o.lock_key)
@@ -367,9 +398,17 @@ class Ownership:
 
     async def _abandon_all(self) -> None:
         """The locks are gone with the connection: stop every worker now."""
-        owned, self.owned = self.owned, {}
-        for name, o in owned.items():
+        for name, o in (await self._take_all()).items():
             await self._stop_worker(name, o, graceful=False)
+
+    async def _take_all(self) -> dict[str, _Owned]:
+        """Every worker this relay runs, hand-overs under way included (their waits end here)."""
+        owned, self.owned = self.owned, {}
+        leaving, self.leaving = self.leaving, {}
+        for left in leaving.values():
+            left.stopped.cancel()
+        await asyncio.gather(*(left.stopped for left in leaving.values()), return_exceptions=True)
+        return owned | {name: left.owned for name, left in leaving.items()}
 
 
 def _host(url: str) -> str:
