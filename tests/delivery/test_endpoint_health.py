@@ -12,7 +12,7 @@ import pgferry
 from pgferry.delivery.health import Admission, EndpointHealth
 from pgferry.delivery.http import HttpResult
 from pgferry.ops.inspect import subscription_status
-from pgferry.receiver import Action, Received, Receiver, Respond
+from pgferry.receiver import Action, CutBody, Received, Receiver, Respond
 from tests.helpers import RunningRelay, eventually
 
 EP = ("http", "hooks.example", 80)
@@ -223,6 +223,33 @@ async def test_failed_probes_spend_none_of_an_event_s_attempts(
         "select count(*) from ferry.attempts where error like '%not counted against max_attempts'"
     )
     assert probes >= 4, probes  # recorded, and said so
+
+
+async def test_the_one_event_a_down_endpoint_holds_is_probed_ever_less_often(
+    relay: RunningRelay, ferry: pgferry.Ferry
+) -> None:
+    """A receiver that took every request but answered unreadably (a 200 cut short here; a 200
+    with oversized headers in the outside probe) was marked down, and the one event it held went
+    as a probe every second, each time stored again: 609 copies in 17 minutes. A failed probe
+    now doubles its event's wait (about as long as it has been failing)."""
+    arrivals: list[float] = []
+
+    def cut_short(_: Received) -> CutBody:
+        arrivals.append(time.monotonic())
+        return CutBody(10)
+
+    receiver = Receiver(cut_short)
+    url = await receiver.start()
+    try:
+        await ferry.subscribe("p", ["s"], f"{url}/p", retry_base_ms=50, retry_max_ms=60_000)
+        await ferry.publish("s", {"n": 1})
+        await eventually(lambda: len(arrivals) >= 5, what="five failures: the endpoint down")
+        down_at = time.monotonic()
+        await asyncio.sleep(8)
+    finally:
+        await receiver.stop()
+    probes = [t for t in arrivals if t > down_at]
+    assert 1 <= len(probes) <= 4, f"{len(probes)} probes of one event in 8 s (one a second before)"
 
 
 def test_a_subscription_s_429s_hold_it_alone_and_its_host_s_other_subscriptions_go_on() -> None:

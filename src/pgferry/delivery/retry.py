@@ -45,12 +45,23 @@ def judge(
     asking a down endpoint whether it is back; its failure says nothing about the event, so it
     does not use up max_attempts (max_age still applies). Otherwise a long outage would
     dead-letter whatever events the probes happened to carry (a key's first parked event, for
-    an ordered subscription)."""
+    an ordered subscription).
+
+    A failed probe's event still waits longer each time: at least about as long as it has been
+    failing (so each probe it carries doubles its age), up to retry_max_ms. With its attempts
+    not counted, its backoff stayed at that of its last counted attempt, and a receiver that
+    took every request but answered it unreadably (a 2xx with oversized headers, or after the
+    timeout) got the one event it was held on again every second: 609 copies in 17 minutes, and
+    so on for max_age (outside probe). Probes go on at probe_interval while other events are due."""
     if result.error_class in PERMANENT:
         return Verdict(dead=True, next_attempt_at=None)
-    if (attempts >= sub.max_attempts and not probe) or now - first_failed_at >= sub.max_age:
+    age = now - first_failed_at
+    if (attempts >= sub.max_attempts and not probe) or age >= sub.max_age:
         return Verdict(dead=True, next_attempt_at=None)
     delay = backoff(sub, attempts)
+    if probe:
+        waited = min(age, timedelta(milliseconds=sub.retry_max_ms))
+        delay = max(delay, waited * random.uniform(0.5, 1.0))
     if result.retry_after is not None:
         # Capped before it becomes a timedelta: Retry-After: 100000000000000 overflowed it, and the
         # worker failed on every answer without recording one.
