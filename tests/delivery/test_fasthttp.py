@@ -16,7 +16,7 @@ from pgferry.delivery import fasthttp
 from pgferry.delivery.fasthttp import FastSender
 from pgferry.delivery.http import parse_retry_after
 from pgferry.delivery.retry import judge
-from pgferry.receiver import CutBody, Drop, Garbage, Hang, Respond
+from pgferry.receiver import CutBody, Drop, Garbage, Hang, Receiver, Respond
 from tests.helpers import NOW, MakeReceiver, subscription
 
 
@@ -37,6 +37,19 @@ async def test_success_reuses_connections(sender: FastSender, receiver_factory: 
     got = receiver.received[0]
     assert got.method == "POST" and got.path == "/hook" and got.body == b'{"a": 1}'
     assert got.headers["host"] == f"127.0.0.1:{receiver.port}" and got.headers["content-type"] == "application/json"
+
+
+async def test_an_ipv6_literal_keeps_its_brackets_in_the_host_header(sender: FastSender) -> None:
+    """nginx answered 400 to "Host: ::1:56279", and the events were dead-lettered (outside probe)."""
+    receiver = Receiver(lambda _: Respond())
+    await receiver.start(host="::1")
+    try:
+        assert (await post(sender, f"http://[::1]:{receiver.port}/hook")).status == 200
+    finally:
+        await receiver.stop()
+    assert receiver.received[0].headers["host"] == f"[::1]:{receiver.port}"
+    assert fasthttp._target("GET", "http://[::1]/x")[1].endswith("\r\nHost: [::1]")
+    assert fasthttp._target("GET", "https://bücher.example/x")[1].endswith("\r\nHost: xn--bcher-kva.example")
 
 
 async def test_failures_are_classified(sender: FastSender, receiver_factory: MakeReceiver) -> None:

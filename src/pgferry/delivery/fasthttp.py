@@ -381,8 +381,10 @@ def _target(method: str, url: str) -> tuple[tuple[str, str, int], str]:
     path.encode("ascii", "strict")
     endpoint = endpoint_of(url)
     default_port = 443 if endpoint[0] == "https" else 80
-    host = endpoint[1] if endpoint[2] == default_port else f"{endpoint[1]}:{endpoint[2]}"
-    return endpoint, f"{method} {path} HTTP/1.1\r\nHost: {host.encode('idna').decode('ascii')}"
+    # an IPv6 literal keeps its brackets (RFC 9110 7.2): nginx answered 400 to "Host: ::1:8080"
+    name = f"[{endpoint[1]}]" if ":" in endpoint[1] else endpoint[1].encode("idna").decode("ascii")
+    host = name if endpoint[2] == default_port else f"{name}:{endpoint[2]}"
+    return endpoint, f"{method} {path} HTTP/1.1\r\nHost: {host}"
 
 
 def tls_context(ca_file: str | None = None) -> ssl.SSLContext:
