@@ -189,18 +189,14 @@ async def test_the_late_answer_to_a_cancelled_request_is_never_read_as_the_next_
         server.close()
 
 
-async def test_an_endpoint_that_answers_twice_gets_a_new_connection_for_each_request(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """A second answer that comes after the next request was written is read as that one's (HTTP/1.1
-    cannot tell): a receiver answering 500, then 200 again 30 ms later, had 7 of 10 rejected events
-    recorded as delivered (outside probe). Once an endpoint sent bytes nobody asked for, its
-    connections are closed after each answer, so no late answer has a request to be taken for."""
-    connections = 0
+class AnswersTwice:
+    """A server that answers each request 500, then 200 again 30 ms later on the same connection."""
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal connections
-        connections += 1
+    def __init__(self) -> None:
+        self.connections = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):  # the sender closed it
             while head := await reader.readuntil(b"\r\n\r\n"):
                 length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
@@ -210,20 +206,50 @@ async def test_an_endpoint_that_answers_twice_gets_a_new_connection_for_each_req
                 await asyncio.sleep(0.03)
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")  # the stray second answer
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self.serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/hook"
+
+    async def __aexit__(self, *_: object) -> None:
+        self.server.close()
+
+
+async def test_an_endpoint_that_answers_twice_gets_a_new_connection_for_each_request(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A second answer that comes after the next request was written is read as that one's (HTTP/1.1
+    cannot tell): a receiver answering 500, then 200 again 30 ms later, had 7 of 10 rejected events
+    recorded as delivered (outside probe). Once an endpoint sent bytes nobody asked for, its
+    connections are closed after each answer, so no late answer has a request to be taken for."""
+    twice = AnswersTwice()
     one = FastSender(pool_size=1)
-    try:
-        with caplog.at_level("WARNING", logger="pgferry.delivery.fasthttp"):
-            assert (await one.send(url, b"1", {}, timeout=5, connect_timeout=1)).status == 500
-            await asyncio.sleep(0.1)  # the stray answer comes while the connection is idle
-            for n in range(2, 6):  # back to back: a kept-alive connection would take the stray 200
-                assert (await one.send(url, str(n).encode(), {}, timeout=5, connect_timeout=1)).status == 500
-        assert connections == 5
-        assert "no request asked for" in caplog.text and "not reused for 600 s" in caplog.text
-    finally:
-        await one.close()
-        server.close()
+    async with twice as url:
+        try:
+            with caplog.at_level("WARNING", logger="pgferry.delivery.fasthttp"):
+                assert (await one.send(url, b"1", {}, timeout=5, connect_timeout=1)).status == 500
+                await asyncio.sleep(0.1)  # the stray answer comes while the connection is idle
+                for n in range(2, 6):  # back to back: a kept-alive connection would take the stray 200
+                    assert (await one.send(url, str(n).encode(), {}, timeout=5, connect_timeout=1)).status == 500
+            assert twice.connections == 5
+            assert "no request asked for" in caplog.text and "not reused for 600 s" in caplog.text
+        finally:
+            await one.close()
+
+
+async def test_a_request_saying_connection_close_never_shares_its_connection() -> None:
+    """Under steady traffic the stray answer is never caught on an idle connection, so the guard
+    above never starts, and 4-8 of 40 rejected events were recorded as delivered (outside probe).
+    A subscription whose headers say Connection: close gets a new connection for every request."""
+    twice = AnswersTwice()
+    one = FastSender(pool_size=1)
+    async with twice as url:
+        try:
+            for n in range(8):  # back to back from the first request
+                result = await one.send(url, str(n).encode(), {"Connection": "close"}, timeout=5, connect_timeout=1)
+                assert result.status == 500, n
+            assert twice.connections == 8
+        finally:
+            await one.close()
 
 
 @pytest.mark.parametrize(

@@ -530,8 +530,11 @@ class FastSender:
             if deadline is None:  # the wait for a slot does not count
                 deadline = asyncio.get_running_loop().time() + timeout
             reader = ResponseReader(MAX_CAPTURED_BYTES if capture else RESPONSE_SNIPPET_BYTES, capture)
+            keep = not _asks_close(headers)
             try:
-                response = await self._exchange(pool, data, connect_timeout, deadline, clock, on_wire, reader, fresh)
+                response = await self._exchange(
+                    pool, data, connect_timeout, deadline, clock, on_wire, reader, fresh, keep=keep
+                )
             except (_Withdrawn, TimeoutError, _ConnectTimeout, RefusedAddress, _Lost, ProtocolError, OSError) as exc:
                 error_class, error, curl = _failure(exc, endpoint, timeout, connect_timeout)
                 latency = (time.perf_counter() - started) * 1000
@@ -565,7 +568,11 @@ class FastSender:
         on_wire: Callable[[], bool] | None,
         reader: ResponseReader,
         fresh: bool = False,
+        *,
+        keep: bool = True,
     ) -> Response:
+        """``keep``: the connection may carry another request after this one (False: the request
+        said ``Connection: close``, RFC 9112 9.6)."""
         conn = None if fresh else pool.take_idle()
         fresh = conn is None
         if conn is None:
@@ -595,6 +602,8 @@ class FastSender:
         except BaseException:
             pool.give_back(conn)
             raise
+        if not keep:
+            conn.reusable = False
         pool.give_back(conn)
         return response
 
@@ -640,6 +649,16 @@ def _failure(  # noqa: PLR0911 - one return per way a request can end
         return "invalid_response", str(exc), exc.curl
     assert isinstance(exc, OSError)
     return "connect", f"cannot connect to {host}: {exc.strerror or exc}", "Couldn't connect to server"
+
+
+def _asks_close(headers: Mapping[str, str]) -> bool:
+    """Whether ``headers`` say ``Connection: close``: a subscription's way to get a new connection
+    for every request (for a receiver that may answer a request twice: a second answer arriving
+    after the next request was written would be taken for its answer, docs/reliability.md)."""
+    for name, value in headers.items():
+        if len(name) == 10 and name.lower() == "connection":
+            return any(token.strip().lower() == "close" for token in value.split(","))
+    return False
 
 
 def _serialize(line: str, method: str, body: bytes | None, headers: Mapping[str, str], strict: bool = True) -> bytes:
