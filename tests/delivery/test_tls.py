@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import socket
 import ssl
+import struct
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -103,6 +107,51 @@ async def test_each_failed_certificate_check_says_which_it_was(
     error_class, error = await post(expired, trusting)
     assert error_class == "tls" and "certificate verify failed: certificate has expired" in error, error
     assert await post(untrusted, trusting) == (None, "")  # the same server, its CA now trusted
+
+
+async def test_a_server_that_wants_a_client_certificate_or_speaks_no_tls_is_a_tls_failure_that_says_so(
+    ca: trustme.CA, tmp_path: Path
+) -> None:
+    """Outside probe: a TLS 1.3 server's certificate_required alert was an empty_reply, a reset in the
+    handshake a connect failure with no reason at all, and an https URL on a plain-HTTP server that
+    waits for a request "no complete answer within 2 s"."""
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    wants_cert = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(wants_cert)
+    wants_cert.verify_mode = ssl.CERT_REQUIRED
+    ca.configure_trust(wants_cert)
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def refuse_without_certificate() -> None:  # a blocking server writes its alert before closing
+        with listener, contextlib.suppress(OSError):
+            accepted, _ = listener.accept()
+            with accepted, contextlib.suppress(ssl.SSLError):
+                wants_cert.wrap_socket(accepted, server_side=True).recv(1)
+
+    threading.Thread(target=refuse_without_certificate, daemon=True).start()
+
+    async def reset_in_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)  # the ClientHello, then a reset
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.close()
+
+    async def silent(reader: asyncio.StreamReader, _: asyncio.StreamWriter) -> None:
+        await reader.read()  # a plain-HTTP server waiting for a request line
+
+    servers = [await asyncio.start_server(serve, "127.0.0.1", 0) for serve in (reset_in_handshake, silent)]
+    reset_url, silent_url = (f"https://127.0.0.1:{s.sockets[0].getsockname()[1]}/hook" for s in servers)
+    try:
+        wants_cert_url = f"https://127.0.0.1:{listener.getsockname()[1]}/hook"
+        error_class, error = await post(wants_cert_url, tls_context(str(ca_file)))
+        assert error_class == "tls" and "requires a client certificate" in error, (error_class, error)
+        error_class, error = await post(reset_url)
+        assert error_class == "tls" and "broke off the TLS handshake" in error, (error_class, error)
+        error_class, error = await post(silent_url)
+        assert error_class == "timeout" and "TLS handshake" in error, (error_class, error)
+    finally:
+        for server in servers:
+            server.close()
 
 
 async def test_the_relay_delivers_to_a_private_ca_given_with_ca_file(

@@ -103,7 +103,13 @@ class _Withdrawn(Exception):
 
 
 class _ConnectTimeout(Exception):
-    pass
+    """Connecting (TCP, and for https the TLS handshake) took ``seconds``: the connect timeout,
+    or what was left of the request's."""
+
+    def __init__(self, seconds: float, tls: bool) -> None:
+        super().__init__(seconds)
+        self.seconds = seconds
+        self.tls = tls
 
 
 class _Connection(asyncio.Protocol):
@@ -153,6 +159,9 @@ class _Connection(asyncio.Protocol):
         try:
             response = reader.feed_eof()  # a body delimited by the close ends here
         except Truncated as lost:
+            if isinstance(exc, ssl.SSLError):  # a TLS alert, e.g. TLS 1.3's certificate_required: a tls failure
+                self._fail(exc)
+                return
             reason = f"connection error: {exc}" if exc else "server closed the connection"
             self._fail(_Lost(lost.got_bytes, reason, got_status=lost.got_status, reset=exc is not None))
             return
@@ -400,7 +409,10 @@ def _tls_reason(exc: ssl.SSLError) -> str:
     does not tell an untrusted CA from a wrong name or an expired certificate)."""
     if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
         return f"certificate verify failed: {exc.verify_message}"
-    return str(exc.reason or exc)
+    reason = str(exc.reason or exc)
+    if "CERTIFICATE_REQUIRED" in reason:
+        return f"{reason}: the server requires a client certificate, which pgferry does not present"
+    return reason
 
 
 class FastSender:
@@ -536,7 +548,7 @@ class FastSender:
                     pool, data, connect_timeout, deadline, clock, on_wire, reader, fresh, keep=keep
                 )
             except (_Withdrawn, TimeoutError, _ConnectTimeout, RefusedAddress, _Lost, ProtocolError, OSError) as exc:
-                error_class, error, curl = _failure(exc, endpoint, timeout, connect_timeout)
+                error_class, error, curl = _failure(exc, endpoint, timeout)
                 latency = (time.perf_counter() - started) * 1000
                 return HttpResult(None, error_class, error, None, latency, None, None, clock.tries(),
                                   clock.timings(), curl), None, deadline  # fmt: skip
@@ -618,7 +630,7 @@ class _BadHeader(Exception):
 
 
 def _failure(  # noqa: PLR0911 - one return per way a request can end
-    exc: BaseException, endpoint: tuple[str, str, int], timeout: float, connect_timeout: float
+    exc: BaseException, endpoint: tuple[str, str, int], timeout: float
 ) -> tuple[str, str, str | None]:
     """(error class, error text, libcurl's text) of a request that ended without an answer.
     libcurl's text (curl_easy_strerror) is what the pg_net API records as error_msg; None
@@ -627,7 +639,8 @@ def _failure(  # noqa: PLR0911 - one return per way a request can end
     if isinstance(exc, _Withdrawn):
         return "withdrawn", "taken back before it was sent", None
     if isinstance(exc, _ConnectTimeout):
-        return "timeout", f"cannot connect to {host} within {connect_timeout:g} s", None
+        handshake = " (TCP connection and TLS handshake: is it an https server?)" if exc.tls else ""
+        return "timeout", f"cannot connect to {host} within {exc.seconds:.3g} s{handshake}", None
     if isinstance(exc, TimeoutError):
         return "timeout", f"no complete answer within {timeout:g} s", None
     if isinstance(exc, socket.gaierror):
@@ -648,7 +661,19 @@ def _failure(  # noqa: PLR0911 - one return per way a request can end
     if isinstance(exc, ProtocolError):
         return "invalid_response", str(exc), exc.curl
     assert isinstance(exc, OSError)
-    return "connect", f"cannot connect to {host}: {exc.strerror or exc}", "Couldn't connect to server"
+    if endpoint[0] == "https" and isinstance(exc, (ConnectionResetError, ConnectionAbortedError)):
+        # connected, then cut off in the TLS handshake: the server may want a client certificate
+        # (pgferry presents none) or not speak TLS; a bare reset said nothing (outside probe)
+        reason = (
+            f"the server broke off the TLS handshake ({exc.strerror or type(exc).__name__}): it may require "
+            "a client certificate, which pgferry does not present, or not speak TLS on this port"
+        )
+        return "tls", f"TLS error with {host}: {reason}", "SSL connect error"
+    return (
+        "connect",
+        f"cannot connect to {host}: {exc.strerror or exc or type(exc).__name__}",
+        "Couldn't connect to server",
+    )
 
 
 def _asks_close(headers: Mapping[str, str]) -> bool:
@@ -716,11 +741,11 @@ def _redirected(
 async def _connect(pool: _Pool, connect_timeout: float, deadline: float, clock: _Clock) -> _Connection:
     """A new connection within ``connect_timeout`` (_ConnectTimeout) and before the request's
     ``deadline`` (TimeoutError), whichever comes first."""
-    remaining = deadline - asyncio.get_running_loop().time()
+    limit = min(connect_timeout, deadline - asyncio.get_running_loop().time())
     try:
-        async with asyncio.timeout(min(connect_timeout, remaining)):
+        async with asyncio.timeout(limit):
             return await pool.connect(clock)
     except TimeoutError:
-        if connect_timeout < remaining:
-            raise _ConnectTimeout from None
-        raise
+        # said as a connect timeout either way: an https URL on a plain-HTTP server waits here, in
+        # the TLS handshake, and "no complete answer" did not say so (outside probe)
+        raise _ConnectTimeout(max(limit, 0.0), pool.ssl is not None) from None
