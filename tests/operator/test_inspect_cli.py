@@ -122,3 +122,30 @@ async def test_trace_and_dlq_show_print_control_characters_as_escapes(
         shown = await cli(pgferry_cmd, db_url, *args)
         assert shown.returncode == 0 and "\x1b" not in shown.stdout and "\x07" not in shown.stdout, shown.stdout
         assert "\\x1b" in shown.stdout, shown.stdout
+
+
+async def test_trace_says_a_held_event_goes_when_a_probe_gets_an_answer(
+    pgferry_cmd: list[str], db_url: str, relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry
+) -> None:
+    """A held event is due, waiting for its endpoint: trace showed its due time, in the past (outside probe)."""
+    await ferry.subscribe("down", ["s"], "http://127.0.0.1:9/", retry_base_ms=10, retry_max_ms=20)
+    await conn.execute("select ferry.publish('s', jsonb_build_object('n', g)) from generate_series(1, 10) g")
+
+    async def down() -> bool:
+        return bool(await conn.fetchval("select count(*) >= 5 from ferry.attempts"))
+
+    await eventually(down, what="five failures: the endpoint down")
+
+    async def held() -> bool:  # what comes after is held
+        await ferry.publish("s", {"n": 11})
+        return bool(await conn.fetchval("select count(*) from ferry.retries where last_error like 'held:%'"))
+
+    await eventually(held, what="events held behind the down endpoint")
+
+    async def traced() -> bool:  # (a held event may become the next probe meanwhile: take another)
+        event_id = await conn.fetchval("select max(event_id) from ferry.retries where last_error like 'held:%'")
+        shown = await cli(pgferry_cmd, db_url, "trace", str(event_id))
+        assert shown.returncode == 0, shown.stderr
+        return "when a probe gets an answer" in shown.stdout
+
+    await eventually(traced, what="trace saying a held event goes when a probe gets an answer")

@@ -155,7 +155,11 @@ def trace(database_url: str | None, event_id: int, as_json: bool) -> None:
             columns = [("name", "subscription"), ("state", "where the event is"),
                        ("attempts_so_far", "attempts"), ("next_attempt_at", "next attempt"),
                        ("dead_letter_id", "dead letter"), ("last_error", "last error")]  # fmt: skip
-            table("subscriptions", result.subscriptions, columns, styles={"state": _trace_style})
+            # a held event is due but waits for its endpoint: its due time, past, said nothing (outside probe)
+            rows = [{**row, "next_attempt_at": "when a probe gets an answer"}
+                    if str(row.get("last_error") or "").startswith("held:") else row
+                    for row in result.subscriptions]  # fmt: skip
+            table("subscriptions", rows, columns, styles={"state": _trace_style})
         else:
             console.print("no subscription matches its stream")
     if result.attempts:
