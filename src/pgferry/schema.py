@@ -48,6 +48,7 @@ async def install(conn: asyncpg.Connection, addons: Sequence[str] = ()) -> list[
     async with conn.transaction():
         await conn.execute(sql.query("install_lock"), LOCK_CLASS, INSTALL_LOCK)
         await conn.execute(sql.query("create_migrations_table"))
+        await _refuse_newer_schema(conn)
         await _refuse_old_relays(conn)
         applied_now += await _apply(conn, None)
         await _define_functions(conn, None)
@@ -68,6 +69,26 @@ async def _require_utf8(conn: asyncpg.Connection) -> None:
         raise PgferryError(
             f"this database's encoding is {encoding}, and pgferry needs UTF8 (events are JSON text): install it "
             "into a database created with ENCODING 'UTF8' (createdb --encoding UTF8 --template template0 ...)"
+        )
+
+
+async def _refuse_newer_schema(conn: asyncpg.Connection) -> None:
+    """Refuse to install over a schema a newer pgferry installed: this code's function files would
+    replace the newer ones under the relays that need them, and leave overloads its install cannot
+    see (an older install over a newer schema said "already up to date", rewrote 19 functions, and
+    `ferry.backfill_resume` became "not unique"; outside probe)."""
+    version = await conn.fetchval(sql.query("schema_version"))
+    newer = [f"the schema at version {version}"] if version is not None and version > sql.latest_version() else []
+    if await conn.fetchval(sql.query("addon_migrations_table_exists")):
+        for row in await conn.fetch(sql.query("installed_addons")):
+            mine = sql.migrations(row["addon"])[-1].version if row["addon"] in sql.ADDONS else 0
+            if row["version"] > mine:
+                newer.append(f"its {row['addon']} add-on at version {row['version']}")
+    if newer:
+        raise PgferryError(
+            f"this database was installed by a newer pgferry ({' and '.join(newer)}; this pgferry knows "
+            f"{sql.latest_version()}): installing this older one would put older functions under relays that "
+            "need the newer ones. Nothing was changed; run `pgferry install` of the newer version, or none"
         )
 
 

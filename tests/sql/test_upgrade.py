@@ -258,3 +258,30 @@ async def test_an_install_past_0016_waits_until_the_relays_of_older_code_are_sto
     finally:
         await relay.close()
         await conn.close()
+
+
+@pytest.mark.usefixtures("nobody_role")
+async def test_an_older_install_over_a_newer_schema_is_refused_and_changes_nothing(db_url: str) -> None:
+    """An older pgferry's install over a newer schema said "already up to date", put its older
+    functions back under the relays, and left overloads that made `ferry.backfill_resume` "not
+    unique" (outside probe). Played here by a schema (and an add-on) one migration ahead."""
+    conn = await db.connect(db_url)
+    try:
+        await install_at(db_url, addons=["pg_net"])
+        before = await catalog(conn)
+        latest = sql.latest_version()
+        await conn.execute("insert into ferry.schema_migrations (version, name) values ($1, 'from_the_future')",
+                           latest + 1)  # fmt: skip
+        with pytest.raises(PgferryError, match=rf"installed by a newer pgferry \(the schema at version {latest + 1};"
+                                               rf" this pgferry knows {latest}\).*Nothing was changed"):  # fmt: skip
+            await install_at(db_url)
+        await conn.execute("delete from ferry.schema_migrations where version = $1", latest + 1)
+        newest = sql.migrations("pg_net")[-1].version
+        await conn.execute("insert into ferry.addon_migrations (addon, version, name) values ('pg_net', $1, 'x')",
+                           newest + 1)  # fmt: skip
+        with pytest.raises(PgferryError, match=rf"its pg_net add-on at version {newest + 1}"):
+            await install_at(db_url)
+        await conn.execute("delete from ferry.addon_migrations where version = $1", newest + 1)
+        assert await catalog(conn) == before
+    finally:
+        await conn.close()

@@ -413,6 +413,9 @@ delete from net.http_request_queue where id = any ($1::bigint[])
 -- name: installed_addons
 select addon, max(version) as version from ferry.addon_migrations group by addon
 
+-- name: addon_migrations_table_exists
+select to_regclass('ferry.addon_migrations') is not null
+
 -- name: record_net_responses
 insert into net._http_response (id, status_code, content_type, headers, content, timed_out, error_msg)
 select * from unnest($1::bigint[], $2::int[], $3::text[], $4::text[]::jsonb[], $5::text[], $6::boolean[], $7::text[])
