@@ -36,6 +36,9 @@ PRESENCE_LOCK = 3
 RELAYS_BREAK_AT = 16
 #: Attempts at an install that a relay's lock on ferry's tables deadlocked or timed out.
 INSTALL_ATTEMPTS = 5
+#: Names of the functions pgferry generates at run time, not from files: a trigger capture's
+#: (ferry.capture_table). Every other function of the ferry schema comes from a file.
+GENERATED = r"^_capture_\d+"
 
 
 async def install(conn: asyncpg.Connection, addons: Sequence[str] = ()) -> list[str]:
@@ -51,13 +54,23 @@ async def install(conn: asyncpg.Connection, addons: Sequence[str] = ()) -> list[
         await _refuse_newer_schema(conn)
         await _refuse_old_relays(conn)
         applied_now += await _apply(conn, None)
-        await _define_functions(conn, None)
+        before = await _function_versions(conn)
+        await _define_functions(conn, None, before)
         await conn.execute(sql.query("create_addon_migrations_table"))
         installed = {row["addon"] for row in await conn.fetch(sql.query("installed_addons"))}
         for addon in sorted(installed.union(addons) & set(sql.ADDONS)):  # installed add-ons are upgraded too
             applied_now += await _install_addon(conn, addon)
-            await _define_functions(conn, addon)
+            await _define_functions(conn, addon, before)
+        await _drop_stale_functions(conn, before)
     return applied_now
+
+
+async def _function_versions(conn: asyncpg.Connection) -> dict[int, tuple[str, str]]:
+    """oid -> (the row version of its catalog entry, its schema-qualified name), for every function
+    of pgferry's schemas but the generated ones: CREATE OR REPLACE writes a new row version, so one
+    still the same after the files were applied is one no file defines any more."""
+    rows = await conn.fetch(sql.query("function_versions"), GENERATED)
+    return {row["oid"]: (row["version"], row["name"]) for row in rows}
 
 
 async def _require_utf8(conn: asyncpg.Connection) -> None:
@@ -126,14 +139,43 @@ async def _install_addon(conn: asyncpg.Connection, addon: str) -> list[str]:
     return await _apply(conn, addon)
 
 
-async def _define_functions(conn: asyncpg.Connection, addon: str | None) -> None:
+async def _define_functions(conn: asyncpg.Connection, addon: str | None, before: dict[int, tuple[str, str]]) -> None:
     """(Re)create every function of the core (or an add-on) from its file: every install does,
-    after the migrations, so what runs is always what the files say."""
+    after the migrations, so what runs is always what the files say.
+
+    CREATE OR REPLACE cannot rename a parameter or change a return type: a function file changed
+    so (ferry._full_xid's parameter renamed) made every install of a database that had the old one
+    fail, for good (outside probe). Then the overloads of that name an older install left are
+    dropped and the file applied again, in a savepoint."""
     for function in sql.functions(addon):
         try:
-            await conn.execute(function.sql)
+            try:
+                async with conn.transaction():
+                    await conn.execute(function.sql)
+            except asyncpg.InvalidFunctionDefinitionError:
+                async with conn.transaction():
+                    for oid, (_, name) in before.items():
+                        if name == function.name:
+                            await conn.execute(await conn.fetchval(sql.query("drop_function_statement"), oid))
+                    await conn.execute(function.sql)
         except asyncpg.PostgresError as exc:
             raise PgferryError(f"cannot define {function.name} (sql/functions/{function.name}.sql): {exc}") from exc
+
+
+async def _drop_stale_functions(conn: asyncpg.Connection, before: dict[int, tuple[str, str]]) -> None:
+    """Drop the functions of the ferry schema no file defines any more: overloads an older (or
+    newer) install left, which can make a call "not unique" (outside probe: ferry.backfill_resume).
+    One that something else depends on stays, with a warning."""
+    now = await _function_versions(conn)
+    for oid, (version, name) in before.items():
+        if now.get(oid, (None,))[0] != version or not name.startswith("ferry."):
+            continue
+        try:
+            async with conn.transaction():
+                await conn.execute(await conn.fetchval(sql.query("drop_function_statement"), oid))
+            log.info("install: dropped %s, which no function file defines", name)
+        except asyncpg.DependentObjectsStillExistError as exc:
+            log.warning("install: %s is defined by no function file but kept: %s", name, one_line(exc))
 
 
 async def _apply(conn: asyncpg.Connection, addon: str | None) -> list[str]:

@@ -9,6 +9,7 @@ from typing import Any
 import asyncpg
 
 from pgferry import sql
+from pgferry.schema import GENERATED
 
 RELEASED = Path(__file__).parent / "released"
 
@@ -87,10 +88,6 @@ async def _apply(conn: asyncpg.Connection, migration: sql.Migration, addon: str 
         await conn.execute(sql.query("record_migration"), migration.version, migration.name)
     else:
         await conn.execute(sql.query("record_addon_migration"), addon, migration.version, migration.name)
-
-
-#: Functions capture_table generates per table: data, not part of the schema's contract.
-GENERATED = r"^_capture_\d+"
 
 
 async def catalog(conn: asyncpg.Connection) -> dict[str, Any]:

@@ -15,10 +15,10 @@ from pgferry import db, sql
 from pgferry.embedded import EmbeddedPostgres
 from pgferry.errors import PgferryError
 from pgferry.receiver import Receiver, Respond
-from pgferry.schema import install, install_at
+from pgferry.schema import GENERATED, install, install_at
 from tests.helpers import RunningRelay, eventually
 from tests.sql import releases
-from tests.sql.releases import GENERATED, NEWEST, RELEASES, Release, catalog, install_release
+from tests.sql.releases import NEWEST, RELEASES, Release, catalog, install_release
 
 _DEFINED = re.compile(r"^create\s+or\s+replace\s+function\s+(\w+)\.(\w+)\s*\(", re.IGNORECASE | re.MULTILINE)
 #: What a migration must not create: `create [or replace] [constraint] [materialized] function|...`,
@@ -283,5 +283,32 @@ async def test_an_older_install_over_a_newer_schema_is_refused_and_changes_nothi
             await install_at(db_url)
         await conn.execute("delete from ferry.addon_migrations where version = $1", newest + 1)
         assert await catalog(conn) == before
+    finally:
+        await conn.close()
+
+
+async def test_an_install_drops_the_overloads_no_file_defines_and_redefines_a_renamed_parameter(db_url: str) -> None:
+    """Outside probes: an older install left `ferry.backfill_resume(integer)` beside the file's
+    `(bigint, integer)`, so `select ferry.backfill_resume(1)` was "not unique", and no install took
+    it away; a parameter renamed in a file made every install of a database that had the old name
+    fail ("cannot change name of input parameter"), for good."""
+    conn = await db.connect(db_url)
+    try:
+        await conn.execute("create table items (id int primary key)")
+        await conn.execute("select ferry.capture_table('items')")
+        await conn.execute("create function ferry.backfill_resume(backfill integer) returns text language sql "
+                           "as $$ select 'stale' $$")  # fmt: skip
+        await conn.execute("create function ferry.gone_since(n int) returns int language sql as 'select n'")
+        await conn.execute("drop function ferry._full_xid(bigint, xid8)")  # as the older file named it:
+        await conn.execute("create function ferry._full_xid(newer bigint, near xid8) returns xid8 "
+                           "language sql immutable as $$ select near $$")  # fmt: skip
+        await install_at(db_url)
+        assert await conn.fetchval("select to_regproc('ferry.gone_since')") is None
+        assert await conn.fetchval("select count(*) from pg_proc where proname = 'backfill_resume'") == 1
+        assert await conn.fetchval("select proargnames[1] from pg_proc where proname = '_full_xid'") == "low"
+        await conn.execute("insert into items values (1)")  # the generated capture functions stay
+        assert await conn.fetchval("select count(*) from ferry.events") == 1
+        with pytest.raises(asyncpg.UndefinedObjectError, match="backfill 1 does not exist"):
+            await conn.execute("select ferry.backfill_resume(1)")  # one function: the file's
     finally:
         await conn.close()

@@ -416,6 +416,19 @@ select addon, max(version) as version from ferry.addon_migrations group by addon
 -- name: addon_migrations_table_exists
 select to_regclass('ferry.addon_migrations') is not null
 
+-- name: function_versions
+-- Every function of pgferry's schemas but those named like $1 (generated ones), with the version
+-- of its catalog row (schema._function_versions).
+select p.oid::int8 as oid, p.xmin::text as version, n.nspname || '.' || p.proname as name
+from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+where n.nspname in ('ferry', 'net', 'supabase_functions') and p.proname !~ $1
+  and not exists (select 1 from pg_depend d where d.classid = 'pg_proc'::regclass and d.objid = p.oid
+                                              and d.deptype = 'e')
+
+-- name: drop_function_statement
+-- The statement that drops function $1 (an oid; install: one no file defines any more)
+select format('drop function %s', $1::oid::regprocedure)
+
 -- name: record_net_responses
 insert into net._http_response (id, status_code, content_type, headers, content, timed_out, error_msg)
 select * from unnest($1::bigint[], $2::int[], $3::text[], $4::text[]::jsonb[], $5::text[], $6::boolean[], $7::text[])
