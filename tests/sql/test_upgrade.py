@@ -312,3 +312,30 @@ async def test_an_install_drops_the_overloads_no_file_defines_and_redefines_a_re
             await conn.execute("select ferry.backfill_resume(1)")  # one function: the file's
     finally:
         await conn.close()
+
+
+async def test_an_upgrade_regenerates_the_trigger_captures_an_earlier_pgferry_generated(empty_db_url: str) -> None:
+    """The code capture_table generates per table is data: an install replaced the function files and
+    left it. A table with a column named r captured by release 36d660b went on writing r's value as
+    the whole record, and one with a column n failed every UPDATE, after the upgrade (outside probe)."""
+    conn = await db.connect(empty_db_url)
+    try:
+        await install_release(conn, releases.release("36d660b"))
+        await conn.execute("create table t_r (id int primary key, r int, o int)")
+        await conn.execute("create table t_n (id int primary key, n int)")
+        await conn.execute("select ferry.capture_table('t_r'), ferry.capture_table('t_n')")
+        await install_at(empty_db_url)
+        await conn.execute("insert into t_r values (7, 70, 700)")
+        await conn.execute("insert into t_n values (1, 1)")
+        await conn.execute("update t_n set n = 2")
+        rows = await conn.fetch("select payload, old_payload from ferry.events order by id")
+        assert [(r["payload"], r["old_payload"]) for r in rows] == [
+            ({"id": 7, "r": 70, "o": 700}, None),
+            ({"id": 1, "n": 1}, None),
+            ({"id": 1, "n": 2}, {"id": 1, "n": 1}),
+        ]
+        assert await install_at(empty_db_url) == []  # and once only: the next install regenerates nothing
+        marks = await conn.fetchval("select count(*) from pg_description where description like '%(generator 2)'")
+        assert marks == 6  # two tables, three operations each
+    finally:
+        await conn.close()

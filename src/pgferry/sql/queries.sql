@@ -425,6 +425,9 @@ where n.nspname in ('ferry', 'net', 'supabase_functions') and p.proname !~ $1
   and not exists (select 1 from pg_depend d where d.classid = 'pg_proc'::regclass and d.objid = p.oid
                                               and d.deptype = 'e')
 
+-- name: refresh_trigger_captures
+select tbl, error from ferry._refresh_trigger_captures()
+
 -- name: drop_function_statement
 -- The statement that drops function $1 (an oid; install: one no file defines any more)
 select format('drop function %s', $1::oid::regprocedure)

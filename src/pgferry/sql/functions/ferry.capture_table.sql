@@ -48,7 +48,8 @@
 -- and one with inheritance children (not partitions: the WAL gives their
 -- rows' changes as the children's).
 --
--- Calls:   ferry._capture_condition, ferry._capture_function, ferry._capture_note, ferry._check_columns, ferry._check_stream,
+-- Calls:   ferry._capture_condition, ferry._capture_function, ferry._capture_generator, ferry._capture_note,
+--          ferry._check_columns, ferry._check_stream,
 --          ferry._current_partition, ferry._ensure_wal_slot, ferry._key_expression, ferry._record_expression,
 --          ferry._lock_for_capture, ferry.uncapture_table
 -- Reads:   ferry.wal_slot, pg_partition_tree
@@ -365,7 +366,8 @@ begin
             case when v_cond is not null then E'\n            #variable_conflict use_column' else '' end,
             v_body));
         execute format('comment on function %s() is %L', v_fn,
-                       format('pgferry: capture of %s %s into stream %s', v_op, tbl, v_stream));
+                       format('pgferry: capture of %s %s into stream %s (generator %s)', v_op, tbl, v_stream,
+                              ferry._capture_generator()));
         execute format('create trigger pgferry_capture_%s after %s on %s referencing %s for each statement execute function %s()',
                        v_op, v_op, tbl,
                        case v_op when 'insert' then 'new table as pgferry_new'
