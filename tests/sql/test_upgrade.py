@@ -3,6 +3,7 @@ in exactly the schema a fresh install has."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from pathlib import Path
@@ -90,18 +91,30 @@ def test_no_migration_creates_a_function_procedure_view_or_trigger() -> None:
 
 
 def test_no_migration_was_edited_after_it_shipped() -> None:
-    """Every migration the newest frozen release shipped, core and add-on, is today byte for byte
-    what it was then: a database that applied it never applies it again, so a change to it would
-    reach fresh installs only. Change the schema in a new numbered migration instead."""
+    """Every migration, core and add-on, is byte for byte what it was when it was committed
+    (migrations.sha256): a database that applied it never applies it again, so a change to it
+    reached fresh installs only (0035 was edited 50 minutes after it was committed, and databases
+    installed in between kept its first index; outside probe). Change the schema in a new numbered
+    migration and add its line; the frozen releases are checked against the same sums."""
+    listed: dict[tuple[str, str], str] = {}
+    for line in (Path(__file__).parent / "migrations.sha256").read_text().splitlines():
+        if line and not line.startswith("#"):
+            where, digest, name = line.split()
+            listed[(where, name)] = digest
+    current = {
+        (addon or "core", f"{m.version:04d}_{m.name}.sql"): hashlib.sha256(m.sql.encode()).hexdigest()
+        for addon in (None, *sql.ADDONS)
+        for m in sql.migrations(addon)
+    }
+    assert current.keys() - listed.keys() == set(), "new migrations: add their lines to migrations.sha256"
+    assert listed.keys() - current.keys() == set(), "a migration that shipped is gone"
+    edited = sorted(f"{where} {name}" for (where, name), digest in current.items() if listed[(where, name)] != digest)
+    assert not edited, f"migrations edited after they shipped: {edited}"
     for addon, shipped in ((None, NEWEST.core), *((a, NEWEST.pg_net) for a in sql.ADDONS)):
         frozen = releases.migrations(NEWEST, addon)
         assert len(frozen) == shipped, f"released/{NEWEST}: {len(frozen)} {addon or 'core'} migrations, not {shipped}"
-        current = {f"{m.version:04d}_{m.name}.sql": m.sql.encode() for m in sql.migrations(addon)}
         for path in frozen:
-            assert path.name in current, f"{addon or 'core'} migration {path.name} shipped in {NEWEST} and is gone"
-            assert current[path.name] == path.read_bytes(), (
-                f"{addon or 'core'} migration {path.name} shipped in {NEWEST} and was edited since"
-            )
+            assert hashlib.sha256(path.read_bytes()).hexdigest() == listed[(addon or "core", path.name)], path
 
 
 async def _fresh_catalog(url: str) -> dict[str, object]:
@@ -337,5 +350,20 @@ async def test_an_upgrade_regenerates_the_trigger_captures_an_earlier_pgferry_ge
         assert await install_at(empty_db_url) == []  # and once only: the next install regenerates nothing
         marks = await conn.fetchval("select count(*) from pg_description where description like '%(generator 2)'")
         assert marks == 6  # two tables, three operations each
+    finally:
+        await conn.close()
+
+
+async def test_a_database_with_the_first_text_of_0035_gets_its_retries_index(db_url: str) -> None:
+    """0035 made a hash index on the key alone for 50 minutes before it was edited; databases
+    installed then kept it (outside probe). 0036 makes the index 0035 makes now."""
+    conn = await db.connect(db_url)
+    try:
+        await conn.execute("drop index ferry.retries_key_idx")
+        await conn.execute("create index retries_key_idx on ferry.retries using hash (key)")
+        await conn.execute("delete from ferry.schema_migrations where version = 36")
+        assert await install_at(db_url) == ["0036_retries_key_idx_again"]
+        definition = await conn.fetchval("select indexdef from pg_indexes where indexname = 'retries_key_idx'")
+        assert "btree (subscription, hashtextextended(key, (0)::bigint), event_id)" in definition, definition
     finally:
         await conn.close()
