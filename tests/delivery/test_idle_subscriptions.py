@@ -9,15 +9,24 @@ workers whose streams moved, and moves the others' cursors in one statement.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 import asyncpg
+import orjson
 
 import pgferry
+from pgferry import db, sql
+from pgferry.delivery.context import DeliveryContext
+from pgferry.delivery.fasthttp import FastSender
+from pgferry.delivery.in_flight import RelayInFlight
+from pgferry.delivery.model import Subscription
 from pgferry.delivery.watch import LogWatch
+from pgferry.delivery.worker import SubscriptionWorker
 from pgferry.receiver import Receiver, Respond
 from pgferry.relay.process import RelaySettings
-from tests.helpers import RunningRelay, eventually, owns, received
+from tests.helpers import MakeReceiver, RunningRelay, eventually, owns, received, tick
 
 #: quiet subscriptions beside one busy one: 1,000 in all, the issue's number (measured 2026-12-04: 4.8
 #: transactions/s for the whole idle relay; the test took 19.6 s, 17.3 s with 301 subscriptions)
@@ -127,3 +136,94 @@ def test_a_tick_wakes_a_busy_subscription_at_once_and_asks_about_the_idle_ones()
     watch.known = 6
     watch.notify(7)
     assert alone.wake.is_set() and not watch._poke.is_set() and watch.known == 7
+
+
+def _batched_ids(receiver: Receiver) -> list[int]:
+    """The event ids of the batches ``receiver`` got, in the order it got them."""
+    return [e["id"] for r in receiver.received for e in orjson.loads(r.body)["data"]]
+
+
+class _SlowWatchRound:
+    """The relay's pool, except that the LogWatch's query, once answered (``asked`` set), waits
+    for ``answer`` before its round goes on: a round trip slow enough (a busy machine) for a tick
+    notification to come and its events to be delivered meanwhile."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+        self.asked = asyncio.Event()
+        self.answer = asyncio.Event()
+        self.answer.set()
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[object]:
+        async with self.pool.acquire() as conn:
+            outer = self
+
+            class Conn:
+                async def fetchrow(self, query: str, *args: object) -> asyncpg.Record | None:
+                    row: asyncpg.Record | None = await conn.fetchrow(query, *args)
+                    if query == sql.query("log_watch"):
+                        outer.asked.set()
+                        await outer.answer.wait()
+                    return row
+
+                def __getattr__(self, name: str) -> object:
+                    return getattr(conn, name)
+
+            yield Conn()
+
+
+async def test_a_round_answered_after_a_newer_tick_does_not_move_an_idle_worker_back(
+    db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    """A round's query answered with the newest tick it saw, older than the one a notification
+    handed out meanwhile: the LogWatch took it as new, and moved a worker that had delivered
+    the newer tick's events and was waiting at it back over "empty" ticks (skip(newer, older)).
+    Its acknowledgement ended at the older tick, and its next read sent those events again,
+    answered 200 the first time (outside probe: a batch of an ordered subscription delivered twice
+    with no fault, 215 ms apart)."""
+    receiver, url = await receiver_factory()
+    await conn.execute("select ferry.subscribe('s', array['s'], $1, batch_size => 10, ordered => true)", url)
+    sub = Subscription.from_row(await conn.fetchrow("select * from ferry.subscriptions where name = 's'"))
+    pool = await db.create_pool(db_url, min_size=1, max_size=4)
+    slow = _SlowWatchRound(pool)
+    http = FastSender()
+    ctx = DeliveryContext(pool=slow, http=http, global_limit=RelayInFlight(10))
+    worker = SubscriptionWorker(sub, ctx)
+    watch = LogWatch(ctx, lambda: [worker])
+    run = asyncio.create_task(worker.run())
+    try:
+        start = await conn.fetchval("select max(id) from ferry.ticks")
+        await eventually(lambda: worker.idle_at == start, what="the worker waiting at the newest tick")
+        await watch._round(check_retries=False)
+        assert watch.known == start
+        await eventually(lambda: worker.idle_at == start and not worker.wake.is_set(),
+                         what="the worker, woken by that round, waiting again")  # fmt: skip
+
+        # A round (the fallback poll) whose answer, "nothing new", is slow to come back ...
+        slow.answer.clear()
+        slow.asked.clear()
+        round_ = asyncio.create_task(watch._round(check_retries=False))
+        await asyncio.wait_for(slow.asked.wait(), 10)
+        # ... while a tick with an event is notified, read, delivered and waits to be acknowledged.
+        first = await ferry.publish("s", {"n": 1}, key="k1")
+        newer = await tick(conn)
+        watch.notify(newer)
+        await eventually(lambda: worker.idle_at == newer, what="the worker waiting at the newer tick")
+        slow.answer.set()
+        await round_
+        await watch._flush()
+
+        second = await ferry.publish("s", {"n": 2}, key="k2")
+        watch.notify(await tick(conn))
+        await eventually(lambda: second in _batched_ids(receiver), what="the second event")
+        await asyncio.sleep(0.3)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(run, 10)
+        await http.close()
+        await pool.close()
+    ids = _batched_ids(receiver)
+    assert sorted(ids) == [first, second], f"delivered {ids}: the first event again"
+    cursor = await conn.fetchval("select tick_id from ferry.consumers where name = 'webhook:s'")
+    assert cursor >= newer

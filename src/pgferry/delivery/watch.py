@@ -138,11 +138,12 @@ class LogWatch:
         waiting = [w for w in workers if w.retries_idle] if check_retries else []
         # Which streams moved is worth a read of the range only for idle workers, which might
         # be spared one (every worker is woken anyway when none is idle: a busy relay).
-        idle = [w.sub for w in workers if self.known is not None and w.idle_at == self.known]
+        asked = self.known  # what the query's streams and changes are about
+        idle = [w.sub for w in workers if asked is not None and w.idle_at == asked]
         async with self.ctx.pool.acquire() as conn:
             row = await conn.fetchrow(
                 sql.query("log_watch"),
-                self.known,
+                asked,
                 [w.sub.name for w in waiting],
                 [w.sub.ordered for w in waiting],
                 [s.name for s in idle],
@@ -157,8 +158,16 @@ class LogWatch:
         latest: int | None = row["latest"]
         if latest is None or latest == self.known:
             return
+        if self.known is not None and latest < self.known:
+            # A tick notified while the query was under way (notify hands it out at once) is newer
+            # than the newest it saw: nothing here is news. Taken as new, it moved the worker that
+            # had delivered that tick's events back over them (skip(newer, older)): its
+            # acknowledgement ended before them and its next read sent them again (outside probe).
+            return
         known, self.known = self.known, latest
-        moved = None if row["streams"] is None else set(row["streams"])
+        # Which streams moved is known from where the query asked; a notification that moved
+        # ``known`` since leaves workers at a tick it was not asked about: woken, not skipped.
+        moved = None if row["streams"] is None or known != asked else set(row["streams"])
         changed = set(row["changed"])  # settings the relay has not reread yet: no skipping on old streams
         for worker in workers:
             streams = worker.sub.streams

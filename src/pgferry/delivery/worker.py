@@ -237,8 +237,9 @@ class SubscriptionWorker:
     def skip(self, from_tick: int, to_tick: int) -> bool:
         """Moves the idle batch loop over ``(from_tick, to_tick]``, a range that holds nothing for
         this subscription, without a read; False (nothing changed) unless it waits at ``from_tick``.
-        The cursor itself moves with the pending acknowledgements."""
-        if self.idle_at != from_tick or not self.settled.is_set():
+        The cursor itself moves with the pending acknowledgements; never back (``to_tick`` not
+        after ``from_tick``: its events would be read and sent again)."""
+        if to_tick <= from_tick or self.idle_at != from_tick or not self.settled.is_set():
             return False
         if self.pending is None:
             self.pending = _Acks(from_tick, to_tick, [])
