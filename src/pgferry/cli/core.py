@@ -43,12 +43,26 @@ log = logging.getLogger("pgferry")
 MAX_PROCESSES_PER_CORE = 8
 
 
+#: Seconds after a first SIGTERM/SIGINT in which another is the same request, not a second one.
+SAME_REQUEST_S = 1.0
+
+
 def _stop_on_signals(stop: asyncio.Event, again: Callable[[], None] | None = None) -> None:
     """SIGTERM/SIGINT set ``stop``; a second one exits at once (or calls ``again``: the supervisor
-    passes it on to its children, which then exit at once, and waits for them)."""
+    passes it on to its children, which then exit at once, and waits for them).
+
+    One that comes within SAME_REQUEST_S of the first is the same request: systemd's default stop
+    (KillMode=control-group) signals the supervisor and its children at once, and each child then
+    got the supervisor's forward as a second signal and exited without releasing anything; `timeout`
+    signals its command and then its process group (outside probe)."""
     loop = asyncio.get_running_loop()
+    first: list[float] = []
 
     def request_stop(signame: str) -> None:
+        if stop.is_set() and first and loop.time() - first[0] < SAME_REQUEST_S:
+            log.info("%s again within %g s of the first: the same request (still shutting down)", signame,
+                     SAME_REQUEST_S)  # fmt: skip
+            return
         if stop.is_set():
             if again is not None:
                 log.warning("second %s: telling every relay process to exit now", signame)
@@ -57,6 +71,7 @@ def _stop_on_signals(stop: asyncio.Event, again: Callable[[], None] | None = Non
             log.warning("second %s: exiting now", signame)
             raise SystemExit(130)
         log.info("%s received: shutting down (again to force)", signame)
+        first.append(loop.time())
         stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
