@@ -20,6 +20,25 @@ returns table (name text, state text, state_reason text, url text, streams text[
                delivered_1m bigint, failed_5m bigint, attempts_5m bigint, owner text, in_flight integer,
                filter text, partitions integer, draining integer)
 language sql stable as $$
+    -- The live relays' owned units and heartbeat counters, gathered once for every subscription:
+    -- a lateral join per subscription unnested every relay's list each time (3,000 subscriptions,
+    -- 4,800 units: 14 s a call, and the dashboard sampled it every 2 s; outside probe).
+    with live as (
+        select rl.id, rl.owned, rl.stats from ferry.relays rl where rl.heartbeat_at > now() - interval '15 seconds'
+    ), owners as (
+        select split_part(o.unit, '#', 1) as name, string_agg(distinct l.id, ', ' order by l.id) as owner
+        from live l, unnest(l.owned) as o(unit)
+        group by 1
+    ), rates as (
+        select v.key as name,
+               sum(v.value::bigint) filter (where k.key = 'delivered_1m')::bigint as delivered_1m,
+               sum(v.value::bigint) filter (where k.key = 'failed_5m')::bigint as failed_5m,
+               sum(v.value::bigint) filter (where k.key = 'attempts_5m')::bigint as attempts_5m,
+               sum(v.value::bigint) filter (where k.key = 'in_flight') as in_flight
+        from live l, jsonb_each(l.stats) k, jsonb_each_text(k.value) v
+        where k.key in ('delivered_1m', 'failed_5m', 'attempts_5m', 'in_flight') and jsonb_typeof(k.value) = 'object'
+        group by 1  -- a relay counts only the subscriptions it delivers (Ownership._stats)
+    )
     select s.name, s.state, s.state_reason,
            case when s.url ~* '^(nats|redis):' then s.url else regexp_replace(s.url, '\?.*$', '?…') end,  -- shown_url's rule
            s.streams,
@@ -27,21 +46,16 @@ language sql stable as $$
            coalesce(extract(epoch from now() - (select min(t.created_at) from ferry.ticks t where t.id > c.tick_id)), 0),
            (select count(*) from ferry.retries r where r.subscription = s.name),
            (select count(*) from ferry.dead_letters d where d.subscription = s.name),
-           r.delivered_1m, r.failed_5m, r.attempts_5m, r.owner, r.in_flight::int,
+           case when o.owner is not null then r.delivered_1m end, case when o.owner is not null then r.failed_5m end,
+           case when o.owner is not null then r.attempts_5m end, o.owner,
+           case when o.owner is not null then r.in_flight::int end,
            s.filter, s.partitions, c.draining::int
     from ferry.subscriptions s
     left join lateral (
         select min(c.tick_id) as tick_id, count(*) filter (where c.drain_to is not null) as draining
         from ferry.consumers c where c.subscription = s.name) c on true
     left join ferry.ticks t0 on t0.id = c.tick_id
-    left join lateral (
-        select string_agg(rl.id, ', ' order by rl.id) as owner,
-               sum((rl.stats -> 'delivered_1m' ->> s.name)::bigint)::bigint as delivered_1m,
-               sum((rl.stats -> 'failed_5m' ->> s.name)::bigint)::bigint as failed_5m,
-               sum((rl.stats -> 'attempts_5m' ->> s.name)::bigint)::bigint as attempts_5m,
-               sum((rl.stats -> 'in_flight' ->> s.name)::bigint) as in_flight
-        from ferry.relays rl
-        where rl.heartbeat_at > now() - interval '15 seconds'
-          and exists (select 1 from unnest(rl.owned) o where split_part(o, '#', 1) = s.name)) r on true
+    left join owners o on o.name = s.name
+    left join rates r on r.name = s.name
     order by s.name
 $$;
