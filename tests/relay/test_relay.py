@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 import pgferry
-from tests.helpers import RelayProcess, eventually
+from tests.helpers import RelayProcess, RunningRelay, eventually
 
 
 @pytest.fixture
@@ -162,3 +162,20 @@ async def test_run_without_url_starts_a_throwaway_postgres_and_demo(pgferry_cmd:
     assert "read event" in stdout and "public.demo_orders" in stdout and "demo.greetings" in stdout
     assert "captured from the write-ahead log" in stdout and "stream=public.demo_payments" in stdout
     assert "webhook evt_" in stdout and "received:" in stdout
+
+
+async def test_an_idle_relay_s_heartbeat_row_does_not_grow_with_its_subscriptions(
+    conn: asyncpg.Connection, ferry: pgferry.Ferry, relay: RunningRelay
+) -> None:
+    """Every round rewrote each counter of each subscription, zeros included: ~300 KB of JSON every
+    2 s with 3,000 idle subscriptions (outside probe). Zeros are left out; status counts them 0."""
+    for n in range(200):
+        await ferry.subscribe(f"idle-{n}", ["quiet"], "http://127.0.0.1:9/")
+
+    async def all_owned() -> bool:
+        return bool(await conn.fetchval("select cardinality(owned) = 200 from ferry.relays"))
+
+    await eventually(all_owned, what="the relay delivering all 200")
+    assert await conn.fetchval("select octet_length(stats::text) from ferry.relays") < 200
+    rows = await conn.fetch("select delivered_1m, in_flight from ferry.subscription_status()")
+    assert {(r["delivered_1m"], r["in_flight"]) for r in rows} == {(0, 0)}

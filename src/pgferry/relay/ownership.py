@@ -353,15 +353,19 @@ class Ownership:
         return totals
 
     def _stats(self) -> dict[str, dict[str, Any]]:
+        """What the relay's heartbeat row says of its subscriptions (ferry.subscription_status reads
+        it; a subscription missing from a counter counts 0 there). Zeros are left out: every round
+        rewrote them all, about 300 KB of JSON every 2 s for 3,000 idle subscriptions (outside probe)."""
         down = {o.worker.sub.name: o.worker.endpoint_down_since() for o in self.owned.values()}
-        return {
+        counters = {
             "in_flight": self.in_flight(),
             "delivered_1m": self._per_subscription(lambda w: w.delivered.last(60)),
             "failed_5m": self._per_subscription(lambda w: w.failed.last(300)),
             "attempts_5m": self._per_subscription(lambda w: w.failed.last(300) + w.delivered.last(300)),
-            "delivered_total": self._per_subscription(lambda w: w.delivered.total),
-            "endpoint_down": {n: since.isoformat() for n, since in down.items() if since},
         }
+        stats: dict[str, dict[str, Any]] = {k: {n: v for n, v in c.items() if v} for k, c in counters.items()}
+        stats["endpoint_down"] = {n: since.isoformat() for n, since in down.items() if since}
+        return stats
 
     async def _release(self, conn: asyncpg.Connection, name: str, *, graceful: bool) -> None:
         owned = self.owned.pop(name)

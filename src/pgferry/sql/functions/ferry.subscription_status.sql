@@ -46,9 +46,11 @@ language sql stable as $$
            coalesce(extract(epoch from now() - (select min(t.created_at) from ferry.ticks t where t.id > c.tick_id)), 0),
            (select count(*) from ferry.retries r where r.subscription = s.name),
            (select count(*) from ferry.dead_letters d where d.subscription = s.name),
-           case when o.owner is not null then r.delivered_1m end, case when o.owner is not null then r.failed_5m end,
-           case when o.owner is not null then r.attempts_5m end, o.owner,
-           case when o.owner is not null then r.in_flight::int end,
+           -- counted by the relays delivering it, which leave zeros out (Ownership._stats)
+           case when o.owner is not null then coalesce(r.delivered_1m, 0) end,
+           case when o.owner is not null then coalesce(r.failed_5m, 0) end,
+           case when o.owner is not null then coalesce(r.attempts_5m, 0) end, o.owner,
+           case when o.owner is not null then coalesce(r.in_flight, 0)::int end,
            s.filter, s.partitions, c.draining::int
     from ferry.subscriptions s
     left join lateral (
