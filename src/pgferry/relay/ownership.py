@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 HANDED_OVER_HOLD = 10.0
 #: a handed-over worker's wait beyond its requests' timeout: recording their answers
 HAND_OVER_MARGIN = 1.0
+#: Rounds after which the heartbeat writes the owned list though it did not change.
+OWNED_AGAIN = 30
 
 
 @dataclass
@@ -100,6 +102,10 @@ class Ownership:
         self.relay_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.started_at = time.monotonic()
         self.owned: dict[str, _Owned] = {}
+        #: the owned list the last heartbeat wrote, over which connection, and rounds since written
+        self._sent_owned: list[str] | None = None
+        self._sent_on: asyncpg.Connection | None = None
+        self._rounds = 0
         #: subscriptions handed over whose workers are still finishing; this relay's session still
         #: holds their locks, and a session re-enters its own advisory locks: never claim them
         self.leaving: dict[str, _Leaving] = {}
@@ -195,14 +201,19 @@ class Ownership:
         # (those whose ownership connection holds the presence lock).
         await self._unlock_handed_over(conn)
         started = time.perf_counter()
+        units = sorted(self.owned)
+        # the list only when it changed (or every OWNED_AGAIN rounds, in case the row was removed)
+        self._rounds = (self._rounds + 1) % OWNED_AGAIN
+        same = units == self._sent_owned and self._rounds and conn is self._sent_on
         rows = await conn.fetch(
             sql.query("relay_round"),
             self.relay_id,
             socket.gethostname(),
             os.getpid(),
-            sorted(self.owned),
+            None if same else units,
             orjson.dumps(self._stats()).decode(),
         )
+        self._sent_owned, self._sent_on = units, conn
         if self.observe_round is not None:
             self.observe_round(time.perf_counter() - started)
         active = {sub.unit: sub for sub in map(Subscription.from_row, rows)}

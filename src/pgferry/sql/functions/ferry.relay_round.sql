@@ -1,6 +1,8 @@
 -- ferry.relay_round(relay_id text, hostname text, pid integer, owned text[], stats jsonb) returns table (live_relays bigint, consumer text, part integer, parts integer, draining boolean, drained boolean, waiting boolean, subscription ferry.subscriptions)
 --
--- One relay round trip: heartbeat, then what there is to deliver, with the
+-- One relay round trip: heartbeat (owned NULL: the same units as the last
+-- round's, whose list is then not written again: 4,800 units rewritten every
+-- 2 s were most of an idle relay's WAL), then what there is to deliver, with the
 -- number of live relays (to compute a fair share): one row per consumer of
 -- an active subscription, the unit a relay claims (a subscription of N
 -- partitions has N, migration 0018). During a change of partitions the
@@ -28,8 +30,10 @@ declare
     v_live bigint;
 begin
     insert into ferry.relays as r (id, hostname, pid, owned, stats)
-    values (relay_round.relay_id, relay_round.hostname, relay_round.pid, relay_round.owned, relay_round.stats)
-    on conflict (id) do update set heartbeat_at = now(), owned = excluded.owned, stats = excluded.stats;
+    values (relay_round.relay_id, relay_round.hostname, relay_round.pid, coalesce(relay_round.owned, '{}'),
+            relay_round.stats)
+    on conflict (id) do update set heartbeat_at = now(), owned = coalesce(relay_round.owned, r.owned),
+                                   stats = excluded.stats;
     select count(*) into v_live from pg_locks l
     where l.locktype = 'advisory' and l.classid = 28774 and l.objid = 3 and l.objsubid = 2
       and l.granted and l.database = (select oid from pg_database where datname = current_database());
