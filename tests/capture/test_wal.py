@@ -447,7 +447,7 @@ async def test_a_partitioned_table_is_captured_as_itself(
 
 
 async def test_a_partition_and_a_partitioned_table_above_it_are_not_both_captured_from_the_wal(
-    ferry: pgferry.Ferry, conn: asyncpg.Connection
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running
 ) -> None:
     """The publication gives a partition's changes to the partitioned table above it: the
     partition's own capture got nothing, and nothing said so (outside probe)."""
@@ -463,7 +463,7 @@ async def test_a_partition_and_a_partitioned_table_above_it_are_not_both_capture
     with pytest.raises(pgferry.PgferryError, match="pm is captured from the WAL, and pm_a is one of its partitions"):
         await ferry.capture_table("pm_a", method="wal")
     with pytest.warns(CaptureWarning, match="writes through pm are not captured by its triggers"):
-        await ferry.capture_table("pm_a")  # by trigger: its own, beside the WAL's of pm
+        await ferry.capture_table("pm_a")  # by trigger (after WAL capture read past pm_a's), beside the WAL's of pm
     await ferry.capture_table("pm", method="wal")  # again, with the same options: its own capture is no conflict
 
 
@@ -486,6 +486,34 @@ async def test_switching_a_table_between_trigger_and_wal_loses_and_repeats_nothi
     await wal.caught_up(conn)
     assert [e.payload["record"]["id"] for e in await read_all(ferry, conn, "c")] == [1, 2, 3]
     assert await conn.fetchval("select count(*) from pg_publication_tables where tablename = 't'") == 0
+
+
+async def test_a_switch_to_triggers_waits_until_the_wal_changes_before_it_are_appended_so_a_row_keeps_its_order(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    """Outside probe: a WAL-captured update made while no relay ran (v = 111), a switch to triggers,
+    then the row's next update (v = 222) by trigger: the trigger event's id was drawn first, the
+    WAL one's when the relay appended it, and an ordered subscription received 111 last. The
+    switch now waits for WAL capture, and says so when nothing appends."""
+    await conn.execute("create table so (id int primary key, v int)")
+    await conn.execute("insert into so values (1, 0)")
+    await ferry.capture_table("so", method="wal")
+    await ferry.register_consumer("c", ["public.so"])
+    await conn.execute("update so set v = 111 where id = 1")
+    await conn.execute("set pgferry.switch_wait = '0.3s'")
+    with pytest.raises(asyncpg.ObjectNotInPrerequisiteStateError, match="no relay is streaming the slot") as refused:
+        await conn.execute("select ferry.capture_table('so')")
+    assert "Start a relay" in str(refused.value.hint)
+    assert await conn.fetchval("select method from ferry.captures where relid = 'so'::regclass "
+                               "and uncaptured_at is null") == "wal"  # fmt: skip
+    await conn.execute("reset pgferry.switch_wait")
+    async with Running(db_url) as wal:
+        await conn.execute("select ferry.capture_table('so')")  # waits until 111 is in the log
+        await conn.execute("update so set v = 222 where id = 1")
+        await wal.caught_up(conn)
+    rows = await conn.fetch("select payload->>'v' as v from ferry.events where stream = 'public.so' order by id")
+    assert [r["v"] for r in rows] == ["111", "222"]
+    assert [e.payload["record"]["v"] for e in await read_all(ferry, conn, "c")] == [111, 222]
 
 
 # Every alias the generated statements use, as column names (a bare r named the column r).
@@ -629,12 +657,15 @@ async def test_changes_made_before_a_switch_or_an_uncapture_are_kept_as_they_wer
     await ferry.register_consumer("c", ["public.switched", "public.gone", "public.reoptioned", "other"])
     for t in ("switched", "gone", "reoptioned"):  # the relay is not running: nothing is decoded yet
         await conn.execute(f"insert into {t} values (1, 's')")
-    await ferry.capture_table("switched")
     await ferry.uncapture_table("gone")
     await ferry.capture_table("reoptioned", method="wal", stream="other", exclude_columns=["secret"])
-    for t in ("switched", "gone", "reoptioned"):
+    for t in ("gone", "reoptioned"):
         await conn.execute(f"insert into {t} values (2, 's')")
     async with Running(db_url) as wal:
+        # A switch to triggers waits for the relay to append the table's changes so far
+        # (ferry._wait_for_wal_capture): these are decoded after the uncapture and the new options.
+        await ferry.capture_table("switched")
+        await conn.execute("insert into switched values (2, 's')")
         await wal.caught_up(conn)
     got = sorted((e.stream, e.key, tuple(sorted(e.payload["record"]))) for e in await read_all(ferry, conn, "c"))
     assert got == [

@@ -47,16 +47,21 @@
 -- INDEX an index without all the key columns (its DELETEs would have no key),
 -- and one with inheritance children (not partitions: the WAL gives their
 -- rows' changes as the children's).
+-- method 'trigger' on a table captured from the WAL (or whose WAL capture
+-- ended with changes not yet appended) first waits, table locked, until the
+-- relay has appended its changes so far (ferry._wait_for_wal_capture): a
+-- switch keeps each row's events in commit order.
 --
 -- Calls:   ferry._capture_condition, ferry._capture_function, ferry._capture_generator, ferry._capture_note,
 --          ferry._check_columns, ferry._check_stream,
 --          ferry._current_partition, ferry._ensure_wal_slot, ferry._key_expression, ferry._record_expression,
---          ferry._lock_for_capture, ferry.uncapture_table
+--          ferry._lock_for_capture, ferry._wait_for_wal_capture, ferry.uncapture_table
 -- Reads:   ferry.wal_slot, pg_partition_tree
 -- Writes:  ferry.captures, the publication (method 'wal'), REPLICA IDENTITY of the table and its partitions
 -- Raises:  22023, 42601, 42703, 42809, 42P10, 42883 (changed_columns of a type without equality), 55P03 (the
 --          table held by another transaction for 10 s, ferry._lock_for_capture), 55000
---          (method 'wal': REPLICA IDENTITY NOTHING or an index without the key, wal_level, the slot; ferry._ensure_wal_slot);
+--          (method 'wal': REPLICA IDENTITY NOTHING or an index without the key, wal_level, the slot; ferry._ensure_wal_slot;
+--          method 'trigger': WAL capture did not append the table's changes in time, ferry._wait_for_wal_capture), 22007;
 --          what the condition raises (ferry._capture_condition)
 -- Runs as: the caller (SECURITY INVOKER)
 -- Callers: PUBLIC (the default)
@@ -176,6 +181,13 @@ begin
     -- after it. A writer that had begun was caught by neither when only the new trigger's
     -- lock waited for it (outside probe: changes lost switching wal -> trigger).
     perform ferry._lock_for_capture(tbl);
+    -- From the WAL to triggers: the trigger's events get their ids as they are written, the WAL's
+    -- when the relay appends them. Its changes made so far go into the log first, or a row's stale
+    -- value reached an ordered subscription after its next one (outside probe). The other way
+    -- round needs no wait: trigger events before the switch have their ids already.
+    if method = 'trigger' then
+        perform ferry._wait_for_wal_capture(tbl);
+    end if;
 
     if key_columns is null then
         select array_agg(a.attname::text order by k.ord) into v_keys
