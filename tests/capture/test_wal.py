@@ -516,6 +516,29 @@ async def test_a_switch_to_triggers_waits_until_the_wal_changes_before_it_are_ap
     assert [e.payload["record"]["v"] for e in await read_all(ferry, conn, "c")] == [111, 222]
 
 
+async def test_the_stream_is_read_in_utf8_whatever_client_encoding_the_environment_or_database_set(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outside probe: under a database's client_encoding LATIN1 the UTF-8 text 'cafÃ©' reached the
+    log as 'café'; with PGCLIENTENCODING=WIN1252 in the relay's environment the leader crash-looped
+    ("a column value is not UTF-8"). The appending session (asyncpg) was UTF8 all along."""
+    await conn.execute("create table enc (id int primary key, t text)")
+    await ferry.capture_table("enc", method="wal")
+    await ferry.register_consumer("c", ["public.enc"])
+    await conn.execute(
+        f"alter database {await conn.fetchval('select current_database()')} set client_encoding = 'LATIN1'"
+    )
+    await conn.execute("insert into enc values (1, 'cafÃ©')")
+    async with Running(db_url) as wal:
+        await wal.caught_up(conn)
+        assert await wal.conn.fetchval("show client_encoding") == "UTF8"
+    monkeypatch.setenv("PGCLIENTENCODING", "WIN1252")
+    await conn.execute("insert into enc values (2, 'naïve €')")
+    async with Running(db_url) as wal:
+        await wal.caught_up(conn)
+    assert [e.payload["record"]["t"] for e in await read_all(ferry, conn, "c")] == ["cafÃ©", "naïve €"]
+
+
 # Every alias the generated statements use, as column names (a bare r named the column r).
 ALIAS_COLUMNS = "id int primary key, r int, n int, o int, x int, od int, nw int, s int, m int, pos int, c int"
 

@@ -42,6 +42,12 @@ BATCH_BYTES = 8 << 20
 #: floats exact, bytea in hex, intervals PostgreSQL's way. These override the database's and
 #: role's defaults; the URL's own ``options`` are replaced.
 TEXT_SETTINGS = "-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3 -c bytea_output=hex"
+#: The replication session's client_encoding, whatever PGCLIENTENCODING, the database or the role say:
+#: pgoutput writes values converted to it, and the decoder reads UTF-8. Under PGCLIENTENCODING=WIN1252
+#: the leader crash-looped on the first non-ASCII value ("not UTF-8"), under a database's LATIN1 the
+#: UTF-8 text 'cafÃ©' reached the log as 'café' (outside probe). asyncpg's sessions (every other one
+#: pgferry opens) send client_encoding UTF8 in their startup packet themselves.
+CLIENT_ENCODING = "UTF8"
 #: feedback at least this often, so the server never thinks the relay is gone
 FEEDBACK_INTERVAL = 1.0
 
@@ -140,6 +146,7 @@ class ReplicationStream:
                 connection_factory=psycopg2.extras.LogicalReplicationConnection,
                 application_name="pgferry wal stream",
                 options=TEXT_SETTINGS,
+                client_encoding=CLIENT_ENCODING,
             )
             cur = conn.cursor()
             cur.start_replication(
