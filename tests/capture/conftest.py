@@ -16,14 +16,27 @@ from tests.helpers import eventually
 class Running:
     """WAL capture as the relay runs it (capture/wal.py), in the background of a test."""
 
-    def __init__(self, url: str, capture: type[WalCapture] = WalCapture) -> None:
+    def __init__(
+        self, url: str, capture: type[WalCapture] = WalCapture, *, as_relay: bool = False,
+        settings: WalSettings | None = None, command_timeout: float | None = None,
+    ) -> None:  # fmt: skip
         self.url = url
         self.kind = capture
         self.stop = asyncio.Event()
+        #: the session as the relay opens it (search_path pg_catalog, pg_temp; relay/leader.py)
+        self.as_relay = as_relay
+        self.settings = settings or WalSettings(chunk=3, recheck_interval=0.2)
+        self.command_timeout = command_timeout
 
     async def __aenter__(self) -> Running:
-        self.conn = await db.connect(self.url)
-        self.capture = self.kind(self.conn, self.url, WalSettings(chunk=3, recheck_interval=0.2))
+        if self.as_relay:
+            kwargs = db.Liveness().connect_kwargs("pgferry wal capture", holds_locks=True)
+            if self.command_timeout is not None:
+                kwargs["command_timeout"] = self.command_timeout
+            self.conn = await db.connect(self.url, **kwargs)
+        else:
+            self.conn = await db.connect(self.url)
+        self.capture = self.kind(self.conn, self.url, self.settings)
         self.task = asyncio.create_task(self.capture.run(self.stop))
         return self
 

@@ -539,6 +539,32 @@ async def test_the_stream_is_read_in_utf8_whatever_client_encoding_the_environme
     assert [e.payload["record"]["t"] for e in await read_all(ferry, conn, "c")] == ["cafÃ©", "naïve €"]
 
 
+async def test_reg_values_naming_objects_outside_pg_catalog_are_captured(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    """Outside probe: the stream printed regclass and the like under the database's search_path
+    ('r_target'), the relay's session (search_path pg_catalog) could not read them back, and every
+    WAL-captured table's capture stopped at that change."""
+    await conn.execute("create schema s2")
+    await conn.execute("create table r_target (id int)")
+    await conn.execute("create type s2.mood as enum ('ok')")
+    await conn.execute("create function public.fx() returns int language sql as 'select 1'")
+    await conn.execute("create table rr (id int primary key, rc regclass, rt regtype, rp regproc, rn regnamespace, "
+                       "rcs regclass[])")  # fmt: skip
+    await ferry.capture_table("rr", method="wal")
+    await ferry.register_consumer("c", ["public.rr"])
+    await conn.execute("insert into rr values (1, 'r_target', 's2.mood', 'fx', 's2', '{r_target,pg_class}'), "
+                       "(2, 'pg_class', 'int4', 'now', 'pg_catalog', null)")  # fmt: skip
+    async with Running(db_url, as_relay=True) as wal:
+        await wal.caught_up(conn)
+    records = [e.payload["record"] for e in await read_all(ferry, conn, "c")]
+    assert records == [
+        {"id": 1, "rc": "public.r_target", "rt": "s2.mood", "rp": "public.fx", "rn": "s2",
+         "rcs": ["public.r_target", "pg_class"]},
+        {"id": 2, "rc": "pg_class", "rt": "integer", "rp": "now", "rn": "pg_catalog", "rcs": None},
+    ]  # fmt: skip
+
+
 # Every alias the generated statements use, as column names (a bare r named the column r).
 ALIAS_COLUMNS = "id int primary key, r int, n int, o int, x int, od int, nw int, s int, m int, pos int, c int"
 
@@ -1009,6 +1035,7 @@ async def test_a_type_changed_before_its_value_is_decoded_holds_capture_and_says
     error = await _capture_error(conn)
     assert 'invalid input value for enum mood: "sad"' in error, error
     assert "an enum value renamed" in error and "undo that type change until capture has passed" in error, error
+    assert "update ferry.captures" not in error and "condition" not in error, error  # it has none
     await conn.execute("alter type mood rename value 'blue' to 'sad'")
     await wal.caught_up(conn)
     assert [e.payload["record"] for e in await read_all(ferry, conn, "c")] == [{"id": 1, "m": "sad"}]

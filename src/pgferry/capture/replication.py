@@ -39,9 +39,15 @@ BATCH_BYTES = 8 << 20
 #: its type's output function, under the replication session's settings): ISO dates with numeric
 #: offsets, whatever the database's DateStyle (under 'SQL, DMY' and TimeZone Asia/Kolkata a
 #: timestamptz came as '... IST' and was read back as Israel time, 3.5 hours off: outside probe),
-#: floats exact, bytea in hex, intervals PostgreSQL's way. These override the database's and
+#: floats exact, bytea in hex, intervals PostgreSQL's way, and the names of regclass, regtype,
+#: regproc and the other reg* types schema-qualified unless in pg_catalog (search_path pg_catalog):
+#: printed under the database's search_path, 'r_target' named public.r_target, and the relay's
+#: session, whose search_path is pg_catalog's (db.SERVICE_SETTINGS), could not read it back; every
+#: WAL-captured table's capture stopped there (outside probe). These override the database's and
 #: role's defaults; the URL's own ``options`` are replaced.
-TEXT_SETTINGS = "-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3 -c bytea_output=hex"
+TEXT_SETTINGS = (
+    "-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3 -c bytea_output=hex -c search_path=pg_catalog"
+)
 #: The replication session's client_encoding, whatever PGCLIENTENCODING, the database or the role say:
 #: pgoutput writes values converted to it, and the decoder reads UTF-8. Under PGCLIENTENCODING=WIN1252
 #: the leader crash-looped on the first non-ASCII value ("not UTF-8"), under a database's LATIN1 the

@@ -207,10 +207,15 @@ class WalCapture:
         capture = re.search(r"pgferry capture (\d+)", context)
         relids = [int(failed.group(1))] if failed else self._failed_relids
         tables = ", ".join(sorted({self._table_name(oid) for oid in relids})) or "?"
-        if capture is not None:
-            fix = (f"The change was made under capture {capture.group(1)}, whose options still apply to it "
-                   "(capturing the table again changes what comes after): correct them, e.g. update "
-                   f"ferry.captures set condition = '...' where id = {capture.group(1)}")  # fmt: skip
+        # Only a condition can be corrected in the capture (an update of ferry.captures): offered for
+        # a capture without one, the fix did not apply (outside probe).
+        condition = capture is not None and await self.conn.fetchval(
+            sql.query("wal_capture_has_condition"), int(capture.group(1))
+        )
+        if capture is not None and condition:
+            fix = (f"The change was made under capture {capture.group(1)}, whose condition still applies to it "
+                   "(capturing the table again changes what comes after): if the condition raised, correct it: "
+                   f"update ferry.captures set condition = '...' where id = {capture.group(1)}")  # fmt: skip
         else:
             fix = "Fix what the error names"
         if exc.sqlstate in NO_LONGER_ACCEPTED:  # the hint named only the condition (outside probe)

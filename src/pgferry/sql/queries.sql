@@ -777,6 +777,10 @@ select ferry._record_wal_loss(problem => $1)
 -- WAL capture cannot append the next change: why (migration 0021); kept since the first failure.
 update ferry.wal_slot set error = $1, error_at = coalesce(error_at, now())
 
+-- name: wal_capture_has_condition
+-- Whether capture $1 has a condition (WAL capture's failure message offers to correct it only then).
+select exists (select 1 from ferry.captures c where c.id = $1::integer and c.condition is not null)
+
 -- name: wal_recovered
 update ferry.wal_slot set error = null, error_at = null where error is not null
 
