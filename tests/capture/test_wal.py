@@ -565,6 +565,23 @@ async def test_reg_values_naming_objects_outside_pg_catalog_are_captured(
     ]  # fmt: skip
 
 
+async def test_xml_content_is_read_back_whatever_the_databases_xmloption(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    """Outside probe: under a database's xmloption = document, an XML content fragment (legal in
+    the column: written with xmlparse(content ...)) could not be read back by the relay, and every
+    WAL-captured table's capture stopped there."""
+    await conn.execute(f"alter database {await conn.fetchval('select current_database()')} set xmloption = document")
+    await conn.execute("create table x2 (id int primary key, x xml)")
+    await ferry.capture_table("x2", method="wal")
+    await ferry.register_consumer("c", ["public.x2"])
+    await conn.execute("insert into x2 values (1, xmlparse(content 'a<b/>c')), (2, '<!DOCTYPE d><d>1</d>')")
+    async with Running(db_url, as_relay=True) as wal:
+        await wal.caught_up(conn)
+    records = [e.payload["record"] for e in await read_all(ferry, conn, "c")]
+    assert records == [{"id": 1, "x": "a<b/>c"}, {"id": 2, "x": "<!DOCTYPE d><d>1</d>"}]
+
+
 # Every alias the generated statements use, as column names (a bare r named the column r).
 ALIAS_COLUMNS = "id int primary key, r int, n int, o int, x int, od int, nw int, s int, m int, pos int, c int"
 

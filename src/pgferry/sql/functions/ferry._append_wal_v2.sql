@@ -53,7 +53,8 @@
 -- capture's condition, operations, changed_columns and column choice
 -- apply; TRUNCATE is an event with no key and no record. Event ids are
 -- drawn in change order, so readers see the source's order within and
--- across tables.
+-- across tables. Runs with xmloption = content, which reads back every xml
+-- value (a fragment failed under a database's xmloption = document).
 -- Returns the number of events appended.
 --
 -- Calls:   ferry._column_definitions, ferry._current_partition, ferry._full_xid, ferry._json_record_expression, ferry._key_expression,
@@ -68,7 +69,11 @@ create or replace function ferry._append_wal_v2(
     from_lsn pg_lsn, to_lsn pg_lsn, committed_at timestamptz,
     relids oid[], ops "char"[], rows jsonb[], olds jsonb[], missing jsonb[], times timestamptz[], lsns bigint[],
     xids bigint[], round_xids bigint[])
-returns integer language plpgsql as $$
+returns integer language plpgsql
+-- XML values read back whatever the database's xmloption: content accepts documents too, and a
+-- fragment (legal in an xml column) stopped all WAL capture under document (outside probe).
+set xmloption = content
+as $$
 declare
     v_at    pg_lsn;
     v_ids   bigint[];
