@@ -110,6 +110,13 @@ class Liveness:
 _USER_PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/?#@]*:)(.*)@([^@]*)$", re.DOTALL)
 
 
+def command_timeout(conn: asyncpg.Connection) -> float | None:
+    """The ``command_timeout`` ``conn`` was opened with (None: none), which a statement's own
+    ``timeout=`` replaces."""
+    timeout = conn._config.command_timeout
+    return None if timeout is None else float(timeout)
+
+
 def redact(url: str) -> str:
     """The URL with any password replaced, safe to print and log (also when it is malformed, or its
     password holds characters that should have been percent-encoded)."""

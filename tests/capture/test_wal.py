@@ -582,6 +582,54 @@ async def test_xml_content_is_read_back_whatever_the_databases_xmloption(
     assert records == [{"id": 1, "x": "a<b/>c"}, {"id": 2, "x": "<!DOCTYPE d><d>1</d>"}]
 
 
+#: an 8 MB bytea value (16 MB as hex in the decoded row: 15.3 MiB)
+LARGE_ROW = (
+    "insert into big values (1, (select decode(string_agg(md5(g::text), ''), 'hex') from generate_series(1, 500000) g))"
+)
+
+
+async def test_a_row_too_large_to_append_within_the_command_timeout_gets_a_deadline_of_its_size(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    """Outside probe: one 92 MB row's append outlasted the default 10 s command timeout, was taken
+    for a lost connection and tried again forever, holding all WAL capture. The same, scaled down:
+    an 8 MB row under a 0.2 s command timeout."""
+    await conn.execute("create table big (id int primary key, b bytea)")
+    await ferry.capture_table("big", method="wal")
+    await conn.execute(LARGE_ROW)
+    async with Running(db_url, as_relay=True, command_timeout=0.2) as wal:
+        await wal.caught_up(conn)
+    assert (
+        await conn.fetchval("select length(payload->>'b') from ferry.events where stream = 'public.big'")
+        == 2 + 16_000_000
+    )
+
+
+async def test_an_append_that_keeps_timing_out_is_shown_as_failing_with_what_to_do(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    """It was logged as a lost connection every ~20 s, status showed only lag and
+    pgferry_wal_capture_failing stayed 0 (outside probe)."""
+    await conn.execute("create table big (id int primary key, b bytea)")
+    await ferry.capture_table("big", method="wal")
+    await conn.execute(LARGE_ROW)
+    settings = WalSettings(recheck_interval=0.2)
+    settings.append_seconds_per_mb = 0  # the deadline does not grow
+    async with Running(db_url, as_relay=True, command_timeout=0.2, settings=settings) as wal:
+        error = await _capture_error(conn)
+        assert (
+            "cannot append the changes of public.big" in error
+            and "15.3 MB of decoded rows did not finish within its 0.2 s" in error
+        ), error
+        assert "larger --db-command-timeout" in error, error
+        status = await inspect.wal_status(conn)
+        assert status is not None and status["error"] == error
+        settings.append_seconds_per_mb = 1.0
+        await wal.caught_up(conn)
+    assert await conn.fetchval("select error from ferry.wal_slot") is None
+    assert await conn.fetchval("select count(*) from ferry.events where stream = 'public.big'") == 1
+
+
 # Every alias the generated statements use, as column names (a bare r named the column r).
 ALIAS_COLUMNS = "id int primary key, r int, n int, o int, x int, od int, nw int, s int, m int, pos int, c int"
 

@@ -81,6 +81,11 @@ class WalSettings:
     #: 4,800 rows of 120 KB, old and new, was one 1.15 GB statement, over PostgreSQL's 1 GB
     #: message limit and the relay's command timeout, retried forever (outside probe)
     chunk_bytes: int = 16 << 20
+    #: an append statement's deadline grows with what it carries: the connection's command_timeout
+    #: plus this many seconds per MB of decoded rows. One change is never split, and one 92 MB row
+    #: (184 MB as hex) took longer than the default 10 s: the statement was cut off, taken for a
+    #: lost connection, and tried again forever, holding all WAL capture (outside probe).
+    append_seconds_per_mb: float = 1.0
     #: how often a missing or invalidated slot is looked at again (a new slot is notified)
     recheck_interval: float = 5.0
     #: backoff cap when the stream cannot be started (the slot read by a relay that is going away)
@@ -93,6 +98,16 @@ class WalSettings:
 
 #: no new batch this time round (a round's commit ended)
 _NO_BATCH = Batch([], 0)
+
+
+class AppendTimedOut(Exception):
+    """An append statement did not finish within its deadline (WalSettings.append_seconds_per_mb)."""
+
+    def __init__(self, size: int, timeout: float, relids: list[int]) -> None:
+        super().__init__(f"{size} bytes, {timeout:.0f} s")
+        self.size = size
+        self.timeout = timeout
+        self.relids = relids
 
 
 @dataclass
@@ -186,6 +201,22 @@ class WalCapture:
             log.warning("WAL capture: %s; again in %.1f s", exc, delay)
             await wait_for_event(stop, delay)
             return failures
+        except AppendTimedOut as exc:
+            # Not a lost connection (asyncpg cancelled the statement; the connection is usable): a
+            # statement too large for its deadline, which another try meets again. Say so where
+            # status shows it, with what to do, and try again.
+            failures += 1
+            tables = ", ".join(sorted({self._table_name(oid) for oid in exc.relids})) or "?"
+            await self._record_failing(
+                f"cannot append the changes of {tables} at {_lsn_text(self.lsn)}: one statement of "
+                f"{exc.size / (1 << 20):.1f} MB of decoded rows did not finish within its {exc.timeout:.1f} s "
+                f"(the relay's --db-command-timeout plus {self.settings.append_seconds_per_mb:g} s per MB; a single "
+                "change is never split). Restart the relays with a larger --db-command-timeout (and "
+                "--db-session-timeout above it), or see what slows the database; WAL capture retries and holds "
+                "every later change until then"
+            )  # fmt: skip
+            await wait_for_event(stop, backoff_delay(failures, base=0.5, cap=self.settings.max_backoff))
+            return failures
         except asyncpg.PostgresError as exc:
             if isinstance(exc, db.CONNECTION_ERRORS) or exc.sqlstate[:2] in _TRANSIENT:
                 raise
@@ -224,6 +255,10 @@ class WalCapture:
                    f"type change until capture has passed this position, then make it again. {fix}")  # fmt: skip
         error = (f"cannot append the changes of {tables} at {_lsn_text(self.lsn)}: {one_line(exc)}. {fix}; WAL "
                  "capture retries and holds every later change until then")  # fmt: skip
+        await self._record_failing(error)
+
+    async def _record_failing(self, error: str) -> None:
+        """Record why appending fails (ferry.wal_slot.error: status, the dashboard, metrics) and log it once."""
         await self.conn.execute(sql.query("wal_failing"), error)
         if error != self._failing:
             log.error("WAL capture: %s", error)
@@ -429,11 +464,17 @@ class WalCapture:
         """``ferry._append_wal_v2``; ``round_xids`` (the round's source transactions) ends the round."""
         p = pending
         self._failed_relids = p.relids  # the tables to name should this fail
-        n = await self.conn.fetchval(
-            sql.query("wal_append"),
-            _lsn_text(at), _lsn_text(to), committed_at, p.relids, p.ops, p.rows, p.olds, p.missing, p.times, p.lsns,
-            p.xids, round_xids,
-        )  # fmt: skip
+        base = db.command_timeout(self.conn)
+        timeout = None if base is None else base + p.size / (1 << 20) * self.settings.append_seconds_per_mb
+        try:
+            n = await self.conn.fetchval(
+                sql.query("wal_append"),
+                _lsn_text(at), _lsn_text(to), committed_at, p.relids, p.ops, p.rows, p.olds, p.missing, p.times,
+                p.lsns, p.xids, round_xids, timeout=timeout,
+            )  # fmt: skip
+        except TimeoutError:
+            assert timeout is not None
+            raise AppendTimedOut(p.size, timeout, p.relids) from None
         return int(n)
 
     def _add(self, pending: _Pending, change: Change, commit_time: datetime | None, lsn: int, xid: int) -> None:
