@@ -223,7 +223,7 @@ def _explain(url: str, exc: BaseException) -> DatabaseUnreachable:
     else:
         reason = str(exc) or type(exc).__name__
     return DatabaseUnreachable(
-        f"cannot connect to PostgreSQL at {where}: {reason}. Check --database-url or {URL_ENV_VAR}."
+        f"cannot connect to PostgreSQL at {where}: {reason.rstrip('.')}. Check --database-url or {URL_ENV_VAR}."
     )
 
 

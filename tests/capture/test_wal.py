@@ -630,6 +630,36 @@ async def test_an_append_that_keeps_timing_out_is_shown_as_failing_with_what_to_
     assert await conn.fetchval("select count(*) from ferry.events where stream = 'public.big'") == 1
 
 
+async def test_a_json_value_the_log_cannot_hold_names_its_table_alone_and_the_way_out(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    """Outside probe: a json value jsonb cannot hold ({"a": 1e1000000}) stopped all WAL capture with
+    "value overflows numeric format. Fix what the error names", blaming every table of the append,
+    and the only way out, ferry.reset_wal_slot(), refuses while a relay reads the slot, unsaid."""
+    await conn.execute("create table other (id int primary key)")
+    await conn.execute("create table jn (id int primary key, j json)")
+    await ferry.capture_table("other", method="wal")
+    await ferry.capture_table("jn", method="wal")
+    await ferry.register_consumer("c", ["public.other", "public.jn"])
+    async with conn.transaction():  # one append holds changes of both tables
+        await conn.execute("insert into other values (1)")
+        await conn.execute("""insert into jn values (1, '{"a": 1e1000000}')""")
+    async with Running(db_url) as wal:
+        error = await _capture_error(conn)
+        assert error.startswith("cannot append the changes of public.jn at "), error
+        assert "public.other" not in error and ".." not in error, error
+        assert "holds a value the log cannot hold" in error, error
+        assert "stop every relay" in error and "select ferry.reset_wal_slot();" in error, error
+        assert "pgferry backfill" in error, error
+        assert wal.capture.events == 0
+    await conn.execute("select ferry.reset_wal_slot()")  # the way out, relays stopped
+    await conn.execute("insert into other values (2)")
+    async with Running(db_url) as wal:
+        await wal.caught_up(conn)
+    assert [e.key for e in await read_all(ferry, conn, "c")] == ["2"]
+    assert await conn.fetchval("select count(*) from ferry.gaps where cause = 'wal slot lost'") == 1
+
+
 # Every alias the generated statements use, as column names (a bare r named the column r).
 ALIAS_COLUMNS = "id int primary key, r int, n int, o int, x int, od int, nw int, s int, m int, pos int, c int"
 

@@ -153,7 +153,7 @@ class WalCapture:
         self._round_xids: set[int] = set()  # the source transactions of the open round
         #: why the last append failed (None: it did not), and the tables its changes were of
         self._failing: str | None = None
-        self._failed_relids: list[int] = []
+        self._failed = _Pending()
         #: user-defined types met in relations: whether each is a domain over json or jsonb
         self._json_domains: dict[int, bool] = {}
         #: REPLICA IDENTITY problems logged (ferry._wal_identity_problems), so each is said once
@@ -236,26 +236,63 @@ class WalCapture:
         context = f"{getattr(exc, 'context', None) or ''} {getattr(exc, 'internal_query', None) or ''}"
         failed = re.search(r"x\.relid = (\d+)", context)
         capture = re.search(r"pgferry capture (\d+)", context)
-        relids = [int(failed.group(1))] if failed else self._failed_relids
+        relids = [int(failed.group(1))] if failed else self._failed.relids
+        fixes: list[str] = []
+        if failed is None and capture is None and exc.sqlstate[:2] == "22":
+            # Failed before any statement of the append ran: a row the log cannot hold as jsonb (a json
+            # value such as {"a": 1e1000000}, or one holding \u0000), refused as the rows were read in.
+            # The message named every table of the append and offered nothing that worked (outside probe).
+            found = await self._unholdable_change(self._failed)
+            if found is not None:
+                relids = [self._failed.relids[found]]
+                fixes.append(
+                    f"A change of it (at {_lsn_text(self._failed.lsns[found])}) holds a value the log cannot hold "
+                    "(a trigger would have refused the write; from the WAL it is committed), and no correction "
+                    "reaches it. The only way past it: stop every relay (ferry.reset_wal_slot() refuses while one "
+                    "reads the slot), run select ferry.reset_wal_slot(); which records the changes not yet "
+                    "appended, of every table captured from the WAL, as a gap of their readers, start the "
+                    "relays, and pgferry backfill each table captured from the WAL"
+                )  # fmt: skip
         tables = ", ".join(sorted({self._table_name(oid) for oid in relids})) or "?"
+        if exc.sqlstate in NO_LONGER_ACCEPTED:  # the hint named only the condition (outside probe)
+            fixes.append("If a type changed after the change was made (an enum value renamed, a composite type "
+                         "altered, a domain constraint added NOT VALID), its value no longer reads back: undo that "
+                         "type change until capture has passed this position, then make it again")  # fmt: skip
         # Only a condition can be corrected in the capture (an update of ferry.captures): offered for
         # a capture without one, the fix did not apply (outside probe).
-        condition = capture is not None and await self.conn.fetchval(
-            sql.query("wal_capture_has_condition"), int(capture.group(1))
-        )
-        if capture is not None and condition:
-            fix = (f"The change was made under capture {capture.group(1)}, whose condition still applies to it "
-                   "(capturing the table again changes what comes after): if the condition raised, correct it: "
-                   f"update ferry.captures set condition = '...' where id = {capture.group(1)}")  # fmt: skip
-        else:
-            fix = "Fix what the error names"
-        if exc.sqlstate in NO_LONGER_ACCEPTED:  # the hint named only the condition (outside probe)
-            fix = ("If a type changed after the change was made (an enum value renamed, a composite type "
-                   "altered, a domain constraint added NOT VALID), its value no longer reads back: undo that "
-                   f"type change until capture has passed this position, then make it again. {fix}")  # fmt: skip
-        error = (f"cannot append the changes of {tables} at {_lsn_text(self.lsn)}: {one_line(exc)}. {fix}; WAL "
-                 "capture retries and holds every later change until then")  # fmt: skip
+        if capture is not None and await self.conn.fetchval(sql.query("wal_capture_has_condition"),
+                                                            int(capture.group(1))):  # fmt: skip
+            fixes.append(f"The change was made under capture {capture.group(1)}, whose condition still applies to "
+                         "it (capturing the table again changes what comes after): if the condition raised, correct "
+                         f"it: update ferry.captures set condition = '...' where id = {capture.group(1)}")  # fmt: skip
+        fix = ". ".join(fixes or ["Fix what the error names"])
+        error = (f"cannot append the changes of {tables} at {_lsn_text(self.lsn)}: {one_line(exc).rstrip('.')}. "
+                 f"{fix}; WAL capture retries and holds every later change until then")  # fmt: skip
         await self._record_failing(error)
+
+    async def _unholdable_change(self, pending: _Pending) -> int | None:
+        """The first change of ``pending`` whose row or old row jsonb refuses, found by halves (a
+        dozen statements for a chunk of 5,000), or None."""
+        texts = [[row.decode()] + ([old.decode()] if old is not None else []) for row, old in
+                 zip(pending.rows, pending.olds, strict=True)]  # fmt: skip
+
+        async def holds(lo: int, hi: int) -> bool:
+            try:
+                await self.conn.fetchval(sql.query("wal_rows_as_jsonb"), [t for ts in texts[lo:hi] for t in ts])
+            except asyncpg.DataError:
+                return False
+            return True
+
+        lo, hi = 0, len(texts)
+        if hi == 0 or await holds(lo, hi):
+            return None
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if await holds(lo, mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     async def _record_failing(self, error: str) -> None:
         """Record why appending fails (ferry.wal_slot.error: status, the dashboard, metrics) and log it once."""
@@ -463,7 +500,7 @@ class WalCapture:
     ) -> int:
         """``ferry._append_wal_v2``; ``round_xids`` (the round's source transactions) ends the round."""
         p = pending
-        self._failed_relids = p.relids  # the tables to name should this fail
+        self._failed = p  # the changes to name should this fail
         base = db.command_timeout(self.conn)
         timeout = None if base is None else base + p.size / (1 << 20) * self.settings.append_seconds_per_mb
         try:

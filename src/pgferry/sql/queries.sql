@@ -781,6 +781,11 @@ update ferry.wal_slot set error = $1, error_at = coalesce(error_at, now())
 -- Whether capture $1 has a condition (WAL capture's failure message offers to correct it only then).
 select exists (select 1 from ferry.captures c where c.id = $1::integer and c.condition is not null)
 
+-- name: wal_rows_as_jsonb
+-- Raises when one of the rows $1 (WAL capture's decoded rows, as text) cannot be jsonb: which change
+-- of a failed append the log cannot hold.
+select cardinality($1::text[]::jsonb[])
+
 -- name: wal_recovered
 update ferry.wal_slot set error = null, error_at = null where error is not null
 
