@@ -660,6 +660,35 @@ async def test_a_json_value_the_log_cannot_hold_names_its_table_alone_and_the_wa
     assert await conn.fetchval("select count(*) from ferry.gaps where cause = 'wal slot lost'") == 1
 
 
+async def test_a_generated_column_whose_function_relies_on_search_path_is_named_with_the_fix(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    """Outside probe: a stored generated column computed by public.slug2(), which calls helper2()
+    unqualified, stopped all WAL capture: the relay computes generated columns again (the WAL has no
+    value for them before PostgreSQL 18) in its session, which searches pg_catalog only. The
+    message now names the column, the function and the fix."""
+    await conn.execute(
+        "create function public.helper2(t text) returns text immutable language sql as $$ select upper(t) $$"
+    )
+    await conn.execute("create function public.slug2(t text) returns text immutable language sql "
+                       "as $$ select helper2(t) || '-x' $$")  # fmt: skip
+    await conn.execute(
+        "create table g2 (id int primary key, name text, s text generated always as (public.slug2(name)) stored)"
+    )
+    await ferry.capture_table("g2", method="wal")
+    await ferry.register_consumer("c", ["public.g2"])
+    await conn.execute("insert into g2 (id, name) values (1, 'abc')")
+    async with Running(db_url, as_relay=True) as wal:
+        error = await _capture_error(conn)
+        assert "cannot append the changes of public.g2" in error and ".." not in error, error
+        assert "stored generated column s (public.slug2(name))" in error, error
+        assert "alter function public.slug2(text) set search_path = public" in error, error
+        assert "update ferry.captures" not in error, error
+        await conn.execute("alter function public.slug2(text) set search_path = public")  # the fix
+        await wal.caught_up(conn)
+    assert [e.payload["record"] for e in await read_all(ferry, conn, "c")] == [{"id": 1, "name": "abc", "s": "ABC-x"}]
+
+
 # Every alias the generated statements use, as column names (a bare r named the column r).
 ALIAS_COLUMNS = "id int primary key, r int, n int, o int, x int, od int, nw int, s int, m int, pos int, c int"
 

@@ -66,6 +66,9 @@ FIRST_USER_OID = 16384
 #: SQLSTATEs of a decoded value the column's type no longer takes: invalid input (an enum value
 #: renamed, a composite type altered), a check or not-null violation (a domain's constraint).
 NO_LONGER_ACCEPTED = frozenset({"22P02", "23514", "23502"})
+#: SQLSTATEs of a name not found (function, table, type or schema): what a function that relies on
+#: search_path raises in the relay's session (search_path pg_catalog)
+NOT_FOUND = frozenset({"42883", "42P01", "42704", "3F000"})
 #: SQLSTATE classes of failures another attempt may not meet: serialization, resources,
 #: an operator's intervention (a connection's end is db.CONNECTION_ERRORS). The relay's leader
 #: job handles them as any other: it steps down and comes back.
@@ -254,6 +257,8 @@ class WalCapture:
                     "relays, and pgferry backfill each table captured from the WAL"
                 )  # fmt: skip
         tables = ", ".join(sorted({self._table_name(oid) for oid in relids})) or "?"
+        if exc.sqlstate in NOT_FOUND and failed is not None:
+            fixes.extend(await self._generated_column_fixes(int(failed.group(1))))
         if exc.sqlstate in NO_LONGER_ACCEPTED:  # the hint named only the condition (outside probe)
             fixes.append("If a type changed after the change was made (an enum value renamed, a composite type "
                          "altered, a domain constraint added NOT VALID), its value no longer reads back: undo that "
@@ -269,6 +274,24 @@ class WalCapture:
         error = (f"cannot append the changes of {tables} at {_lsn_text(self.lsn)}: {one_line(exc).rstrip('.')}. "
                  f"{fix}; WAL capture retries and holds every later change until then")  # fmt: skip
         await self._record_failing(error)
+
+    async def _generated_column_fixes(self, relid: int) -> list[str]:
+        """What to do when the table's stored generated columns call functions of the user's own
+        that do not set their search_path: the relay computes them again in a session that searches
+        pg_catalog only (its search_path is not widened: writers could plant functions in public),
+        so a name such a function leaves unqualified is not found (outside probe)."""
+        fixes = []
+        for row in await self.conn.fetch(sql.query("wal_generated_functions"), relid):
+            first = row["functions"][0]
+            schema = first.split(".", 1)[0]
+            fixes.append(
+                f"The relay computes the stored generated column {row['col']} ({row['expr']}) again (the WAL has "
+                f"no value for it before PostgreSQL 18), in a session whose search_path is pg_catalog only: a "
+                f"function it calls ({', '.join(row['functions'])}) may name something of another schema unqualified. "
+                f"Schema-qualify the names inside it, or alter function {first} set search_path = {schema} "
+                "(the schemas its body needs)"
+            )  # fmt: skip
+        return fixes
 
     async def _unholdable_change(self, pending: _Pending) -> int | None:
         """The first change of ``pending`` whose row or old row jsonb refuses, found by halves (a

@@ -781,6 +781,25 @@ update ferry.wal_slot set error = $1, error_at = coalesce(error_at, now())
 -- Whether capture $1 has a condition (WAL capture's failure message offers to correct it only then).
 select exists (select 1 from ferry.captures c where c.id = $1::integer and c.condition is not null)
 
+-- name: wal_generated_functions
+-- The stored generated columns of table $1 that call functions outside pg_catalog which do not set
+-- their own search_path (what WAL capture, computing them again in a pg_catalog-only session, may
+-- fail on), each with its expression and those functions.
+select a.attname::text as col, pg_get_expr(d.adbin, d.adrelid) as expr,
+       array(select p.oid::regprocedure::text
+             from pg_depend dep join pg_proc p on p.oid = dep.refobjid
+             where dep.classid = 'pg_attrdef'::regclass and dep.objid = d.oid
+               and dep.refclassid = 'pg_proc'::regclass and p.pronamespace <> 'pg_catalog'::regnamespace
+               and not exists (select 1 from unnest(coalesce(p.proconfig, '{}')) c where c like 'search_path=%')
+             order by 1) as functions
+from pg_attribute a join pg_attrdef d on d.adrelid = a.attrelid and d.adnum = a.attnum
+where a.attrelid = $1::oid and a.attgenerated = 's' and not a.attisdropped
+  and exists (select 1 from pg_depend dep join pg_proc p on p.oid = dep.refobjid
+              where dep.classid = 'pg_attrdef'::regclass and dep.objid = d.oid
+                and dep.refclassid = 'pg_proc'::regclass and p.pronamespace <> 'pg_catalog'::regnamespace
+                and not exists (select 1 from unnest(coalesce(p.proconfig, '{}')) c where c like 'search_path=%'))
+order by a.attnum
+
 -- name: wal_rows_as_jsonb
 -- Raises when one of the rows $1 (WAL capture's decoded rows, as text) cannot be jsonb: which change
 -- of a failed append the log cannot hold.
