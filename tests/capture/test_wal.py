@@ -196,14 +196,14 @@ async def test_under_a_key_only_replica_identity_a_delete_has_the_identity_colum
         (delete_key, "DELETE", {**nulls, **old_key}),  # the identity's columns, null in the others
     ]
     problems = [tuple(r) for r in await conn.fetch("select tbl::text, problem from ferry._wal_identity_problems()")]
-    said = [r.getMessage() for r in caplog.records if "replica identity of" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "WAL capture of" in r.getMessage()]
     if delete_key is not None:
         assert problems == [] and said == []
         return
     assert len(problems) == 1 and problems[0][0] == "docs"
     assert "USING INDEX docs_code_key holds not all of its key columns (id)" in problems[0][1]
     assert "null key; alter table docs replica identity full" in problems[0][1]
-    assert said == [f"WAL capture: the replica identity of docs: {problems[0][1]}"]  # once, though it came twice
+    assert said == [f"WAL capture of docs: {problems[0][1]}"]  # once, though it came twice
 
 
 @pytest.mark.parametrize(
@@ -687,6 +687,48 @@ async def test_a_generated_column_whose_function_relies_on_search_path_is_named_
         await conn.execute("alter function public.slug2(text) set search_path = public")  # the fix
         await wal.caught_up(conn)
     assert [e.payload["record"] for e in await read_all(ferry, conn, "c")] == [{"id": 1, "name": "abc", "s": "ABC-x"}]
+
+
+async def test_a_table_taken_out_of_the_publication_by_hand_is_named_in_status_and_the_relay_log(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Outside probe: 'alter publication pgferry_wal drop table t' lost t's later changes, and
+    nothing said so."""
+    await conn.execute("create table t (id int primary key)")
+    await ferry.capture_table("t", method="wal")
+    settings = WalSettings(recheck_interval=0.2)
+    settings.problems_interval = 0.2  # the relay looks every 30 s
+    async with Running(db_url, as_relay=True, settings=settings) as wal:
+        await conn.execute("alter publication pgferry_wal drop table t")
+        problems = [tuple(r) for r in await conn.fetch("select tbl::text, problem from ferry._wal_identity_problems()")]
+        assert len(problems) == 1 and problems[0][0] == "t", problems
+        assert "not in the publication pgferry_wal any more" in problems[0][1]
+        assert "changes since are not captured and are lost" in problems[0][1]
+        assert "ferry.capture_table('t', method => 'wal') again" in problems[0][1]
+        assert "alter publication pgferry_wal add table only t" in problems[0][1]
+        status = await inspect.wal_status(conn)
+        assert status is not None and status["identity_problems"] == [f"t: {problems[0][1]}"]
+
+        async def logged() -> bool:
+            return any(
+                "WAL capture of public.t: it is not in the publication" in r.getMessage() for r in caplog.records
+            )
+
+        await eventually(logged, what="the relay's log")
+        await ferry.capture_table("t", method="wal")  # the fix
+        assert await conn.fetchval("select count(*) from ferry._wal_identity_problems()") == 0
+        await conn.execute("insert into t values (1)")
+        await wal.caught_up(conn)
+    assert await conn.fetchval("select count(*) from ferry.events where stream = 'public.t'") == 1
+    tx = conn.transaction()
+    await tx.start()
+    try:  # the publication dropped (not for good: the test's other assertions use it)
+        await conn.execute("drop publication pgferry_wal")
+        problem = await conn.fetchval("select problem from ferry._wal_identity_problems()")
+        assert problem.startswith("the publication pgferry_wal is gone"), problem
+        assert "select ferry.reset_wal_slot()" in problem, problem
+    finally:
+        await tx.rollback()
 
 
 # Every alias the generated statements use, as column names (a bare r named the column r).

@@ -201,9 +201,9 @@ async def test_status_metrics_and_dashboard_show_the_slot_its_lag_and_a_lost_slo
         async with aiohttp.ClientSession() as session, session.get(relay.relay.addresses["dashboard"]) as page:
             html = await page.text()
         assert "<h2>Capture from the WAL</h2>" in html and 'data-slot="pgferry_' in html
-        assert "replica identity of public.t: REPLICA IDENTITY NOTHING" in html  # the service path: qualified
+        assert "WAL capture of public.t: REPLICA IDENTITY NOTHING" in html  # the service path: qualified
         status = await cli(pgferry_cmd, db_url, "status")
-        assert "  replica identity of t: REPLICA IDENTITY NOTHING: PostgreSQL refuses its UPDATEs" in status.stdout
+        assert "  WAL capture of t: REPLICA IDENTITY NOTHING: PostgreSQL refuses its UPDATEs" in status.stdout
         assert "alter table t replica identity full" in status.stdout
         await conn.execute("alter table t replica identity full")
     finally:

@@ -89,6 +89,9 @@ class WalSettings:
     #: (184 MB as hex) took longer than the default 10 s: the statement was cut off, taken for a
     #: lost connection, and tried again forever, holding all WAL capture (outside probe).
     append_seconds_per_mb: float = 1.0
+    #: how often every WAL capture's problems (ferry._wal_identity_problems: a table out of the
+    #: publication, a replica identity changed) are looked at, to log new ones
+    problems_interval: float = 30.0
     #: how often a missing or invalidated slot is looked at again (a new slot is notified)
     recheck_interval: float = 5.0
     #: backoff cap when the stream cannot be started (the slot read by a relay that is going away)
@@ -337,11 +340,21 @@ class WalCapture:
         # The WAL describes a table again after an ALTER TABLE, REPLICA IDENTITY among them: say
         # at once if the table's identity no longer gives what its capture needs (DELETEs would
         # come without a key). capture_table refuses such a table; an ALTER later cannot be.
-        for row in await self.conn.fetch(sql.query("wal_identity_problems"), rel.oid):
-            said = f"{row['tbl']}: {row['problem']}"
-            if said not in self._identity_logged:
-                self._identity_logged.add(said)
-                log.error("WAL capture: the replica identity of %s", said)
+        self._log_problems(await self.conn.fetch(sql.query("wal_identity_problems"), rel.oid))
+
+    def _log_problems(self, rows: list[asyncpg.Record], every: bool = False) -> None:
+        """Log each problem of ferry._wal_identity_problems once; with ``every`` (rows are all of
+        them now), forget those gone, so that one coming back is said again."""
+        said = {f"{row['tbl']}: {row['problem']}" for row in rows}
+        for line in sorted(said - self._identity_logged):
+            log.error("WAL capture of %s", line)
+        self._identity_logged = said if every else self._identity_logged | said
+
+    async def _check_problems(self) -> None:
+        """Every WAL capture's problems (ferry._wal_identity_problems), looked at now and then: a
+        table taken out of the publication by hand is never described by the WAL again, and its
+        changes were lost without a word in the log (outside probe)."""
+        self._log_problems(await self.conn.fetch(sql.query("wal_identity_problems"), None), every=True)
 
     def _table_name(self, oid: int) -> str:
         rel = self.relations.get(oid)
@@ -377,6 +390,7 @@ class WalCapture:
         keepalive = self.settings.keepalive_interval
         loop_time = asyncio.get_running_loop().time
         spoke_at = loop_time()
+        checked_at = -self.settings.problems_interval  # at once, then every problems_interval
         try:
             while not stop.is_set():
                 if getter is None:
@@ -385,6 +399,9 @@ class WalCapture:
                 if tail is not None:
                     waiters.add(tail)
                     spoke_at = loop_time()  # an append is under way on the connection
+                elif loop_time() - checked_at >= self.settings.problems_interval and self._tx is None:
+                    await self._check_problems()  # between rounds: also keeps the leadership session alive
+                    spoke_at = checked_at = loop_time()
                 elif loop_time() - spoke_at >= keepalive:  # idle: keep the leadership session alive
                     await self.conn.execute(sql.query("keepalive"))
                     spoke_at = loop_time()

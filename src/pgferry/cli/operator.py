@@ -335,7 +335,7 @@ def _wal_line(wal: dict[str, Any]) -> None:
     if wal["note"]:
         click.echo(f"  note: {wal['note']}")
     for problem in wal.get("identity_problems") or ():
-        click.secho(f"  replica identity of {problem}", fg="red")
+        click.secho(f"  WAL capture of {problem}", fg="red")
 
 
 def _retention_table(rows: list[dict[str, Any]]) -> None:

@@ -198,8 +198,9 @@ class RelayMetrics:
             "later one (pgferry status says why).", registry=r,
         )  # fmt: skip
         self.wal_identity_problems = Gauge(
-            "pgferry_wal_identity_problems", "WAL-captured tables whose REPLICA IDENTITY no longer gives what their "
-            "capture needs (DELETEs without a key, UPDATEs refused; pgferry status names them and the fix).",
+            "pgferry_wal_identity_problems", "WAL-captured tables that no longer give what their capture needs: out "
+            "of the publication (their changes are lost), or a REPLICA IDENTITY that gives DELETEs without a key "
+            "or UPDATEs refused (pgferry status names them and the fix).",
             registry=r,
         )  # fmt: skip
         self._refreshed = 0.0

@@ -429,7 +429,7 @@ def _wal_table(wal: dict[str, Any]) -> str:
         f'<th>note</th></tr><tr data-slot="{esc(wal["slot_name"])}"><td>{esc(wal["slot_name"])}</td>'
         f"<td>{esc(wal['tables'])}</td><td>{state}</td><td>{wal['lag_bytes']:,}</td>"
         f"<td>{wal['lag_seconds']:.1f}</td><td>{esc(wal['error'] or wal['note'] or '')}</td></tr></table>"
-        + "".join(f'<p class="bad wal-identity">replica identity of {esc(p)}</p>' for p in problems)
+        + "".join(f'<p class="bad wal-identity">WAL capture of {esc(p)}</p>' for p in problems)
     )
 
 

@@ -14,7 +14,11 @@
 -- fix is capture_table again; inheritance children gained since (their
 -- rows' changes through the table are not in its WAL); and a partition
 -- short of FULL under a FULL table (attached since: its UPDATEs lose
--- old_record). A partitioned
+-- old_record); and, before all of these, a table no longer in the
+-- publication pgferry_wal (altered by hand: alter publication ... drop
+-- table), or the publication gone: its later changes were lost without a
+-- word (outside probe), so the text says they are lost and how to capture
+-- and backfill it again. A partitioned
 -- table's partitions count, as capture_table checks them. relid: only the
 -- capture of that table (the relay asks about each table the WAL describes;
 -- a query over all of them for each would grow with their square). Shown by `pgferry
@@ -22,7 +26,8 @@
 -- relay logs it when the WAL describes such a table.
 --
 -- Calls:   -
--- Reads:   ferry.captures, pg_class, pg_index, pg_attribute, pg_inherits, pg_partition_tree
+-- Reads:   ferry.captures, ferry.wal_slot, pg_class, pg_index, pg_attribute, pg_inherits, pg_partition_tree,
+--          pg_publication, pg_publication_rel
 -- Writes:  -
 -- Raises:  -
 -- Runs as: the caller (SECURITY INVOKER)
@@ -55,11 +60,30 @@ language sql stable as $$
                      where a.attrelid = p.part and a.attnum > 0 and not a.attisdropped) as table_columns,
                (select r.relreplident from pg_class r where r.oid = p.relid) as root_identity,
                (select i.inhrelid::regclass from pg_inherits i where i.inhparent = p.part and k.relkind = 'r' limit 1)
-                   as child
+                   as child,
+               -- the table itself (not its partitions: the root is published) out of the publication
+               (select w.publication from ferry.wal_slot w) as publication,
+               p.part = p.relid and not exists (
+                   select 1 from ferry.wal_slot w join pg_publication pb on pb.pubname = w.publication
+                   join pg_publication_rel pr on pr.prpubid = pb.oid
+                   where pr.prrelid = p.relid) as unpublished,
+               exists (select 1 from ferry.wal_slot w join pg_publication pb on pb.pubname = w.publication)
+                   as publication_exists
         from parts p join pg_class k on k.oid = p.part
     )
     select i.part::regclass,
            case
+               when i.unpublished and not i.publication_exists then
+                   format('the publication %s is gone (dropped by hand?): its changes since are not captured and are '
+                          'lost, and the slot cannot decode past the drop; stop the relays, create publication %I with '
+                          '(publish_via_partition_root = true), add the tables captured from the WAL back, select '
+                          'ferry.reset_wal_slot(), start the relays and pgferry backfill those tables',
+                          i.publication, i.publication)
+               when i.unpublished then
+                   format('it is not in the publication %s any more (altered by hand?): its changes since are not '
+                          'captured and are lost; call ferry.capture_table(%L, method => ''wal'') again, with the '
+                          'options it was captured with (or alter publication %I add table only %s), then pgferry '
+                          'backfill it', i.publication, i.relid::regclass::text, i.publication, i.relid::regclass)
                when not (i.key_columns <@ i.table_columns) then
                    format('its key columns (%s) are not all columns of the table any more (renamed or dropped): its '
                           'events reach readers with a null key; call ferry.capture_table(%L, method => ''wal'') '
@@ -93,7 +117,8 @@ language sql stable as $$
                           i.part::regclass)
            end
     from identity i
-    where not (i.key_columns <@ i.table_columns)
+    where i.unpublished
+       or not (i.key_columns <@ i.table_columns)
        or i.relreplident = 'n' or (i.relreplident = 'd' and i.index is null)
        or (i.relreplident in ('i', 'd') and not (i.key_columns <@ i.index_columns))
        or (i.relreplident <> 'f' and i.needs_full)
