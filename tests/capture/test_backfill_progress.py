@@ -36,9 +36,13 @@ def test_rate_and_eta_come_from_rows_done_since_the_start_and_the_estimate() -> 
     assert p.rate == 100.0 and p.eta == timedelta(seconds=7) and p.total == 1000
 
 
-def test_an_estimate_below_the_rows_done_counts_as_the_rows_done_and_unknown_stays_unknown() -> None:
-    assert _progress(rows_estimate=200).total == 300
-    assert _progress(rows_estimate=200).eta == timedelta(0)
+def test_an_estimate_the_rows_done_passed_is_unknown_until_done_and_unknown_stays_unknown() -> None:
+    """A table never analyzed: the planner guessed about half its rows, and progress read 100%, ETA
+    0:00:00, with rows to go; a backfill cancelled at 75% read 100% (outside probe)."""
+    assert _progress(rows_estimate=200).total is None and _progress(rows_estimate=200).eta is None
+    assert _progress(rows_estimate=200, state="cancelled").total is None
+    assert _progress(rows_estimate=200, state="done").total == 300  # what it found
+    assert _progress(rows_estimate=5000, state="done").total == 300
     assert _progress(rows_estimate=None).eta is None and _progress(rows_estimate=None).total is None
     assert _progress(state="paused").eta is None
     assert _progress(rows_done=0).rate is None

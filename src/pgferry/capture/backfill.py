@@ -92,12 +92,17 @@ class Progress:
 
     @property
     def total(self) -> int | None:
-        """The estimate of the rows to do (the planner's, at the start), never below what is done.
+        """The estimate of the rows to do (the planner's, at the start); the rows found once done.
+        None when there is none, or when the rows done passed it before the end: on a table never
+        analyzed the planner guessed about half, and progress read 100%, ETA 0:00:00, with a third
+        of the rows to go, and a backfill cancelled at 75% read 100% (outside probe).
 
         With a condition it is the whole table's: an upper bound."""
-        if self.rows_estimate is None:
+        if self.state == "done":
+            return self.rows_done
+        if self.rows_estimate is None or self.rows_done > self.rows_estimate:
             return None
-        return max(self.rows_estimate, self.rows_done)
+        return self.rows_estimate
 
     @property
     def rate(self) -> float | None:

@@ -192,5 +192,5 @@ def _shown(console: Console, what: str, first: backfills.Progress, show: bool) -
 
 
 def _total(done: int, estimate: int | None) -> int | None:
-    """The estimate of the table's rows, never below what is done."""
-    return max(done, estimate) if estimate is not None else None
+    """The estimate of the table's rows; None (unknown) once the rows done passed it (Progress.total)."""
+    return None if estimate is None or done > estimate else estimate
