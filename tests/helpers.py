@@ -191,6 +191,38 @@ FAST = RelaySettings(
 )
 
 
+class AfterQuery:
+    """A pool whose connections run ``hook`` (with the result) after ``method`` (e.g. "fetch") ran
+    ``query`` (a name in queries.sql), before handing the result back: holds a statement's answer
+    back to play a race a busy machine shows. Everything else goes to ``pool``'s connections."""
+
+    def __init__(self, pool: asyncpg.Pool, method: str, query: str, hook: Callable[[Any], Awaitable[None]]) -> None:
+        self.pool, self.method, self.query, self.hook = pool, method, sql.query(query), hook
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[object]:
+        async with self.pool.acquire() as conn:
+            yield _HookedConnection(conn, self)
+
+
+class _HookedConnection:
+    def __init__(self, conn: asyncpg.Connection, pool: AfterQuery) -> None:
+        self._conn, self._pool = conn, pool
+
+    def __getattr__(self, name: str) -> object:
+        found = getattr(self._conn, name)
+        if name != self._pool.method:
+            return found
+
+        async def call(query: str, *args: object) -> object:
+            result = await found(query, *args)
+            if query == self._pool.query:
+                await self._pool.hook(result)
+            return result
+
+        return call
+
+
 class RunningRelay:
     """A relay running in this process, on this event loop, until ``stop``."""
 

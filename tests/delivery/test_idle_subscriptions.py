@@ -9,15 +9,13 @@ workers whose streams moved, and moves the others' cursors in one statement.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator
 
 import asyncpg
 import orjson
 
 import pgferry
-from pgferry import db, sql
+from pgferry import db
 from pgferry.delivery.context import DeliveryContext
 from pgferry.delivery.fasthttp import FastSender
 from pgferry.delivery.in_flight import RelayInFlight
@@ -26,7 +24,7 @@ from pgferry.delivery.watch import LogWatch
 from pgferry.delivery.worker import SubscriptionWorker
 from pgferry.receiver import Receiver, Respond
 from pgferry.relay.process import RelaySettings
-from tests.helpers import MakeReceiver, RunningRelay, eventually, owns, received, tick
+from tests.helpers import AfterQuery, MakeReceiver, RunningRelay, eventually, owns, received, tick
 
 #: quiet subscriptions beside one busy one: 1,000 in all, the issue's number (measured 2026-12-04: 4.8
 #: transactions/s for the whole idle relay; the test took 19.6 s, 17.3 s with 301 subscriptions)
@@ -143,34 +141,20 @@ def _batched_ids(receiver: Receiver) -> list[int]:
     return [e["id"] for r in receiver.received for e in orjson.loads(r.body)["data"]]
 
 
-class _SlowWatchRound:
+class _SlowWatchRound(AfterQuery):
     """The relay's pool, except that the LogWatch's query, once answered (``asked`` set), waits
     for ``answer`` before its round goes on: a round trip slow enough (a busy machine) for a tick
     notification to come and its events to be delivered meanwhile."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
-        self.pool = pool
+        super().__init__(pool, "fetchrow", "log_watch", self._held)
         self.asked = asyncio.Event()
         self.answer = asyncio.Event()
         self.answer.set()
 
-    @contextlib.asynccontextmanager
-    async def acquire(self) -> AsyncIterator[object]:
-        async with self.pool.acquire() as conn:
-            outer = self
-
-            class Conn:
-                async def fetchrow(self, query: str, *args: object) -> asyncpg.Record | None:
-                    row: asyncpg.Record | None = await conn.fetchrow(query, *args)
-                    if query == sql.query("log_watch"):
-                        outer.asked.set()
-                        await outer.answer.wait()
-                    return row
-
-                def __getattr__(self, name: str) -> object:
-                    return getattr(conn, name)
-
-            yield Conn()
+    async def _held(self, _: object) -> None:
+        self.asked.set()
+        await self.answer.wait()
 
 
 async def test_a_round_answered_after_a_newer_tick_does_not_move_an_idle_worker_back(

@@ -8,15 +8,14 @@ answer is recorded when it comes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 import orjson
 
 import pgferry
-from pgferry import db, sql
+from pgferry import db
 from pgferry.delivery.bookkeeping import IN_FLIGHT_NOTE
 from pgferry.delivery.context import DeliveryContext
 from pgferry.delivery.fasthttp import FastSender
@@ -25,7 +24,15 @@ from pgferry.delivery.model import Subscription
 from pgferry.delivery.worker import SubscriptionWorker
 from pgferry.ops import inspect
 from pgferry.receiver import Action, Hang, Received, Respond, Slow
-from tests.helpers import FAST_RETRY, MakeReceiver, RunningRelay, all_delivered, eventually, received_ids
+from tests.helpers import (
+    FAST_RETRY,
+    AfterQuery,
+    MakeReceiver,
+    RunningRelay,
+    all_delivered,
+    eventually,
+    received_ids,
+)
 
 SLOW_S = 6.0
 
@@ -188,30 +195,16 @@ def _no_retries(conn: asyncpg.Connection):  # type: ignore[no-untyped-def]
     return check
 
 
-class _AnsweredDuringFetch:
+def _answered_during_fetch(pool: asyncpg.Pool, answered: Callable[[], Awaitable[None]]) -> AfterQuery:
     """The relay's pool, except that the retry loop's fetch of due retries returns what it read
     after the late answer to a request let go of was recorded meanwhile (row gone, no longer let
     go of): the race a busy machine showed (issue 16's probe, 145 of 100,000 events sent twice)."""
 
-    def __init__(self, pool: asyncpg.Pool, answered: Callable[[], Awaitable[None]]) -> None:
-        self.pool, self.answered = pool, answered
+    async def hook(rows: object) -> None:
+        if rows:
+            await answered()
 
-    @contextlib.asynccontextmanager
-    async def acquire(self) -> AsyncIterator[object]:
-        async with self.pool.acquire() as conn:
-            outer = self
-
-            class Conn:
-                async def fetch(self, query: str, *args: object) -> list[asyncpg.Record]:
-                    rows: list[asyncpg.Record] = await conn.fetch(query, *args)
-                    if query == sql.query("due_retries") and rows:
-                        await outer.answered()
-                    return rows
-
-                def __getattr__(self, name: str) -> object:
-                    return getattr(conn, name)
-
-            yield Conn()
+    return AfterQuery(pool, "fetch", "due_retries", hook)
 
 
 async def test_an_answer_recorded_while_retries_are_fetched_is_not_sent_again(
@@ -233,7 +226,7 @@ async def test_an_answer_recorded_while_retries_are_fetched_is_not_sent_again(
         worker.let_go.discard(event)
 
     try:
-        ctx = DeliveryContext(pool=_AnsweredDuringFetch(pool, answered), http=http,
+        ctx = DeliveryContext(pool=_answered_during_fetch(pool, answered), http=http,
                               global_limit=RelayInFlight(10))  # fmt: skip
         worker = SubscriptionWorker(sub, ctx)
         worker.let_go.add(event)
