@@ -72,6 +72,15 @@ async def test_a_transaction_s_trigger_and_wal_events_share_the_batch_of_its_com
     # the first transaction's decode once took longer, and its WAL events came a batch later,
     # as documented for a wait that runs out.
     await conn.execute("update ferry.config set wal_order_wait = '5 s'")
+    # WAL capture streaming and the ticker waiting for it before the first transaction: under CI's
+    # load a capture slow to start left the first transaction's WAL events a tick late (as the
+    # test below does it).
+    await wal.caught_up(conn)
+
+    async def waits() -> bool:
+        return ticking.behind is None
+
+    await eventually(waits, what="the ticker waiting for WAL capture")
     for n in range(40):
         async with conn.transaction():
             await conn.execute("insert into a values ($1)", 2 * n)
