@@ -214,6 +214,34 @@ async def test_publish_over_http_one_event_or_many_in_one_transaction(
     assert await conn.fetchval("select count(*) from ferry.events where stream = 'orders:7'") == 5  # with the end
 
 
+async def test_published_numbers_reach_postgresql_with_all_their_digits(
+    start_api: StartApi, conn: asyncpg.Connection
+) -> None:
+    """orjson read them as doubles, and they were stored rounded (outside probe): 30 digits as
+    123456789012345680000000000000, 19.90 as 19.9; ``ferry.publish`` in SQL keeps them."""
+    api = await start_api(allow_loopback=True)
+    url = f"{api.base}/v1/streams/numbers"
+    payloads = [
+        '{"big":123456789012345678901234567890,"dec":0.10000000000000000000001,'
+        '"neg":-18446744073709551616,"money":19.90}',
+        "[1.500, 0.0, -0.000, 2.50e3, 1E-7, 18446744073709551615, 9223372036854775807]",
+        "1e400",  # a double's infinity; a jsonb number like any other, as in SQL
+        '{"n": 1, "s": "no float here"}',
+    ]
+    body = "[" + ",".join(f'{{"payload": {p}, "key": "k{i}"}}' for i, p in enumerate(payloads)) + "]"
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url, data=body, headers=JSON) as r:
+            assert r.status == 201, await r.text()
+            ids = (await r.json())["ids"]
+        for bad in ('{"payload": NaN}', '{"payload": [1.5, "\\ud800"]}', '{"payload": 1.5, "key": 2.5}'):
+            async with session.post(url, data=bad, headers=JSON) as r:
+                assert r.status == 400, (bad, await r.text())
+    stored = await conn.fetch("select payload::text from ferry.events where id = any($1) order by id", ids)
+    expected = [await conn.fetchval("select $1::text::jsonb::text", p) for p in payloads]
+    assert [row["payload"] for row in stored] == expected
+    assert "123456789012345678901234567890" in expected[0] and "19.90" in expected[0] and "1.500" in expected[1]
+
+
 @pytest.mark.parametrize("name", ["chat/42", "wiki:Zürich straße", "a b+c", "'; drop table x; --", "%00"])
 async def test_odd_stream_names_are_addressable_percent_encoded(
     start_api: StartApi, ferry: pgferry.Ferry, name: str

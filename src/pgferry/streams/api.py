@@ -171,6 +171,89 @@ def _event_bytes(event: StreamEvent, offset: str | None = None) -> bytes:
         return _json(fields)
 
 
+class _Digits:
+    """A number of a published body as it was written (``19.90``, ``1e400``, 30 digits)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _parse_body(raw: bytes) -> tuple[Any, bool]:
+    """A publish's body, and whether its numbers were kept as they were written (``_Digits``).
+    orjson reads numbers that are not 64-bit integers as doubles, and they were published rounded
+    (``19.90`` as ``19.9``, 30 digits as 17; outside probe) where ``ferry.publish`` in SQL keeps
+    them (jsonb numbers are ``numeric``): a body with such a number is read again with every
+    number kept as its text, and so is one orjson refuses (``1e400`` is a double's infinity, but
+    a jsonb number like any other)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        fast_error: str | None = str(exc)
+    else:
+        if not _has_float(body):
+            return body, False
+        fast_error = None
+    try:
+        body = json.loads(raw.decode(), parse_float=_Digits, parse_int=_Digits, parse_constant=_reject_constant)
+        # a lone surrogate ("\\ud800"), which orjson refuses, as PostgreSQL would: UnicodeEncodeError
+        json.dumps(body, default=lambda _: None, ensure_ascii=False).encode()
+        return body, True
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise _error(400, f"the body is not JSON: {fast_error or exc}") from None
+
+
+def _has_float(value: Any) -> bool:
+    todo = [value]
+    while todo:
+        value = todo.pop()
+        if type(value) is float:
+            return True
+        if type(value) is dict:
+            todo.extend(value.values())
+        elif type(value) is list:
+            todo.extend(value)
+    return False
+
+
+def _digits_json(payload: Any, i: int) -> str:
+    """A payload read with ``_Digits`` as JSON text, its numbers as they were written."""
+    out: list[str] = []
+    try:
+        _write_json(payload, out)
+    except (RecursionError, orjson.JSONEncodeError) as exc:
+        raise _error(400, f"event #{i}: the payload cannot be published: {exc}") from None
+    return "".join(out)
+
+
+def _write_json(value: Any, out: list[str]) -> None:
+    if type(value) is _Digits:
+        out.append(value.text)
+    elif type(value) is dict:
+        out.append("{")
+        for n, (key, item) in enumerate(value.items()):
+            if n:
+                out.append(",")
+            out.append(orjson.dumps(key).decode())
+            out.append(":")
+            _write_json(item, out)
+        out.append("}")
+    elif type(value) is list:
+        out.append("[")
+        for n, item in enumerate(value):
+            if n:
+                out.append(",")
+            _write_json(item, out)
+        out.append("]")
+    else:  # str, bool, None
+        out.append(orjson.dumps(value).decode())
+
+
 def _frame(event: StreamEvent) -> bytes:
     if is_end(event.headers):
         return f"id: {event.offset}\nevent: end\ndata: {{}}\n\n".encode()
@@ -310,10 +393,7 @@ class StreamsApi:
             raise _error(408, f"the body did not arrive within {BODY_TIMEOUT:g} s") from None
         except (HttpProcessingError, RequestPayloadError) as exc:  # e.g. a Content-Encoding that does not decode
             raise _error(400, f"the body cannot be read: {' '.join(str(exc).split())}") from None
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise _error(400, f"the body is not JSON: {exc}") from None
+        body, digits = _parse_body(raw)
         items = body if isinstance(body, list) else [body]
         if not 1 <= len(items) <= MAX_PUBLISH:
             raise _error(400, f"publish 1 to {MAX_PUBLISH} events per request, not {len(items)}")
@@ -326,7 +406,7 @@ class StreamsApi:
                 raise _error(400, f"event #{i}: key must be a string")
             if head is not None and (not isinstance(head, dict) or not all(isinstance(v, str) for v in head.values())):
                 raise _error(400, f"event #{i}: headers must be an object of strings")
-            payloads.append(_json(item["payload"]).decode())
+            payloads.append(_digits_json(item["payload"], i) if digits else _json(item["payload"]).decode())
             keys.append(key)
             headers.append(_json(head).decode() if head is not None else None)
         assert self.pool is not None
