@@ -94,7 +94,7 @@ async def test_clients_catching_up_on_big_transactions_at_once_share_a_few_conne
             async for chunk in response.content.iter_any():
                 buffer += chunk
                 *frames, buffer = buffer.split(b"\n\n")
-                seen += [orjson.loads(f.split(b"\ndata: ", 1)[1])["id"] for f in frames if b'\ndata: {"' in f]
+                seen += [orjson.loads(f.split(b"\n", 1)[0][6:])["id"] for f in frames if f.startswith(b'data: {"')]
         return seen
 
     watching = asyncio.create_task(watch())

@@ -255,10 +255,14 @@ def _write_json(value: Any, out: list[str]) -> None:
 
 
 def _frame(event: StreamEvent) -> bytes:
+    """An event's SSE frame, ``id:`` last: the standard takes the fields in any order, but
+    eventsource@2 (Node) takes the id as the one to resume after as soon as it reads the line, not
+    when the event is dispatched, and a connection cut inside the (long) ``data:`` line that came
+    after it resumed after an event it never had (62 of 2,694 lost with random cuts; outside probe)."""
     if is_end(event.headers):
-        return f"id: {event.offset}\nevent: end\ndata: {{}}\n\n".encode()
+        return f"event: end\ndata: {{}}\nid: {event.offset}\n\n".encode()
     offset = str(event.offset)  # once per event: catch-ups frame a million of them
-    return b"".join((b"id: ", offset.encode(), b"\ndata: ", _event_bytes(event, offset), b"\n\n"))
+    return b"".join((b"data: ", _event_bytes(event, offset), b"\nid: ", offset.encode(), b"\n\n"))
 
 
 class StreamsApi:

@@ -160,15 +160,14 @@ class SseConnection(asyncio.Protocol):
 
     def _frame(self, frame: bytes, now: float) -> None:
         tally = self.tally
-        if frame.startswith(b"id: "):
-            line_end = frame.find(b"\n")
-            ident, rest = frame[4:line_end], frame[line_end + 1 :]
+        if frame.startswith(b"event: end"):
+            tally.ended += 1
+            self.finish()
+        elif frame.startswith(b"data: "):  # an event: "data: {...}\nid: TICK-ID", the id last
+            id_at = frame.rfind(b"\nid: ")
+            rest, ident = frame[:id_at], frame[id_at + 5 :]
             tick, _, event_id = ident.partition(b"-")
             offset = (int(tick), int(event_id))
-            if rest.startswith(b"event: end"):
-                tally.ended += 1
-                self.finish()
-                return
             if offset <= self.last:
                 tally.duplicates += 1
                 return
@@ -178,7 +177,7 @@ class SseConnection(asyncio.Protocol):
             if tally.first_event_at is None:
                 tally.first_event_at = now
             tally.last_event_at = now
-            if self.decode and rest.startswith(b"data: "):
+            if self.decode:
                 stamp = orjson.loads(rest[6:])["payload"].get("t")
                 if stamp is not None:
                     tally.latencies.append((now, (now - float(stamp)) * 1000.0))
