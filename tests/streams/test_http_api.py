@@ -214,6 +214,41 @@ async def test_publish_over_http_one_event_or_many_in_one_transaction(
     assert await conn.fetchval("select count(*) from ferry.events where stream = 'orders:7'") == 5  # with the end
 
 
+async def test_head_answers_the_get_s_status_and_headers_with_no_body_and_takes_no_reader(
+    start_api: StartApi, ferry: pgferry.Ferry
+) -> None:
+    """HEAD of the SSE route streamed the events as a body (no Transfer-Encoding) and held a
+    reader until the client closed: 5 HEADs, 5 readers (outside probe). Raw sockets: one
+    keep-alive connection takes HEADs, then a GET whose answer must be the next bytes."""
+    api = await start_api(allow_loopback=True)
+    await ferry.publish("s", {"n": 1})
+    url = yarl.URL(api.base)
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+
+    async def ask(method: str, path: str) -> tuple[str, dict[str, str]]:
+        writer.write(f"{method} /v1/streams/{path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        async with asyncio.timeout(5):
+            status, *lines = (await reader.readuntil(b"\r\n\r\n")).decode().strip().split("\r\n")
+        return status, {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+    try:
+        for path in ("s", "s/events?wait=10", "s?after=999999999-1", "s?after=bad", "s/events?limit=0"):
+            status, headers = await ask("HEAD", path)
+            expected = {"s": "200", "s/events?wait=10": "200"}.get(path, "400")
+            assert status.split()[1] == expected, (path, status)
+            if path == "s":
+                assert headers["content-type"] == "text/event-stream" and headers["x-accel-buffering"] == "no"
+            assert "transfer-encoding" not in headers, (path, headers)
+            await ferry.publish("s", {"n": 2})
+            assert api.relay.api is not None and api.relay.api.stats.clients == 0, path
+        status, headers = await ask("GET", "s/events")  # what follows the HEADs is this answer, intact
+        assert status == "HTTP/1.1 200 OK", status
+        body = orjson.loads(await reader.readexactly(int(headers["content-length"])))
+        assert set(body) == {"events", "next", "closed"}, body
+    finally:
+        writer.close()
+
+
 async def test_published_numbers_reach_postgresql_with_all_their_digits(
     start_api: StartApi, conn: asyncpg.Connection
 ) -> None:

@@ -254,6 +254,9 @@ def _write_json(value: Any, out: list[str]) -> None:
         out.append(orjson.dumps(value).decode())
 
 
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
 def _frame(event: StreamEvent) -> bytes:
     """An event's SSE frame, ``id:`` last: the standard takes the fields in any order, but
     eventsource@2 (Node) takes the id as the one to resume after as soon as it reads the line, not
@@ -322,14 +325,14 @@ class StreamsApi:
 
     async def sse(self, request: web.Request) -> web.StreamResponse:
         stream, after = await self._admit(request, "read", sse=True)
+        if request.method == "HEAD":
+            return await self._head(stream, after, SSE_HEADERS)
         this = self._enter()
         try:
             position = await self._begin(stream, after)
             if position is None:
                 return web.Response(status=204)  # EventSource stops reconnecting
-            response = web.StreamResponse(headers={
-                "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-            })  # fmt: skip
+            response = web.StreamResponse(headers=SSE_HEADERS)
             response.force_close()  # a stream's connection is its own; it ends with it
             sock = request.transport.get_extra_info("socket") if request.transport is not None else None
             if sock is not None:
@@ -353,10 +356,12 @@ class StreamsApi:
         finally:
             self._leave(this)
 
-    async def events(self, request: web.Request) -> web.Response:
+    async def events(self, request: web.Request) -> web.StreamResponse:
         stream, after = await self._admit(request, "read", sse=False)
         limit = _int(request.query.get("limit"), "limit", 100, 1, MAX_LIMIT)
         wait = _float(request.query.get("wait"), "wait", 0.0, 0.0, MAX_WAIT)
+        if request.method == "HEAD":
+            return await self._head(stream, after, {"Content-Type": "application/json"})
         this = self._enter()
         try:
             position = await self._begin(stream, after)
@@ -372,6 +377,14 @@ class StreamsApi:
         body = b"".join((b'{"events":[', b",".join(pieces), b'],"next":', _json(resume and str(resume)),
                          b',"closed":', b"true" if closed else b"false", b"}"))  # fmt: skip
         return web.Response(body=body, content_type="application/json")
+
+    async def _head(self, stream: str, after: Offset | None, headers: dict[str, str]) -> web.StreamResponse:
+        """HEAD: the GET's status and headers, no body, and no reader taken. The SSE route sent
+        its events as a body (which HEAD may not have: the next response on the connection is
+        read from it), and held a reader, until the client closed (outside probe)."""
+        if await self._begin(stream, after) is None:
+            return web.Response(status=204)
+        return web.StreamResponse(headers=headers)  # (no Content-Length: the GET's is not known without reading)
 
     def _enter(self) -> asyncio.Task[Any]:
         """Count a reader in (503 beyond max_clients); the relay ends it when it stops."""
