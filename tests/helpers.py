@@ -20,15 +20,17 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import asyncpg
 
 import pgferry
 from pgferry import db, sql
+from pgferry.api_tokens import Decision
 from pgferry.delivery.model import Subscription
 from pgferry.embedded import free_port
+from pgferry.errors import TokenStoreUnavailable
 from pgferry.log.ticker import TickerSettings
 from pgferry.ops.metrics import Samples, parse_samples, series_sum
 from pgferry.receiver import Action, Received, Receiver, Respond
@@ -249,6 +251,23 @@ class ApiRelay(RunningRelay):
 
         await eventually(up, what="the streams API to listen")
         return self.base
+
+
+class TokensDown:
+    """Put in place of an API relay's authorizer: while ``down``, every request finds the API
+    tokens due for a reload that fails (the database down: ``TokenStoreUnavailable``, a 503);
+    otherwise it asks the relay's own ``TokenStore``."""
+
+    def __init__(self, relay: ApiRelay) -> None:
+        api = relay.relay.api
+        assert api is not None and api.authorizer is not None
+        self.inner, self.down = api.authorizer, True
+        api.authorizer = self
+
+    async def authorize(self, bearer: str | None, stream: str, action: Literal["read", "write"]) -> Decision:
+        if self.down:
+            raise TokenStoreUnavailable("cannot load the API tokens: [Errno 111] Connection refused")
+        return await self.inner.authorize(bearer, stream, action)
 
 
 #: The ``start_api`` fixture (tests/streams/conftest.py): ``await start_api(**api_settings)``.

@@ -17,9 +17,10 @@ import orjson
 import pytest
 from aiohttp import web
 
-from pgferry import Offset
+from pgferry import Offset, api_tokens
 from pgferry.embedded import free_port
-from tests.helpers import CHROMIUM, CHROMIUM_ARGS, cli, eventually, pgferry_env
+from pgferry.streams import api as streams_api
+from tests.helpers import CHROMIUM, CHROMIUM_ARGS, StartApi, TokensDown, cli, eventually, pgferry_env
 
 STREAM = "chat:room-1"
 
@@ -217,3 +218,66 @@ async def test_chromium_eventsource_follows_a_stream_across_relay_restarts_to_it
     # CORS requests from the listed origin; each reconnect resumed from the last event the page had.
     assert {origin for origin, _ in requests} == {app_origin}
     assert [last for _, last in requests] == [None, *resumed_from]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (scripts/test installs it as root)")
+async def test_chromium_eventsource_rides_out_the_database_down_and_the_readers_limit(
+    start_api: StartApi, conn: asyncpg.Connection, origins: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A browser's EventSource stops for good on any answer but 200, and the relay answered 503
+    while the API tokens could not be loaded (the database down) and to readers past its limit: a
+    page lost its stream for good (outside probe). Now it reconnects until it is served."""
+    from playwright.async_api import async_playwright
+
+    monkeypatch.setattr(streams_api, "TRANSIENT_RETRY", 1)  # reconnects within 1-2 s
+    app_origin, _ = origins
+    token = await api_tokens.create(conn, "chat-page", read=["chat:*"], write=[])
+    api = await start_api(cors_origins=(app_origin,), max_clients=1)
+    tokens = TokensDown(api)
+
+    async def publish(n: int) -> None:
+        await conn.fetchval("select ferry.publish($1, $2)", STREAM, {"n": n})
+
+    await publish(0)
+    async with async_playwright() as pw, aiohttp.ClientSession() as session:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = await browser.new_page()
+
+            async def state() -> dict[str, Any]:
+                return await page.evaluate(  # type: ignore[no-any-return]
+                    "({got: window.got.map((e) => JSON.parse(e.data).payload.n), opens: window.opens,"
+                    " errors: window.errors, readyState: window.es.readyState})"
+                )
+
+            async def answered(n: int) -> bool:
+                now = await state()
+                assert now["readyState"] != 2, now  # CLOSED: the page would have lost its stream
+                return bool(now["errors"] >= n)
+
+            await page.goto(f"{app_origin}/?api={api.base}&stream={STREAM}&token={token}")
+            await eventually(lambda: answered(2), what="two answers while the tokens cannot be loaded")
+            tokens.down = False
+            while True:  # one reader takes the relay's only place (before the page's next reconnect)
+                held = await session.get(f"{api.base}/v1/streams/{STREAM}?access_token={token}")
+                if await held.content.readuntil(b"\n\n") == b"retry: 2000\n\n":
+                    break
+                held.close()
+            try:
+                before = (await state())["errors"]
+                await publish(1)
+                await eventually(lambda: answered(before + 2), what="two answers at the readers' limit")
+                assert (await state())["got"] == []
+            finally:
+                held.close()
+
+            async def got(n: int) -> bool:
+                return bool(len((await state())["got"]) >= n)
+
+            await eventually(lambda: got(2), what="the stream once the relay serves the page")
+            await publish(2)
+            await eventually(lambda: got(3), what="live events")
+            final = await state()
+        finally:
+            await browser.close()
+    assert final["got"] == [0, 1, 2] and final["readyState"] == 1, final

@@ -10,7 +10,7 @@ import asyncpg
 
 import pgferry
 from pgferry import api_tokens
-from tests.helpers import StartApi
+from tests.helpers import StartApi, TokensDown
 from tests.streams.sse import SseEvent, sse_events
 
 
@@ -146,3 +146,42 @@ async def test_a_write_token_over_a_captured_tables_stream_cannot_post_into_it(
         async with session.post(f"{api.base}/v1/streams/public.orders", json={"payload": {"id": 2}}) as r:
             assert r.status == 201  # the capture has stopped
     assert await conn.fetchval("select count(*) from ferry.events where stream = 'public.orders'") == 1
+
+
+async def test_a_failure_that_passes_tells_an_sse_client_to_reconnect_and_a_long_poll_to_retry(
+    start_api: StartApi, conn: asyncpg.Connection
+) -> None:
+    """An EventSource stops for good on any answer but 200: the database down a moment (the tokens
+    cannot be loaded) or the readers' limit lost a page its stream for good (outside probe). SSE
+    gets 200, ``retry:`` and why; the long-poll keeps its 503 with Retry-After; 401 stays final."""
+    token = await api_tokens.create(conn, "reader", read=["chat:*"], write=[])
+    api = await start_api(max_clients=1)
+    tokens = TokensDown(api)
+    headers = {"Authorization": f"Bearer {token}"}
+    sse, poll = f"{api.base}/v1/streams/chat:1", f"{api.base}/v1/streams/chat:1/events"
+
+    async def reconnect_answer(session: aiohttp.ClientSession) -> tuple[str, int]:
+        async with session.get(sse, headers=headers) as r:
+            assert r.status == 200 and r.headers["Content-Type"] == "text/event-stream", await r.text()
+            comment, retry, blank, end = (await asyncio.wait_for(r.content.read(), 5)).decode().split("\n")
+            assert retry.startswith("retry: ") and blank == end == "", (comment, retry)
+            return comment, int(retry.removeprefix("retry: "))
+
+    async with aiohttp.ClientSession() as session:
+        comment, retry = await reconnect_answer(session)
+        assert comment == ": 503 cannot load the API tokens: [Errno 111] Connection refused; try again shortly"
+        assert 2000 <= retry <= 4000
+        async with session.get(poll, headers=headers) as r:
+            assert r.status == 503 and r.headers["Retry-After"] == "2" and "API tokens" in (await r.json())["error"]
+        tokens.down = False
+        async with session.get(sse, headers=headers) as held:  # the relay's one reader
+            assert (await held.content.readuntil(b"\n\n")) == b"retry: 2000\n\n"
+            comment, retry = await reconnect_answer(session)
+            assert comment == ": 503 this relay serves 1 readers at most; try again shortly", comment
+            assert 1000 <= retry <= 2000
+            async with session.get(poll, headers=headers) as r:
+                assert r.status == 503 and r.headers["Retry-After"] == "1"
+        async with session.get(sse) as r:  # final answers stay what they are
+            assert r.status == 401
+        async with session.get(f"{api.base}/v1/streams/other", headers=headers) as r:
+            assert r.status == 403

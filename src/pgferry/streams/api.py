@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 import re
 import socket
 from collections.abc import Callable
@@ -254,6 +255,10 @@ def _write_json(value: Any, out: list[str]) -> None:
         out.append(orjson.dumps(value).decode())
 
 
+#: The SSE route's name: its transient failures are answered so that EventSource reconnects.
+SSE_ROUTE = "sse"
+#: Seconds a client waits before it tries again when the database or the tokens cannot be read.
+TRANSIENT_RETRY = 2
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -284,9 +289,9 @@ class StreamsApi:
         self.stats = ApiStats()
         #: the requests that read (SSE, long-polls): ended when the relay stops
         self.readers: set[asyncio.Task[Any]] = set()
-        self.app = web.Application(client_max_size=MAX_BODY, middlewares=[_database_unreachable])
+        self.app = web.Application(client_max_size=MAX_BODY, middlewares=[_transient_failures])
         self.app.on_response_prepare.append(self._cors)
-        self.app.router.add_get("/v1/streams/{name}", self.sse)
+        self.app.router.add_get("/v1/streams/{name}", self.sse, name=SSE_ROUTE)
         self.app.router.add_get("/v1/streams/{name}/events", self.events)
         self.app.router.add_post("/v1/streams/{name}", self.publish)
         self.app.router.add_post("/v1/streams/{name}/close", self.close)
@@ -490,7 +495,7 @@ class StreamsApi:
             try:
                 decision = await self.authorizer.authorize(_bearer(request), stream, action)
             except TokenStoreUnavailable as exc:
-                raise _error(503, f"{exc}; try again shortly") from None
+                raise _error(503, f"{exc}; try again shortly", headers={"Retry-After": str(TRANSIENT_RETRY)}) from None
             if decision.status != 200:
                 raise _error(decision.status, decision.reason, decision.challenge)
         raw = request.headers.get("Last-Event-ID") if sse else None
@@ -802,14 +807,22 @@ def _error(
 
 
 @web.middleware
-async def _database_unreachable(request: web.Request, handler: Any) -> web.StreamResponse:
-    """503 with the reason, as JSON like every other error (it was a 500 text page and a traceback
-    in the log, with --api-allow-loopback and the database down)."""
+async def _transient_failures(request: web.Request, handler: Any) -> web.StreamResponse:
+    """The database unreachable: 503 with the reason, as JSON like every other error (it was a 500
+    text page and a traceback in the log, with --api-allow-loopback and the database down). On
+    the SSE route, a 503 (the database, the tokens that cannot be loaded, the readers' limit) is
+    a ``200`` that tells the client to reconnect (``_reconnect_later``)."""
     try:
-        return await handler(request)  # type: ignore[no-any-return]
-    except db.CONNECTION_ERRORS as exc:
-        raise _error(503, f"the database cannot be reached ({db.describe(exc)}); try again shortly") from None
+        try:
+            return await handler(request)  # type: ignore[no-any-return]
+        except db.CONNECTION_ERRORS as exc:
+            raise _error(
+                503, f"the database cannot be reached ({db.describe(exc)}); try again shortly",
+                headers={"Retry-After": str(TRANSIENT_RETRY)},
+            ) from None  # fmt: skip
     except web.HTTPException as exc:
+        if exc.status == 503 and request.match_info.route.name == SSE_ROUTE:
+            return _reconnect_later(exc)
         if exc.content_type == "application/json" or exc.status < 400:
             raise
         # aiohttp's own answers (405 method, 413 body too large, 404 path) were text: JSON as well
@@ -818,6 +831,23 @@ async def _database_unreachable(request: web.Request, handler: Any) -> web.Strea
             {"error": detail}, status=exc.status,
             headers={k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")},
         )  # fmt: skip
+
+
+def _reconnect_later(refused: web.HTTPException) -> web.Response:
+    """What an SSE request gets for a failure that passes (``refused``, a 503): ``200`` with a
+    ``retry:`` of one to two times the 503's Retry-After (spread, so that the clients of a relay
+    do not all come back at once) and a comment saying why, then the end of the response. An
+    ``EventSource`` stops for good on any answer but 200 (a page lost its stream for good when the
+    database was down a moment, or the relay had its readers' limit; outside probe); a response
+    that ends is a dropped connection to it: it reconnects after ``retry`` ms, from its last id."""
+    base = 1000 * int(refused.headers.get("Retry-After") or TRANSIENT_RETRY)
+    try:
+        why = orjson.loads(refused.text or "")["error"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        why = refused.reason
+    why = " ".join(str(why).split())  # one line: a comment ends at the line's end
+    body = f": {refused.status} {why}\nretry: {base + random.randrange(base + 1)}\n\n"
+    return web.Response(body=body.encode(), headers=SSE_HEADERS)
 
 
 def _int(raw: str | None, name: str, default: int, low: int, high: int) -> int:
