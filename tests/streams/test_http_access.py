@@ -79,13 +79,21 @@ async def test_cors_answers_listed_origins_only(start_api: StartApi, conn: async
             assert r.headers["Access-Control-Allow-Origin"] == "https://app.example.com"
             assert "POST" in r.headers["Access-Control-Allow-Methods"]
             assert "Authorization" in r.headers["Access-Control-Allow-Headers"]
+        # A fetch-based SSE reader sends Cache-Control: it was refused at the preflight (outside probe).
+        asked = "accept, authorization, cache-control, last-event-id"
+        sse_preflight = {**preflight, "Access-Control-Request-Method": "GET", "Access-Control-Request-Headers": asked}
+        async with session.options(f"{api.base}/v1/streams/chat:1", headers=sse_preflight) as r:
+            allowed = {h.strip().lower() for h in r.headers["Access-Control-Allow-Headers"].split(",")}
+            assert r.status == 204 and {"accept", "authorization", "cache-control", "last-event-id"} <= allowed
         auth = {"Authorization": f"Bearer {token}"}
         async with session.get(url, headers={"Origin": "https://app.example.com", **auth}) as r:
             assert r.status == 200 and r.headers["Access-Control-Allow-Origin"] == "https://app.example.com"
             assert r.headers["Vary"] == "Origin"
         async with session.get(url, headers={"Origin": "https://app.example.com"}) as r:
-            # errors carry the CORS headers too, so the page can read why
+            # errors carry the CORS headers too, so the page can read why, and its challenge
             assert r.status == 401 and r.headers["Access-Control-Allow-Origin"] == "https://app.example.com"
+            exposed = {h.strip().lower() for h in r.headers["Access-Control-Expose-Headers"].split(",")}
+            assert exposed == {"www-authenticate", "retry-after"} and "WWW-Authenticate" in r.headers
         async with session.get(url, headers={"Origin": "https://evil.example.net", **auth}) as r:
             assert "Access-Control-Allow-Origin" not in r.headers
         async with session.options(url, headers={**preflight, "Origin": "https://evil.example.net"}) as r:

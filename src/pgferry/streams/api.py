@@ -255,6 +255,9 @@ def _write_json(value: Any, out: list[str]) -> None:
         out.append(orjson.dumps(value).decode())
 
 
+#: What a page's requests may carry: fetch-based SSE readers send Cache-Control (and Accept), and
+#: their preflight was refused with Authorization, Content-Type and Last-Event-ID only (outside probe).
+CORS_ALLOW_HEADERS = "Authorization, Content-Type, Last-Event-ID, Cache-Control, Accept"
 #: The SSE route's name: its transient failures are answered so that EventSource reconnects.
 SSE_ROUTE = "sse"
 #: Seconds a client waits before it tries again when the database or the tokens cannot be read.
@@ -539,8 +542,10 @@ class StreamsApi:
         response.headers["Vary"] = "Origin"
         if request.method == "OPTIONS":
             response.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
-            response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, Last-Event-ID"
+            response.headers["Access-Control-Allow-Headers"] = CORS_ALLOW_HEADERS
             response.headers["Access-Control-Max-Age"] = "600"
+        else:  # what a page may read of an answer beyond the safelisted headers (why a 401, when to retry)
+            response.headers["Access-Control-Expose-Headers"] = "WWW-Authenticate, Retry-After"
 
     # -- reading -----------------------------------------------------------
 
