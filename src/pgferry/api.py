@@ -165,6 +165,7 @@ class Ferry:
         returns (in one transaction with calls that overlapped it, unless
         ``group_publishes=False``).
         """
+        _check_conn(conn)
         args: PublishArgs = (stream, _json(payload, "payload"), key, _headers(headers, "headers"))
         if conn is None and self._group is not None:
             return await self._group.publish(args)
@@ -187,6 +188,7 @@ class Ferry:
         Each event is a mapping with ``stream`` and ``payload`` and optionally
         ``key`` and ``headers``.
         """
+        _check_conn(conn)
         batch: list[PublishArgs] = []
         for i, event in enumerate(events):
             if not isinstance(event, Mapping) or "stream" not in event or "payload" not in event:
@@ -214,6 +216,7 @@ class Ferry:
     async def close_stream(self, stream: str, *, conn: asyncpg.Connection | None = None) -> int:
         """End ``stream``: readers stop after its last event, and later publishes to it fail.
         With ``conn``, in your transaction. Returns the end marker's event id."""
+        _check_conn(conn)
         return int(await self._call(sql.query("close_stream"), (stream,), conn))
 
     def read_stream(
@@ -446,6 +449,23 @@ class Ferry:
                         text = f"pgferry: a value does not fit: {text.partition(': ')[2]}"
                     raise PgferryError(redact_secrets(text)) from None
                 raise
+
+
+def _check_conn(conn: object) -> None:
+    """``conn=`` must be the asyncpg connection whose transaction the event belongs to. A pool was
+    used as one: the event was published on a connection of the pool's own, outside the caller's
+    transaction, and delivered although that transaction rolled back; a psycopg or SQLAlchemy
+    connection failed with AttributeError: 'AsyncConnection' object has no attribute 'fetchval'
+    (outside probe)."""
+    if conn is None or isinstance(conn, (asyncpg.Connection, asyncpg.pool.PoolConnectionProxy)):
+        return
+    pool = " (a pool publishes on a connection of its own, outside your transaction)"
+    raise TypeError(
+        f"conn must be the asyncpg connection whose transaction the event belongs to, not "
+        f"{type(conn).__module__}.{type(conn).__qualname__}{pool if isinstance(conn, asyncpg.Pool) else ''}: "
+        "`async with pool.acquire() as conn, conn.transaction(): ... conn=conn`. With another driver "
+        "(psycopg, SQLAlchemy), publish in SQL on your own connection: select ferry.publish(stream, payload, ...)"
+    )
 
 
 def _check_destination(url: str) -> None:

@@ -1,6 +1,8 @@
 """Publishing from SQL and from Python, and the errors for bad input."""
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 import pytest
@@ -38,6 +40,38 @@ async def test_publish_joins_the_callers_transaction(ferry: pgferry.Ferry, conn:
             raise RuntimeError("roll back")
     events = await read_all(ferry, conn, "c")
     assert [e.id for e in events] == [kept]
+
+
+async def test_conn_must_be_the_asyncpg_connection_whose_transaction_the_event_joins(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    """A pool as conn= published outside the caller's transaction (delivered although it rolled
+    back); a psycopg connection failed with AttributeError: ... no attribute 'fetchval' (outside probe)."""
+
+    class AsyncConnection:  # what psycopg's and SQLAlchemy's look like to pgferry: not asyncpg's
+        pass
+
+    pool = await asyncpg.create_pool(db_url, min_size=1, max_size=1)
+    try:
+        calls: dict[str, Callable[[Any], Awaitable[object]]] = {
+            "publish": lambda c: ferry.publish("s", 1, conn=c),
+            "publish_many": lambda c: ferry.publish_many([{"stream": "s", "payload": 1}], conn=c),
+            "close_stream": lambda c: ferry.close_stream("s", conn=c),
+        }
+        for name, call in calls.items():
+            with pytest.raises(
+                TypeError, match=r"conn must be the asyncpg connection whose transaction .*\(a pool publishes"
+            ):
+                await call(pool)
+            with pytest.raises(TypeError, match=r"not .*AsyncConnection: .*select ferry\.publish"):
+                await call(AsyncConnection())
+            with pytest.raises(RuntimeError):  # a connection of the pool is one: the event joins its transaction
+                async with pool.acquire() as pooled, pooled.transaction():
+                    await call(pooled)
+                    raise RuntimeError(f"roll back {name}")
+    finally:
+        await pool.close()
+    assert await conn.fetchval("select count(*) from ferry.events where stream = 's'") == 0
 
 
 @pytest.mark.parametrize("stream", [None, "", "   "])
