@@ -23,6 +23,7 @@ import pytest
 import pgferry
 from pgferry import api_tokens
 from pgferry.api_tokens import TokenStore
+from pgferry.errors import PermissionDenied
 from pgferry.receiver import Respond
 from tests.helpers import FAST, MakeReceiver, RunningRelay, cli, eventually
 
@@ -390,6 +391,23 @@ async def test_relay_runs_with_only_ferry_relay(
         await relay.stop()
     problems = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or "permission" in r.getMessage()]
     assert problems == []
+
+
+async def test_a_writer_closes_its_stream_and_read_stream_as_a_writer_names_the_grant_it_needs(
+    net_db: str, admin: asyncpg.Connection
+) -> None:
+    """read_stream as a role in ferry_writer only failed with a raw InsufficientPrivilegeError
+    (permission denied for table closed_streams; outside probe)."""
+    writer = await login_role(admin, "ferry_writer")
+    async with pgferry.connect(as_role(net_db, writer)) as ferry:
+        await ferry.publish("chat:1", {"n": 1})
+        assert await ferry.close_stream("chat:1") > 0  # writers may close streams (docs/security.md)
+        with pytest.raises(PermissionDenied) as refused:
+            async for _ in ferry.read_stream("chat:1"):
+                pass
+    assert str(refused.value).startswith("permission denied for ")
+    assert "reading a stream reads the log, which takes the ferry_relay role" in str(refused.value)
+    assert "`grant ferry_relay to` the role of the database URL" in str(refused.value)
 
 
 async def test_commands_without_ferry_relay_say_in_one_line_which_grant_is_missing(

@@ -32,7 +32,7 @@ import asyncpg
 from pgferry import db, sql
 from pgferry.aio import backoff_delay, wait_for_event
 from pgferry.db import CONNECTION_ERRORS
-from pgferry.errors import DatabaseUnreachable, PgferryError
+from pgferry.errors import DatabaseUnreachable, PermissionDenied, PgferryError
 from pgferry.log.reader import TICK_CHANNEL
 from pgferry.log.ticks import Snapshot, commit_ticks, range_ticks
 from pgferry.streams.offsets import Offset
@@ -276,6 +276,13 @@ async def read_stream(
                         return
                     position = Position(position.lower, event.offset)
                     yield event
+        except asyncpg.InsufficientPrivilegeError as exc:  # it was this error, raw (outside probe)
+            raise PermissionDenied(
+                f"{exc.message}: reading a stream reads the log, which takes the ferry_relay role; "
+                "ferry_writer may publish and close streams but not read them: `grant ferry_relay to` the "
+                "role of the database URL (docs/security.md, Privileges)",
+                exc,
+            ) from None
         except CONNECTION_ERRORS as exc:
             failures += 1
             log.warning("stream reader of %s lost its database connection (%s); reconnecting", stream, exc)
