@@ -292,6 +292,8 @@ class StreamsApi:
         self.stats = ApiStats()
         #: the requests that read (SSE, long-polls): ended when the relay stops
         self.readers: set[asyncio.Task[Any]] = set()
+        #: set when the relay stops: an SSE response ended then ends with HTTP's last chunk
+        self.stopping = False
         self.app = web.Application(client_max_size=MAX_BODY, middlewares=[_transient_failures])
         self.app.on_response_prepare.append(self._cors)
         self.app.router.add_get("/v1/streams/{name}", self.sse, name=SSE_ROUTE)
@@ -358,6 +360,16 @@ class StreamsApi:
                 self._cut_off(request, sent, exc.unsent)
             except (ConnectionError, TimeoutError):
                 pass  # the client went away
+            except asyncio.CancelledError:
+                if not self.stopping:
+                    raise
+                # The relay stops (serve() ended the readers): end the response as HTTP ends one, the
+                # last chunk, so that the client sees the stream end rather than a broken body
+                # ("incomplete chunked read", outside probe). An EventSource reconnects all the same.
+                with contextlib.suppress(ConnectionError, TimeoutError, RuntimeError):
+                    async with asyncio.timeout(1):
+                        await response.write_eof()
+                return response
             if request.transport is not None:
                 self._close_once_read(request.transport)
             return response
@@ -929,6 +941,7 @@ async def serve(api: StreamsApi, stop: asyncio.Event, announce: Callable[[str], 
         hub.cancel()
         # Readers never finish by themselves: end them (an EventSource reconnects, to another
         # relay or to this one restarted, after its last offset), then stop serving.
+        api.stopping = True
         for reader in list(api.readers):
             reader.cancel()
         await asyncio.gather(hub, *api.readers, return_exceptions=True)
