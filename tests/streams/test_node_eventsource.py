@@ -1,5 +1,5 @@
-"""The SSE API read by Node's eventsource@2 (from npm's cache: skipped without node, npm or the
-package), through a proxy that cuts its connections inside an event's ``data:`` line."""
+"""The SSE API read by Node's eventsource@2 (npm's cache first, else the npm registry; skipped
+without node, npm or either), through a proxy that cuts its connections inside an event's ``data:`` line."""
 
 from __future__ import annotations
 
@@ -30,11 +30,11 @@ def eventsource2(tmp_path: Path) -> Path:
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.skip("node and npm are not installed")
     installed = subprocess.run(
-        ["npm", "install", "--offline", "--no-audit", "--no-fund", "--silent", "eventsource@2"],
+        ["npm", "install", "--prefer-offline", "--no-audit", "--no-fund", "--silent", "eventsource@2"],
         cwd=tmp_path, capture_output=True, timeout=60, check=False,
     )  # fmt: skip
     if installed.returncode != 0:
-        pytest.skip(f"eventsource@2 is not in npm's cache: {installed.stderr.decode()[-200:]}")
+        pytest.skip(f"eventsource@2 could not be installed: {installed.stderr.decode()[-200:]}")
     (tmp_path / "client.js").write_text(CLIENT)
     return tmp_path / "client.js"
 
