@@ -390,6 +390,36 @@ async def test_deeply_nested_events_are_served_and_published_like_any_other(
             assert r.status == 400 and "cannot be read" in (await r.json())["error"]
 
 
+async def test_events_nested_past_python_s_stack_are_served_and_published_or_refused_clearly(
+    start_api: StartApi, ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """The standard library's encoder, the fallback past orjson's 254 levels, ran out of Python's
+    stack at about 900: a POST 990 levels deep answered 500, and an event with headers that deep
+    made its stream's SSE readers reconnect into the same wall forever (outside probe)."""
+    api = await start_api(allow_loopback=True)
+    headers_990 = '{"a":' * 990 + '"x"' + "}" * 990
+    headers_3000 = '{"a":' * 3000 + '"x"' + "}" * 3000  # past orjson's decoding too: RawJSON
+    payload_990 = "[" * 990 + "1" + "]" * 990
+    await conn.execute("select ferry.publish('deep', '{}', headers => $1::text::jsonb)", headers_990)
+    await conn.execute("select ferry.publish('deep', '{}', headers => $1::text::jsonb)", headers_3000)
+    base = f"{api.base}/v1/streams/deep"
+    async with aiohttp.ClientSession() as session:
+        async with session.post(base, data=f'{{"payload": {payload_990}}}', headers=JSON) as r:
+            assert r.status == 201, await r.text()
+        too_deep = "[" * 5000 + "]" * 5000
+        async with session.post(base, data=f'{{"payload": {too_deep}}}', headers=JSON) as r:
+            assert r.status == 400 and "nested deeper than this API reads" in (await r.json())["error"]
+        await conn.execute("select ferry.close_stream('deep')")
+        got = await read_sse(session, base)
+        assert [e.event for e in got] == ["message"] * 3 + ["end"]
+        datas = [e.data.replace(" ", "") for e in got]  # (PostgreSQL's text of jsonb has spaces)
+        assert headers_990 in datas[0] and headers_3000 in datas[1] and payload_990 in datas[2]
+        async with session.get(base + "/events") as r:
+            assert r.status == 200
+            body = (await r.text()).replace(" ", "")
+            assert headers_990 in body and headers_3000 in body and payload_990 in body
+
+
 async def test_history_in_one_big_transaction_is_read_in_pages_in_order_from_any_offset(
     start_api: StartApi, ferry: pgferry.Ferry, conn: asyncpg.Connection
 ) -> None:

@@ -41,7 +41,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 from urllib.parse import unquote
 
 import asyncpg
@@ -135,41 +135,82 @@ class _Stalled(TimeoutError):
         self.unsent = unsent
 
 
-def _event_json(event: StreamEvent, offset: str | None = None) -> dict[str, Any]:
+def _event_json(event: StreamEvent, offset: str | None = None, *, raw: bool = False) -> dict[str, Any]:
+    """An event's fields; JSON text (a payload read as text, headers too deep to decode) goes in as
+    it is: as orjson Fragments, or with ``raw`` as themselves (for ``_deep_json``)."""
     # created_at stays a datetime: orjson writes it exactly as isoformat() does, in a fraction of the time
-    payload = event.payload
+    payload, headers = event.payload, cast(Any, event.headers)  # RawJSON when too deep to decode
+    if not raw:
+        payload = orjson.Fragment(payload.text) if type(payload) is JsonText else payload
+        headers = orjson.Fragment(headers) if type(headers) is db.RawJSON else headers
     return {
         "offset": offset or str(event.offset), "id": event.id, "stream": event.stream, "key": event.key,
-        "payload": orjson.Fragment(payload.text) if type(payload) is JsonText else payload,
-        "headers": event.headers, "created_at": event.created_at,
+        "payload": payload, "headers": headers, "created_at": event.created_at,
     }  # fmt: skip
 
 
 def _json(value: Any) -> bytes:
     """``value`` as JSON. orjson refuses more than 254 levels of nesting, which PostgreSQL's
     jsonb allows: one such event could be neither served nor published (its stream's readers
-    reconnected forever, outside probe), so those few go through the standard library."""
+    reconnected forever, outside probe), so those few go through ``_deep_json``."""
     try:
         return orjson.dumps(value)
     except orjson.JSONEncodeError:
-        return json.dumps(value, default=_isoformat, ensure_ascii=False, separators=(",", ":")).encode()
+        return _deep_json(value)
 
 
-def _isoformat(value: Any) -> str:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(f"{type(value).__name__} is not JSON")
+def _deep_json(value: Any) -> bytes:
+    """``value`` as JSON however deep it is nested, without recursion: the standard library's
+    encoder, which this replaced, ran out of Python's stack at about 900 levels, and an event that
+    deep answered 500 to every reader of its stream, for good (outside probe). Besides JSON's own
+    types: datetimes (isoformat), and JSON text written as it is (``JsonText``, ``RawJSON``,
+    ``_Digits``)."""
+    out: list[str] = []
+    todo: list[Any] = [value]
+    while todo:
+        item = todo.pop()
+        if type(item) is _Piece:
+            out.append(item.text)
+        elif type(item) is dict:
+            out.append("{")
+            parts: list[Any] = []
+            for n, (key, inner) in enumerate(item.items()):
+                if not isinstance(key, str):
+                    raise TypeError(f"a key of type {type(key).__name__} is not JSON")
+                parts += [_Piece(("," if n else "") + orjson.dumps(key).decode() + ":"), inner]
+            todo += [_Piece("}"), *reversed(parts)]
+        elif type(item) is list:
+            out.append("[")
+            parts = []
+            for n, inner in enumerate(item):
+                parts += [_Piece(","), inner] if n else [inner]
+            todo += [_Piece("]"), *reversed(parts)]
+        elif type(item) is _Digits or type(item) is JsonText:
+            out.append(item.text)
+        elif type(item) is db.RawJSON:
+            out.append(str.__str__(item))
+        elif isinstance(item, datetime):
+            out.append(f'"{item.isoformat()}"')
+        else:  # str, int, float, bool, None: orjson's own answer (TypeError for anything else)
+            out.append(orjson.dumps(item).decode())
+    return "".join(out).encode()
+
+
+class _Piece:
+    """Text ``_deep_json`` writes as it is (punctuation, keys)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
 
 
 def _event_bytes(event: StreamEvent, offset: str | None = None) -> bytes:
     """An event as JSON; a payload read as text goes in as it is."""
-    fields = _event_json(event, offset)
     try:
-        return orjson.dumps(fields)
+        return orjson.dumps(_event_json(event, offset))
     except orjson.JSONEncodeError:  # nested too deep for orjson, in its headers
-        if type(event.payload) is JsonText:
-            fields["payload"] = json.loads(event.payload.text)
-        return _json(fields)
+        return _deep_json(_event_json(event, offset, raw=True))
 
 
 class _Digits:
@@ -205,7 +246,10 @@ def _parse_body(raw: bytes) -> tuple[Any, bool]:
         # a lone surrogate ("\\ud800"), which orjson refuses, as PostgreSQL would: UnicodeEncodeError
         json.dumps(body, default=lambda _: None, ensure_ascii=False).encode()
         return body, True
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise _error(400, "the body is nested deeper than this API reads (about 900 levels); publish it with "
+                          "ferry.publish in SQL, which takes JSON as deep as PostgreSQL does") from None  # fmt: skip
+    except (UnicodeDecodeError, ValueError) as exc:
         raise _error(400, f"the body is not JSON: {fast_error or exc}") from None
 
 
@@ -224,35 +268,10 @@ def _has_float(value: Any) -> bool:
 
 def _digits_json(payload: Any, i: int) -> str:
     """A payload read with ``_Digits`` as JSON text, its numbers as they were written."""
-    out: list[str] = []
     try:
-        _write_json(payload, out)
-    except (RecursionError, orjson.JSONEncodeError) as exc:
+        return _deep_json(payload).decode()
+    except (TypeError, orjson.JSONEncodeError) as exc:
         raise _error(400, f"event #{i}: the payload cannot be published: {exc}") from None
-    return "".join(out)
-
-
-def _write_json(value: Any, out: list[str]) -> None:
-    if type(value) is _Digits:
-        out.append(value.text)
-    elif type(value) is dict:
-        out.append("{")
-        for n, (key, item) in enumerate(value.items()):
-            if n:
-                out.append(",")
-            out.append(orjson.dumps(key).decode())
-            out.append(":")
-            _write_json(item, out)
-        out.append("}")
-    elif type(value) is list:
-        out.append("[")
-        for n, item in enumerate(value):
-            if n:
-                out.append(",")
-            _write_json(item, out)
-        out.append("]")
-    else:  # str, bool, None
-        out.append(orjson.dumps(value).decode())
 
 
 #: What a page's requests may carry: fetch-based SSE readers send Cache-Control (and Accept), and

@@ -103,8 +103,9 @@ def setter(event: asyncio.Event) -> Callable[..., None]:
 
 
 def is_end(headers: dict[str, Any] | None) -> bool:
-    """Whether an event is a stream's end marker."""
-    return bool(headers) and headers.get(END_HEADER) == "end"  # type: ignore[union-attr]
+    """Whether an event is a stream's end marker (whose headers are a small object: headers nested
+    too deep to decode come as RawJSON text, which failed here, in every reader of the stream)."""
+    return isinstance(headers, dict) and headers.get(END_HEADER) == "end"
 
 
 @dataclass(frozen=True, slots=True)
