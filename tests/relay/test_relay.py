@@ -14,7 +14,8 @@ import orjson
 import pytest
 
 import pgferry
-from tests.helpers import RelayProcess, RunningRelay, eventually
+from pgferry.receiver import Received, Slow
+from tests.helpers import MakeReceiver, RelayProcess, RunningRelay, eventually, received_ids
 
 
 @pytest.fixture
@@ -189,3 +190,31 @@ async def test_a_heartbeat_without_the_owned_list_keeps_the_one_written(conn: as
     assert await conn.fetchval("select owned from ferry.relays where id = 'r1'") == ["a", "b#0/2"]
     await conn.fetch("select * from ferry.relay_round('r2', 'h', 2, null, '{}')")  # a row removed meanwhile
     assert await conn.fetchval("select owned from ferry.relays where id = 'r2'") == []
+
+
+async def test_a_stopping_relay_starts_no_new_request_and_records_what_it_delivered(
+    db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    """A stopping worker went on sending its whole batch (100 requests at max_in_flight 2 here),
+    was cancelled when its grace ran out, and the next owner sent again everything it had
+    delivered: 176 of 437 events twice after one SIGTERM (outside probe). Now the requests in
+    flight finish, the rest are parked, and the stop is quick."""
+
+    def slow(_: Received) -> Slow:
+        return Slow(0.1)
+
+    receiver, url = await receiver_factory(slow)
+    await ferry.subscribe("s", ["s"], url, max_in_flight=2)
+    await conn.execute("select ferry.publish('s', jsonb_build_object('n', g)) from generate_series(1, 100) g")
+    relay = RunningRelay(db_url)
+    await eventually(lambda: len(receiver.received) >= 10, what="deliveries under way")
+    started = time.monotonic()
+    await relay.stop()
+    assert time.monotonic() - started < 1.5  # the requests in flight, not the batch (FAST's grace: 2 s)
+    relay = RunningRelay(db_url)
+    try:
+        await eventually(lambda: len(set(received_ids(receiver))) == 100, timeout=60, what="every event")
+    finally:
+        await relay.stop()
+    ids = received_ids(receiver)
+    assert len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} event(s) delivered twice"

@@ -158,7 +158,7 @@ class SubscriptionWorker:
         self.delivered = self.books.delivered
         self.failed = self.books.failed
         #: sends rounds of events through the sink; its answers to requests let go of come back here
-        self.sender = Sender(sub, self.sink, ctx, self.books.probes, self._answered_late)
+        self.sender = Sender(sub, self.sink, ctx, self.books.probes, self._answered_late, self.stopping)
         #: requests let go of by their round, and the recording of their answers
         self.background = self.sender.background
         #: events parked as in flight whose answers are not recorded yet
