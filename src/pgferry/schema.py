@@ -56,26 +56,29 @@ async def install(conn: asyncpg.Connection, addons: Sequence[str] = ()) -> list[
         applied_now += await _apply(conn, None)
         before = await _function_versions(conn)
         await _define_functions(conn, None, before)
-        await _refresh_trigger_captures(conn)
         await conn.execute(sql.query("create_addon_migrations_table"))
         installed = {row["addon"] for row in await conn.fetch(sql.query("installed_addons"))}
         for addon in sorted(installed.union(addons) & set(sql.ADDONS)):  # installed add-ons are upgraded too
             applied_now += await _install_addon(conn, addon)
             await _define_functions(conn, addon, before)
         await _drop_stale_functions(conn, before)
+    await _regenerate_trigger_captures(conn)
     return applied_now
 
 
-async def _refresh_trigger_captures(conn: asyncpg.Connection) -> None:
-    """Regenerate the trigger captures an earlier generator made: the code capture_table generates
-    per table is data the function files do not replace (ferry._refresh_trigger_captures)."""
-    for row in await conn.fetch(sql.query("refresh_trigger_captures")):
-        if row["error"] is None:
+async def _regenerate_trigger_captures(conn: asyncpg.Connection) -> None:
+    """Regenerate the trigger captures an earlier generator made, after the install committed, one
+    transaction each (ferry._regenerate_trigger_capture): the code capture_table generates per table
+    is data the function files do not replace."""
+    for row in await conn.fetch(sql.query("stale_trigger_captures")):
+        async with conn.transaction():
+            error = await conn.fetchval(sql.query("regenerate_trigger_capture"), row["id"])
+        if error is None:
             log.info("install: regenerated the trigger capture of %s with this version's code", row["tbl"])
         else:
             log.warning("install: the trigger capture of %s was made by an earlier pgferry and could not be "
                         "regenerated (%s); it keeps its old code: run ferry.capture_table for it again",
-                        row["tbl"], row["error"])  # fmt: skip
+                        row["tbl"], error)  # fmt: skip
 
 
 async def _function_versions(conn: asyncpg.Connection) -> dict[int, tuple[str, str]]:

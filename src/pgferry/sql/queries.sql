@@ -425,8 +425,21 @@ where n.nspname in ('ferry', 'net', 'supabase_functions') and p.proname !~ $1
   and not exists (select 1 from pg_depend d where d.classid = 'pg_proc'::regclass and d.objid = p.oid
                                               and d.deptype = 'e')
 
--- name: refresh_trigger_captures
-select tbl, error from ferry._refresh_trigger_captures()
+-- name: stale_trigger_captures
+-- The trigger captures whose generated functions an earlier ferry._capture_generator() made, by
+-- oid (a table renamed since its capture included): install regenerates them, one by one.
+select cap.id, cap.relid::regclass::text as tbl
+from ferry.captures cap
+where cap.uncaptured_at is null and cap.method = 'trigger'
+  and exists (select 1 from pg_class r where r.oid = cap.relid)
+  and exists (select 1 from unnest(cap.operations) op
+              where coalesce(obj_description(to_regprocedure(ferry._capture_function(cap.relid::regclass, op) || '()'),
+                                             'pg_proc'), '')
+                    not like format('%%(generator %s)', ferry._capture_generator()))
+order by cap.id
+
+-- name: regenerate_trigger_capture
+select ferry._regenerate_trigger_capture($1)
 
 -- name: drop_function_statement
 -- The statement that drops function $1 (an oid; install: one no file defines any more)

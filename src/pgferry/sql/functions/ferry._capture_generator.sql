@@ -4,7 +4,7 @@
 -- capture, written into each generated function's comment ("(generator
 -- N)"). Raise it with every change to what capture_table generates: an
 -- install regenerates the captures an earlier generator made
--- (ferry._refresh_trigger_captures), which otherwise kept the code they were
+-- (ferry._regenerate_trigger_capture), which otherwise kept the code they were
 -- made with (a table with a column named r captured before 2026-12-01 went
 -- on writing that column's value as the whole record after an upgrade;
 -- outside probe).
