@@ -118,7 +118,7 @@ async def test_run_explains_unreachable_database_and_missing_schema(pgferry_cmd:
     first = await asyncio.to_thread(_run_cli, pgferry_cmd, "install", "--database-url", empty_db_url)
     assert first.returncode == 0 and "installed: 0001_event_log" in first.stdout
     again = await asyncio.to_thread(_run_cli, pgferry_cmd, "install", "--database-url", empty_db_url)
-    assert again.returncode == 0 and "already up to date" in again.stdout
+    assert again.returncode == 0 and "no migration to apply" in again.stdout
 
 
 async def test_run_without_url_starts_a_throwaway_postgres_and_demo(pgferry_cmd: list[str]) -> None:
@@ -218,3 +218,18 @@ async def test_a_stopping_relay_starts_no_new_request_and_records_what_it_delive
         await relay.stop()
     ids = received_ids(receiver)
     assert len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} event(s) delivered twice"
+
+
+async def test_a_relay_s_row_removed_by_hand_gets_its_owned_list_back_within_a_few_rounds(
+    conn: asyncpg.Connection, ferry: pgferry.Ferry, relay: RunningRelay
+) -> None:
+    """The owned list goes out only when it changes (or every few rounds): a row removed (by hand,
+    or pruned after an hour's silence) came back with no subscriptions for 60 s (outside probe)."""
+    await ferry.subscribe("q1", ["q"], "http://127.0.0.1:9/")
+
+    async def owned() -> bool:
+        return bool(await conn.fetchval("select owned = array['q1'] from ferry.relays"))
+
+    await eventually(owned, what="the relay delivering q1")
+    await conn.execute("delete from ferry.relays")
+    await eventually(owned, timeout=3, what="its owned list written again")  # FAST: 5 rounds are 1 s

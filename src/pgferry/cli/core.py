@@ -97,7 +97,7 @@ def install(database_url: str | None, pg_net: bool) -> None:
     if applied:
         click.echo(f"installed: {', '.join(applied)}")
     else:
-        click.echo("already up to date")
+        click.echo("no migration to apply; functions and captures are as this version defines them")
     click.echo(
         "roles: ferry_writer (publish, captured tables, net.http_*), ferry_relay (pgferry run); "
         "grant them to login roles, e.g. `grant ferry_writer to app`"

@@ -229,7 +229,7 @@ class EndpointHealth:
                 state.down_since = datetime.now(UTC)
                 state.next_probe = self.clock() + self.probe_interval
                 log.warning(
-                    "%s is down after %d failures in a row (last: %s); holding its events and probing it every %g s",
+                    "%s is down after %d failures in a row (last: %s); holding its events, a due one probing it at most every %g s",
                     _name(k), state.failures, state.last_error, self.probe_interval,
                 )  # fmt: skip
                 return not own

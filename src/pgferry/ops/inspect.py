@@ -63,7 +63,7 @@ def health(sub: dict[str, Any], now: datetime | None = None) -> str:
     down_since = sub.get("endpoint_down_since")
     if down_since is not None:  # the relay holds its events and probes it
         why = f" ({sub['last_error']})" if sub.get("last_error") else ""
-        return f"down for {_ago(now - down_since)}{why}: events held, probing every second"
+        return f"down for {_ago(now - down_since)}{why}: events held; a due one probes it, at most once a second"
     if sub.get("last_error_class") is None:
         return "ok"
     since = sub.get("last_success_at")

@@ -51,8 +51,9 @@ log = logging.getLogger(__name__)
 HANDED_OVER_HOLD = 10.0
 #: a handed-over worker's wait beyond its requests' timeout: recording their answers
 HAND_OVER_MARGIN = 1.0
-#: Rounds after which the heartbeat writes the owned list though it did not change.
-OWNED_AGAIN = 30
+#: Rounds after which the heartbeat writes the owned list though it did not change (its row may
+#: have been removed and written again without it: pruned after an hour's silence, or by hand).
+OWNED_AGAIN = 5
 
 
 @dataclass
