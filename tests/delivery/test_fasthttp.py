@@ -49,6 +49,8 @@ async def test_an_ipv6_literal_keeps_its_brackets_in_the_host_header(sender: Fas
         await receiver.stop()
     assert receiver.received[0].headers["host"] == f"[::1]:{receiver.port}"
     assert fasthttp._target("GET", "http://[::1]/x")[1].endswith("\r\nHost: [::1]")
+    refused = await post(sender, "http://[::1]:1/hook")  # and in what the attempt says
+    assert refused.error_class == "connect" and "cannot connect to [::1]:1" in (refused.error or ""), refused
     assert fasthttp._target("GET", "https://bücher.example/x")[1].endswith("\r\nHost: xn--bcher-kva.example")
 
 

@@ -139,8 +139,14 @@ async def test_a_server_that_wants_a_client_certificate_or_speaks_no_tls_is_a_tl
     async def silent(reader: asyncio.StreamReader, _: asyncio.StreamWriter) -> None:
         await reader.read()  # a plain-HTTP server waiting for a request line
 
-    servers = [await asyncio.start_server(serve, "127.0.0.1", 0) for serve in (reset_in_handshake, silent)]
-    reset_url, silent_url = (f"https://127.0.0.1:{s.sockets[0].getsockname()[1]}/hook" for s in servers)
+    async def plain(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)  # a plain-HTTP server answering the ClientHello as a bad request (nginx)
+        writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    servers = [await asyncio.start_server(serve, "127.0.0.1", 0) for serve in (reset_in_handshake, silent, plain)]
+    reset_url, silent_url, plain_url = (f"https://127.0.0.1:{s.sockets[0].getsockname()[1]}/hook" for s in servers)
     try:
         wants_cert_url = f"https://127.0.0.1:{listener.getsockname()[1]}/hook"
         error_class, error = await post(wants_cert_url, tls_context(str(ca_file)))
@@ -149,6 +155,8 @@ async def test_a_server_that_wants_a_client_certificate_or_speaks_no_tls_is_a_tl
         assert error_class == "tls" and "broke off the TLS handshake" in error, (error_class, error)
         error_class, error = await post(silent_url)
         assert error_class == "timeout" and "TLS handshake" in error, (error_class, error)
+        error_class, error = await post(plain_url)
+        assert error_class == "tls" and "does not speak TLS on this port" in error, (error_class, error)
     finally:
         for server in servers:
             server.close()

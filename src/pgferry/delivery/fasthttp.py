@@ -56,6 +56,7 @@ from pgferry.delivery.http import (
     decode_text,
     endpoint_of,
     header_value_fault,
+    host_port,
     parse_retry_after,
 )
 from pgferry.delivery.http1 import NOTHING, PARTIAL, RECV_ERROR, ProtocolError, Response, ResponseReader, Truncated
@@ -412,6 +413,11 @@ def _tls_reason(exc: ssl.SSLError) -> str:
     reason = str(exc.reason or exc)
     if "CERTIFICATE_REQUIRED" in reason:
         return f"{reason}: the server requires a client certificate, which pgferry does not present"
+    if reason == "WRONG_VERSION_NUMBER":  # the answer was not TLS (outside probe)
+        return f"{reason}: the server does not speak TLS on this port (is it an http:// endpoint?)"
+    if reason == "SSLV3_ALERT_HANDSHAKE_FAILURE":
+        return (f"{reason}: no protocol or cipher in common, or the server requires a client certificate, "
+                "which pgferry does not present")  # fmt: skip
     return reason
 
 
@@ -635,7 +641,7 @@ def _failure(  # noqa: PLR0911 - one return per way a request can end
     """(error class, error text, libcurl's text) of a request that ended without an answer.
     libcurl's text (curl_easy_strerror) is what the pg_net API records as error_msg; None
     where pg_net words it itself (timeouts) or has no such failure."""
-    host = f"{endpoint[1]}:{endpoint[2]}"
+    host = host_port(endpoint[1], endpoint[2])
     if isinstance(exc, _Withdrawn):
         return "withdrawn", "taken back before it was sent", None
     if isinstance(exc, _ConnectTimeout):

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from pgferry.delivery.http import HttpResult
+from pgferry.delivery.http import HttpResult, host_port
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +229,8 @@ class EndpointHealth:
                 state.down_since = datetime.now(UTC)
                 state.next_probe = self.clock() + self.probe_interval
                 log.warning(
-                    "%s is down after %d failures in a row (last: %s); holding its events, a due one probing it at most every %g s",
+                    "%s is down after %d failures in a row (last: %s); holding its events, a due one "
+                    "probing it at most every %g s",
                     _name(k), state.failures, state.last_error, self.probe_interval,
                 )  # fmt: skip
                 return not own
@@ -251,5 +252,5 @@ class EndpointHealth:
 
 def _name(key: Key) -> str:
     """How the log names a key (never a URL's path: it may hold a token)."""
-    endpoint = f"endpoint {key[0]}://{key[1]}:{key[2]}"
+    endpoint = f"endpoint {key[0]}://{host_port(key[1], key[2])}"
     return endpoint if len(key) == 3 else f"{endpoint} for subscription {key[3]}"

@@ -119,3 +119,8 @@ def endpoint_of(url: str) -> tuple[str, str, int]:
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     return parts.scheme, parts.hostname or "", port
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as a URL writes it: an IPv6 literal in brackets (logs said ``::1:8080``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -36,7 +36,7 @@ from pgferry import db, sql
 from pgferry.aio import backoff_delay, wait_for_event
 from pgferry.db import CONNECTION_ERRORS
 from pgferry.delivery.context import DeliveryContext
-from pgferry.delivery.http import endpoint_of
+from pgferry.delivery.http import endpoint_of, host_port
 from pgferry.delivery.model import Subscription
 from pgferry.delivery.watch import LogWatch
 from pgferry.delivery.worker import SubscriptionWorker
@@ -429,4 +429,4 @@ class Ownership:
 
 def _host(url: str) -> str:
     scheme, host, port = endpoint_of(url)
-    return f"{scheme}://{host}:{port}"
+    return f"{scheme}://{host_port(host, port)}"
