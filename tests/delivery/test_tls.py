@@ -157,6 +157,16 @@ async def test_a_server_that_wants_a_client_certificate_or_speaks_no_tls_is_a_tl
         assert error_class == "timeout" and "TLS handshake" in error, (error_class, error)
         error_class, error = await post(plain_url)
         assert error_class == "tls" and "does not speak TLS on this port" in error, (error_class, error)
+        # Python's TLS 1.3 servers check the certificate after the handshake and drop the connection
+        wants_13 = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert("127.0.0.1").configure_cert(wants_13)
+        wants_13.verify_mode = ssl.CERT_REQUIRED
+        ca.configure_trust(wants_13)
+        python_tls = await asyncio.start_server(silent, "127.0.0.1", 0, ssl=wants_13)
+        servers.append(python_tls)
+        url = f"https://127.0.0.1:{python_tls.sockets[0].getsockname()[1]}/hook"
+        error_class, error = await post(url, tls_context(str(ca_file)))
+        assert "requires a client certificate" in error, (error_class, error)
     finally:
         for server in servers:
             server.close()

@@ -661,9 +661,13 @@ def _failure(  # noqa: PLR0911 - one return per way a request can end
         curl = RECV_ERROR if exc.reset else PARTIAL if exc.got_status else NOTHING
         if exc.got_bytes:
             return "reset", f"response cut off: {exc}", curl
+        # A TLS 1.3 server that wants a client certificate checks it after the handshake, and
+        # Python's (uvicorn, aiohttp) then breaks the connection without an alert (outside probe).
+        hint = "; a TLS 1.3 server that requires a client certificate (pgferry presents none) does this"
+        hint = hint if endpoint[0] == "https" else ""
         if exc.reset:  # the reset's own words (ECONNRESET) said more than "closed" (outside probe)
-            return "empty_reply", f"server broke the connection without a response ({exc})", curl
-        return "empty_reply", "server closed the connection without a complete response", curl
+            return "empty_reply", f"server broke the connection without a response ({exc}){hint}", curl
+        return "empty_reply", f"server closed the connection without a complete response{hint}", curl
     if isinstance(exc, ProtocolError):
         return "invalid_response", str(exc), exc.curl
     assert isinstance(exc, OSError)
