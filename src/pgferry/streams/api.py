@@ -163,13 +163,14 @@ def _deep_json(value: Any) -> bytes:
     """``value`` as JSON however deep it is nested, without recursion: the standard library's
     encoder, which this replaced, ran out of Python's stack at about 900 levels, and an event that
     deep answered 500 to every reader of its stream, for good (outside probe). Besides JSON's own
-    types: datetimes (isoformat), and JSON text written as it is (``JsonText``, ``RawJSON``,
-    ``_Digits``)."""
+    types: datetimes (isoformat), and text written as it is (``JsonText``: a payload, a published
+    number as written, and the punctuation this writes between what it takes off ``todo``; and
+    ``RawJSON``)."""
     out: list[str] = []
     todo: list[Any] = [value]
     while todo:
         item = todo.pop()
-        if type(item) is _Piece:
+        if type(item) is JsonText:
             out.append(item.text)
         elif type(item) is dict:
             out.append("{")
@@ -177,16 +178,14 @@ def _deep_json(value: Any) -> bytes:
             for n, (key, inner) in enumerate(item.items()):
                 if not isinstance(key, str):
                     raise TypeError(f"a key of type {type(key).__name__} is not JSON")
-                parts += [_Piece(("," if n else "") + orjson.dumps(key).decode() + ":"), inner]
-            todo += [_Piece("}"), *reversed(parts)]
+                parts += [JsonText(("," if n else "") + orjson.dumps(key).decode() + ":"), inner]
+            todo += [JsonText("}"), *reversed(parts)]
         elif type(item) is list:
             out.append("[")
             parts = []
             for n, inner in enumerate(item):
-                parts += [_Piece(","), inner] if n else [inner]
-            todo += [_Piece("]"), *reversed(parts)]
-        elif type(item) is _Digits or type(item) is JsonText:
-            out.append(item.text)
+                parts += [JsonText(","), inner] if n else [inner]
+            todo += [JsonText("]"), *reversed(parts)]
         elif type(item) is db.RawJSON:
             out.append(str.__str__(item))
         elif isinstance(item, datetime):
@@ -194,15 +193,6 @@ def _deep_json(value: Any) -> bytes:
         else:  # str, int, float, bool, None: orjson's own answer (TypeError for anything else)
             out.append(orjson.dumps(item).decode())
     return "".join(out).encode()
-
-
-class _Piece:
-    """Text ``_deep_json`` writes as it is (punctuation, keys)."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: str) -> None:
-        self.text = text
 
 
 def _event_bytes(event: StreamEvent, offset: str | None = None) -> bytes:
@@ -213,21 +203,13 @@ def _event_bytes(event: StreamEvent, offset: str | None = None) -> bytes:
         return _deep_json(_event_json(event, offset, raw=True))
 
 
-class _Digits:
-    """A number of a published body as it was written (``19.90``, ``1e400``, 30 digits)."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
 def _parse_body(raw: bytes) -> tuple[Any, bool]:
-    """A publish's body, and whether its numbers were kept as they were written (``_Digits``).
+    """A publish's body, and whether its numbers were kept as they were written (``JsonText``:
+    ``19.90``, ``1e400``, 30 digits).
     orjson reads numbers that are not 64-bit integers as doubles, and they were published rounded
     (``19.90`` as ``19.9``, 30 digits as 17; outside probe) where ``ferry.publish`` in SQL keeps
     them (jsonb numbers are ``numeric``): a body with such a number is read again with every
@@ -242,7 +224,7 @@ def _parse_body(raw: bytes) -> tuple[Any, bool]:
             return body, False
         fast_error = None
     try:
-        body = json.loads(raw.decode(), parse_float=_Digits, parse_int=_Digits, parse_constant=_reject_constant)
+        body = json.loads(raw.decode(), parse_float=JsonText, parse_int=JsonText, parse_constant=_reject_constant)
         # a lone surrogate ("\\ud800"), which orjson refuses, as PostgreSQL would: UnicodeEncodeError
         json.dumps(body, default=lambda _: None, ensure_ascii=False).encode()
         return body, True
@@ -267,7 +249,7 @@ def _has_float(value: Any) -> bool:
 
 
 def _digits_json(payload: Any, i: int) -> str:
-    """A payload read with ``_Digits`` as JSON text, its numbers as they were written."""
+    """A payload whose numbers were read as ``JsonText``, as JSON text with those numbers as written."""
     try:
         return _deep_json(payload).decode()
     except (TypeError, orjson.JSONEncodeError) as exc:
