@@ -155,9 +155,10 @@ def trace(database_url: str | None, event_id: int, as_json: bool) -> None:
             columns = [("name", "subscription"), ("state", "where the event is"),
                        ("attempts_so_far", "attempts"), ("next_attempt_at", "next attempt"),
                        ("dead_letter_id", "dead letter"), ("last_error", "last error")]  # fmt: skip
-            # a held event is due but waits for its endpoint: its due time, past, said nothing (outside probe)
-            rows = [{**row, "next_attempt_at": "when a probe gets an answer"}
-                    if str(row.get("last_error") or "").startswith("held:") else row
+            # a held event (the state the trace query gives it) is due but waits for its endpoint: its
+            # due time, past, said nothing (outside probe)
+            held = "held (endpoint down)"
+            rows = [{**row, "next_attempt_at": "when a probe gets an answer"} if row["state"] == held else row
                     for row in result.subscriptions]  # fmt: skip
             table("subscriptions", rows, columns, styles={"state": _trace_style})
         else:
