@@ -21,6 +21,7 @@ import pytest
 
 from pgferry import db
 from pgferry.receiver import Receiver
+from tests import helpers
 from tests.faults.proxy import FaultProxy
 
 
@@ -96,7 +97,7 @@ class Tally:
 
 
 def received_ids(receivers: list[Receiver]) -> list[int]:
-    return [int(r.headers["webhook-id"].removeprefix("evt_")) for rec in receivers for r in rec.received]
+    return [event_id for receiver in receivers for event_id in helpers.received_ids(receiver)]
 
 
 async def committed_ids(conn: asyncpg.Connection, stream: str = "s") -> set[int]:

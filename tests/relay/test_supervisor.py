@@ -19,7 +19,7 @@ from pgferry.embedded import free_port
 from pgferry.receiver import Receiver
 from pgferry.relay.process import RelaySettings
 from pgferry.relay.supervisor import GaveUp, Supervisor, SupervisorSettings, usable_cores
-from tests.helpers import MakeReceiver, cli, eventually
+from tests.helpers import MakeReceiver, cli, eventually, received_ids
 
 
 class Supervised:
@@ -72,10 +72,6 @@ def alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
-
-
-def received_ids(receiver: Receiver) -> set[int]:
-    return {int(r.headers["webhook-id"].removeprefix("evt_")) for r in receiver.received}
 
 
 async def subscribe_many(conn: asyncpg.Connection, url: str, n: int) -> list[str]:
@@ -156,7 +152,7 @@ async def test_two_processes_share_the_subscriptions_serve_one_metrics_port_and_
     supervised.append(rest)
 
     async def everything() -> bool:
-        return ids <= received_ids(receiver)
+        return ids <= set(received_ids(receiver))
 
     await eventually(everything, timeout=30, what="every event published before the SIGTERM")
 
@@ -191,7 +187,7 @@ async def test_a_killed_process_is_restarted_and_the_set_dies_with_a_killed_supe
     assert s.logged("was killed by SIGKILL") == 1 and s.logged("restarting it in") == 1
 
     async def everything() -> bool:
-        return (before | after) <= received_ids(receiver)
+        return (before | after) <= set(received_ids(receiver))
 
     await eventually(everything, timeout=30, what="every event, those of the killed process included")
 
