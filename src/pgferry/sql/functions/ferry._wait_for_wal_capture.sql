@@ -17,12 +17,22 @@
 -- changes never reach the log; ferry.reset_wal_slot records the gap). A
 -- table with no change since its WAL capture began waits as well: which
 -- changes the slot holds is not known without decoding it.
+-- The WAL insert position counts this transaction's own records too (the
+-- lock's), which no WAL sender sends before something commits: on an idle
+-- database the switch waited its whole 10 s and failed with a relay
+-- streaming (the slot confirmed 64 bytes short; found by a flaky test). So
+-- once asynchronous commits have had their time to reach the disk (three
+-- times wal_writer_delay, PostgreSQL's bound), the wait ends at the flushed
+-- position instead, if that comes first: what is past it then was
+-- committed by no one. (Should this transaction's first record straddle a
+-- WAL page, the page's end is flushed and the record is not whole there:
+-- the wait runs out with the error below; calling again is the remedy.)
 -- Waits at most the setting pgferry.switch_wait (an interval, default 10 s),
 -- then raises 55000 with what holds WAL capture: the writers of the table
 -- queue behind its lock meanwhile.
 --
 -- Calls:   ferry._wal_insert_position
--- Reads:   ferry.captures, ferry.wal_slot, pg_replication_slots
+-- Reads:   ferry.captures, ferry.wal_slot, pg_replication_slots, pg_current_wal_flush_lsn()
 -- Writes:  -
 -- Raises:  55000 (WAL capture did not catch up in time), 22007 (pgferry.switch_wait is not an interval)
 -- Runs as: the caller (SECURITY INVOKER)
@@ -37,6 +47,7 @@ declare
     v_active    boolean;
     v_wait      interval := coalesce(nullif(current_setting('pgferry.switch_wait', true), ''), '10 s')::interval;
     v_until     timestamptz;
+    v_settled   timestamptz;  -- when every asynchronous commit before the call is flushed
     v_error     text;
 begin
     select w.slot_name, w.error into v_slot, v_error from ferry.wal_slot w where w.invalidated_at is null;
@@ -54,10 +65,16 @@ begin
     end if;
     v_to := ferry._wal_insert_position();
     v_until := clock_timestamp() + v_wait;
+    v_settled := clock_timestamp() + 3 * current_setting('wal_writer_delay')::interval + interval '100 ms';
     loop
         select s.confirmed_flush_lsn, s.active into v_confirmed, v_active
         from pg_catalog.pg_replication_slots s where s.slot_name = v_slot;
         exit when v_confirmed is null or v_confirmed >= v_to;
+        if v_settled is not null and clock_timestamp() >= v_settled then
+            v_to := least(v_to, pg_current_wal_flush_lsn());
+            v_settled := null;
+            continue;
+        end if;
         if clock_timestamp() >= v_until then
             select w.error into v_error from ferry.wal_slot w;
             raise exception 'pgferry: % cannot go to trigger capture yet: WAL capture has not read the WAL up to '
