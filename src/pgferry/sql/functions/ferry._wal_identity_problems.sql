@@ -18,7 +18,11 @@
 -- publication pgferry_wal (altered by hand: alter publication ... drop
 -- table), or the publication gone: its later changes were lost without a
 -- word (outside probe), so the text says they are lost and how to capture
--- and backfill it again. A partitioned
+-- and backfill it again; and the publication altered by hand so that it no
+-- longer publishes every kind of change (publish narrowed: those changes
+-- are lost) or, for a partitioned table, sends its partitions' changes as
+-- theirs (publish_via_partition_root off: the relay captures the root's
+-- relation only, so they are all lost). A partitioned
 -- table's partitions count, as capture_table checks them. relid: only the
 -- capture of that table (the relay asks about each table the WAL describes;
 -- a query over all of them for each would grow with their square). Shown by `pgferry
@@ -68,7 +72,18 @@ language sql stable as $$
                    join pg_publication_rel pr on pr.prpubid = pb.oid
                    where pr.prrelid = p.relid) as unpublished,
                exists (select 1 from ferry.wal_slot w join pg_publication pb on pb.pubname = w.publication)
-                   as publication_exists
+                   as publication_exists,
+               -- the table itself, not each of its partitions again
+               case when p.part = p.relid then
+               (select array_to_string(array_remove(array[case when not pb.pubinsert then 'insert' end,
+                                                          case when not pb.pubupdate then 'update' end,
+                                                          case when not pb.pubdelete then 'delete' end,
+                                                          case when not pb.pubtruncate then 'truncate' end], null),
+                                       ', ')
+                from ferry.wal_slot w join pg_publication pb on pb.pubname = w.publication) end as unpublished_kinds,
+               p.part = p.relid and k.relkind = 'p' and exists (
+                   select 1 from ferry.wal_slot w join pg_publication pb on pb.pubname = w.publication
+                   where not pb.pubviaroot) as partitions_as_theirs
         from parts p join pg_class k on k.oid = p.part
     )
     select i.part::regclass,
@@ -84,6 +99,15 @@ language sql stable as $$
                           'captured and are lost; call ferry.capture_table(%L, method => ''wal'') again, with the '
                           'options it was captured with (or alter publication %I add table only %s), then pgferry '
                           'backfill it', i.publication, i.relid::regclass::text, i.publication, i.relid::regclass)
+               when i.unpublished_kinds <> '' then
+                   format('the publication %s does not publish %s any more (altered by hand?): those changes of it '
+                          'since are not captured and are lost; alter publication %I set (publish = ''insert, update, '
+                          'delete, truncate''), then pgferry backfill it', i.publication, i.unpublished_kinds,
+                          i.publication)
+               when i.partitions_as_theirs then
+                   format('the publication %s sends the changes of its partitions as theirs (publish_via_partition_root '
+                          'turned off by hand?): they are not captured and are lost; alter publication %I set '
+                          '(publish_via_partition_root = true), then pgferry backfill it', i.publication, i.publication)
                when not (i.key_columns <@ i.table_columns) then
                    format('its key columns (%s) are not all columns of the table any more (renamed or dropped): its '
                           'events reach readers with a null key; call ferry.capture_table(%L, method => ''wal'') '
@@ -118,6 +142,8 @@ language sql stable as $$
            end
     from identity i
     where i.unpublished
+       or i.unpublished_kinds <> ''
+       or i.partitions_as_theirs
        or not (i.key_columns <@ i.table_columns)
        or i.relreplident = 'n' or (i.relreplident = 'd' and i.index is null)
        or (i.relreplident in ('i', 'd') and not (i.key_columns <@ i.index_columns))
