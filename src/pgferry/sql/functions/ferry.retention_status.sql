@@ -11,9 +11,12 @@
 -- max_retention_bytes, for a consumer that holds something back (0 without
 -- a size cap or when it holds nothing). level: 'stalled', '80%', '50%' or
 -- 'ok', from the larger of the two. gaps, gap_events, last_gap_at sum up
--- its rows in ferry.gaps; wal_gaps counts those of WAL capture's lost
+-- its rows in ferry.gaps; wal_gaps counts those of WAL capture: its lost
 -- slots (migration 0025: changes that never reached the log, how many is
--- unknown, so not in gap_events; the rows that moved no cursor, migration 0027). subscription: the subscription a webhook:NAME
+-- unknown) and the changes skipped with ferry.skip_wal_change (migration
+-- 0037), the rows that moved no cursor (migration 0027); gap_events sums
+-- the events of the others only (a skipped change is counted once, as a
+-- WAL gap). subscription: the subscription a webhook:NAME
 -- consumer belongs to. `pgferry status`, the metrics, the dashboard and
 -- ferry.maintain read it.
 --
@@ -61,7 +64,8 @@ language sql stable as $$
                 else 'ok' end,
            pct.stalled_at, pct.stalled_reason, g.n, g.events, g.last_at, g.wal
     from pct
-    left join lateral (select count(*) as n, coalesce(sum(gp.events), 0)::bigint as events, max(gp.updated_at) as last_at,
+    left join lateral (select count(*) as n, coalesce(sum(gp.events) filter (where gp.moved_cursor), 0)::bigint as events,
+                              max(gp.updated_at) as last_at,
                               count(*) filter (where not gp.moved_cursor) as wal
                        from ferry.gaps gp where gp.consumer = pct.name) g on true
     order by pct.name
