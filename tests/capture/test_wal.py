@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -676,6 +677,96 @@ async def test_a_json_value_the_log_cannot_hold_names_its_table_alone_and_the_wa
         await wal.caught_up(conn)
     assert [e.key for e in await read_all(ferry, conn, "c")] == ["2"]
     assert await conn.fetchval("select count(*) from ferry.gaps where cause = 'wal slot lost'") == 1
+
+
+async def test_a_change_the_log_cannot_hold_is_skipped_alone_as_a_gap_of_its_readers(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    """select ferry.skip_wal_change('X/Y') with the position the error names: the relay, retrying,
+    leaves that one change out and records it as a gap of each consumer reading its stream, in the
+    transaction of the append; every other change is appended once, in order. Before, the only way
+    past it was ferry.reset_wal_slot() with every relay stopped: a gap of every WAL-captured table.
+
+    Exactly once: the transaction below holds two such changes. The round that leaves out the first
+    fails at the second, and rolls back with it the first one's gap and the removal of its position
+    from skip_lsns: nothing recorded, the skip still pending. A relay killed between the skip and
+    the commit leaves the same (one transaction), and the next one skips and records it again."""
+    await conn.execute("create table jn (id int primary key, j json)")
+    await conn.execute("create table other (id int primary key)")
+    await ferry.capture_table("jn", method="wal")
+    await ferry.capture_table("other", method="wal")
+    await ferry.register_consumer("both", ["public.jn", "public.other"])
+    await ferry.register_consumer("jn", ["public.jn"])
+    await ferry.register_consumer("o", ["public.other"])  # reads another stream: no gap
+    await conn.execute("""insert into jn values (1, '{"a": 1}')""")
+    async with conn.transaction():  # good changes before, between and after; another table too
+        await conn.execute("insert into other values (1)")
+        await conn.execute("""insert into jn values (2, '{}'), (3, '{"a": 1e1000000}'), (4, '[]')""")
+        await conn.execute("insert into other values (2)")
+        await conn.execute("""insert into jn values (5, '{"b": "\\u0000"}')""")
+        await conn.execute("insert into jn values (6, '1')")
+    await conn.execute("insert into other values (3)")
+    settings = WalSettings(chunk=3, recheck_interval=0.2, max_backoff=0.5)
+    async with Running(db_url, as_relay=True, settings=settings) as wal:
+
+        async def failing_at() -> str:
+            error = await _capture_error(conn)
+            found = re.search(r"A change of it \(at ([0-9A-F]+/[0-9A-F]+)\)", error)
+            assert found is not None, error
+            assert f"select ferry.skip_wal_change('{found[1]}');" in error, error
+            return found[1]
+
+        first = await failing_at()
+        note = await conn.fetchval("select ferry.skip_wal_change($1::text::pg_lsn)", first)
+        assert f"leaves out the change at {first}" in note, note
+
+        async def at_the_second() -> bool:
+            return first not in str(await conn.fetchval("select error from ferry.wal_slot"))
+
+        await eventually(at_the_second, what="WAL capture failing at the second change")
+        assert await conn.fetchval("select count(*) from ferry.gaps") == 0  # rolled back with the append
+        assert await conn.fetchval("select skip_lsns::text[] from ferry.wal_slot") == [first]
+        second = await failing_at()
+        await conn.execute("select ferry.skip_wal_change($1::text::pg_lsn)", second)
+        await wal.caught_up(conn)
+    assert await conn.fetchval("select (error, skip_lsns) is null from ferry.wal_slot")
+    assert [(e.stream[7:], e.key) for e in await read_all(ferry, conn, "both")] == [
+        ("jn", "1"), ("other", "1"), ("jn", "2"), ("jn", "4"), ("other", "2"), ("jn", "6"), ("other", "3")
+    ]  # fmt: skip
+    gaps = await conn.fetch("select consumer, events, from_lsn::text, to_lsn::text, cause, reason, moved_cursor "
+                            "from ferry.gaps order by consumer, from_lsn")  # fmt: skip
+    assert [(g["consumer"], g["from_lsn"], g["to_lsn"], g["events"], g["cause"], g["moved_cursor"]) for g in gaps] == [
+        (name, at, at, 1, "wal change skipped", False) for name in ("both", "jn") for at in (first, second)
+    ]  # fmt: skip
+    assert f"the INSERT of public.jn at {first}" in gaps[0]["reason"], gaps[0]["reason"]
+    assert """pgferry backfill public.jn --where "id = '3'\"""" in gaps[0]["reason"], gaps[0]["reason"]
+    assert """--where "id = '5'\"""" in gaps[1]["reason"], gaps[1]["reason"]
+    standing = {r["consumer"]: r for r in await inspect.retention_status(conn)}
+    assert [(standing[c]["wal_gaps"], standing[c]["gap_events"], standing[c]["stalled_at"]) for c in standing] == [
+        (2, 0, None), (2, 0, None), (0, 0, None)
+    ]  # fmt: skip
+
+
+async def test_skip_wal_change_refuses_without_wal_capture_a_position_passed_or_a_lost_slot(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    skip = "select ferry.skip_wal_change($1::text::pg_lsn)"
+    with pytest.raises(asyncpg.ObjectNotInPrerequisiteStateError, match="nothing is captured from the WAL"):
+        await conn.fetchval(skip, "0/1")
+    await conn.execute("create table t (id int primary key)")
+    await ferry.capture_table("t", method="wal")
+    with pytest.raises(asyncpg.InvalidParameterValueError, match="WAL capture has passed 0/1 already") as passed:
+        await conn.fetchval(skip, "0/1")
+    assert "A change of it (at X/Y)" in str(passed.value.hint)
+    with pytest.raises(asyncpg.InvalidParameterValueError, match="FFFFFFFF/0 is not written yet"):
+        await conn.fetchval(skip, "FFFFFFFF/0")
+    with pytest.raises(asyncpg.NullValueNotAllowedError):
+        await conn.fetchval(skip, None)
+    await conn.execute("select pg_drop_replication_slot(slot_name) from ferry.wal_slot")
+    with pytest.raises(asyncpg.ObjectNotInPrerequisiteStateError, match="is lost") as lost:
+        await conn.fetchval(skip, "0/1")
+    assert "ferry.reset_wal_slot()" in str(lost.value.hint)
+    assert await conn.fetchval("select skip_lsns from ferry.wal_slot") is None
 
 
 async def test_a_generated_column_whose_function_relies_on_search_path_is_named_with_the_fix(

@@ -129,6 +129,9 @@ class _Pending:
     lsns: list[int] = field(default_factory=list)
     #: each change's source transaction, as the WAL numbers it (32 bits)
     xids: list[int] = field(default_factory=list)
+    #: the changes at a position the operator chose to skip (ferry.skip_wal_change): their index, and
+    #: their column => text values (the key of the row to backfill)
+    skips: list[tuple[int, bytes]] = field(default_factory=list)
     #: bytes of rows, old rows and missing lists held
     size: int = 0
 
@@ -164,6 +167,8 @@ class WalCapture:
         self._json_domains: dict[int, bool] = {}
         #: REPLICA IDENTITY problems logged (ferry._wal_identity_problems), so each is said once
         self._identity_logged: set[str] = set()
+        #: positions of changes the operator chose to skip (ferry.wal_slot.skip_lsns), as read at the stream's start
+        self._skip: frozenset[int] = frozenset()
 
     async def run(self, stop: asyncio.Event) -> None:
         # The append must be durable before the slot moves past it: never synchronous_commit off here.
@@ -197,6 +202,9 @@ class WalCapture:
         """Follow the slot until ``stop`` or the stream breaks; returns the failures in a row."""
         self._reported_lost = None
         self.lsn = _lsn(slot["lsn"])
+        # Read at each start, so a skip asked while an append fails is taken at the next try (every
+        # few seconds), without a restart.
+        self._skip = frozenset(_lsn(at) for at in slot["skip_lsns"])
         stream = ReplicationStream(self.url, slot["slot_name"], slot["publication"], self.lsn)
         try:
             await self._follow(stream, stop)
@@ -251,13 +259,18 @@ class WalCapture:
             found = await self._unholdable_change(self._failed)
             if found is not None:
                 relids = [self._failed.relids[found]]
+                at = _lsn_text(self._failed.lsns[found])
+                table = self._table_name(self._failed.relids[found])
                 fixes.append(
-                    f"A change of it (at {_lsn_text(self._failed.lsns[found])}) holds a value the log cannot hold "
-                    "(a trigger would have refused the write; from the WAL it is committed), and no correction "
-                    "reaches it. The only way past it: stop every relay (ferry.reset_wal_slot() refuses while one "
-                    "reads the slot), run select ferry.reset_wal_slot(); which records the changes not yet "
-                    "appended, of every table captured from the WAL, as a gap of their readers, start the "
-                    "relays, and pgferry backfill each table captured from the WAL"
+                    f"A change of it (at {at}) holds a value the log cannot hold (a trigger would have refused the "
+                    f"write; from the WAL it is committed), and no correction reaches it. Skip that one change: "
+                    f"select ferry.skip_wal_change('{at}'); (WAL capture leaves it out at its next try and records it "
+                    f"as a gap of each consumer reading {table}, ferry.gaps), then pgferry backfill {table} --where "
+                    "'<its key>' (the gap's reason names it) to send that row's current state. The broader way out: "
+                    "stop every relay (ferry.reset_wal_slot() refuses while one reads the slot), run select "
+                    "ferry.reset_wal_slot(); which records the changes not yet appended, of every table captured "
+                    "from the WAL, as a gap of their readers, start the relays, and pgferry backfill each table "
+                    "captured from the WAL"
                 )  # fmt: skip
         tables = ", ".join(sorted({self._table_name(oid) for oid in relids})) or "?"
         if exc.sqlstate in NOT_FOUND and failed is not None:
@@ -501,6 +514,8 @@ class WalCapture:
         if self._tx is None:
             self._tx = self.conn.transaction()
             await self._tx.start()
+        if pending.skips:
+            pending = await self._leave_out(pending)
         self._round_xids.update(pending.xids)
         ends = sorted(self._round_xids) if to is not None else None
         n = await self._append(self.lsn, to if to is not None else self.lsn, committed_at, pending, ends or None)
@@ -520,6 +535,32 @@ class WalCapture:
         self._round = 0
         self.lsn = max(self.lsn, to)
         self.confirm(stream, self.lsn)
+
+    async def _leave_out(self, pending: _Pending) -> _Pending:
+        """``pending`` without the changes at a position the operator chose to skip (ferry.skip_wal_change)
+        that the log cannot hold, each recorded as a gap of its readers (ferry._record_wal_skip) in the
+        open round: the gaps commit with the append that leaves the changes out, or neither does."""
+        at = [i for i, _ in pending.skips]
+        p = pending
+        left = await self.conn.fetchval(
+            sql.query("wal_skip"),
+            [_lsn_text(p.lsns[i]) for i in at], [p.relids[i] for i in at], [p.ops[i] for i in at],
+            [p.rows[i].decode() for i in at], [None if (old := p.olds[i]) is None else old.decode() for i in at],
+            [keys for _, keys in p.skips], [p.times[i] for i in at],
+        )  # fmt: skip
+        out = {i for i, gone in zip(at, left, strict=True) if gone}
+        if not out:
+            return pending
+        kept = _Pending()
+        for i in range(len(p.ops)):
+            if i in out:
+                log.warning("WAL capture: the change of %s at %s, which the log cannot hold, is left out "
+                            "(ferry.skip_wal_change) and recorded as a gap of its readers (ferry.gaps)",
+                            self._table_name(p.relids[i]), _lsn_text(p.lsns[i]))  # fmt: skip
+            else:
+                _append(kept, p.relids[i], p.ops[i], p.rows[i], p.olds[i], p.missing[i], p.times[i], p.lsns[i],
+                        p.xids[i])  # fmt: skip
+        return kept
 
     def confirm(self, stream: ReplicationStream, lsn: int) -> None:
         """Tell the server everything committed before ``lsn`` is in the log (after the commit)."""
@@ -563,11 +604,15 @@ class WalCapture:
             assert change.old is not None
             row, missing = _row(rel, change.old, None)
             _append(pending, change.relation, "D", row, None, missing, commit_time, lsn, xid)
-            return
-        assert change.new is not None
-        row, missing = _row(rel, change.new, old)
-        old_row = _row(rel, old, None)[0] if old is not None else None
-        _append(pending, change.relation, change.op, row, old_row, missing, commit_time, lsn, xid)
+        else:
+            assert change.new is not None
+            row, missing = _row(rel, change.new, old)
+            old_row = _row(rel, old, None)[0] if old is not None else None
+            _append(pending, change.relation, change.op, row, old_row, missing, commit_time, lsn, xid)
+        if lsn in self._skip:  # the operator chose to skip the change here, if the log cannot hold it
+            values = change.old if change.op == "D" else change.new
+            keys = {c.name: v for c, v in zip(rel.columns, values or (), strict=False) if v is not UNCHANGED}
+            pending.skips.append((len(pending.ops) - 1, orjson.dumps(keys)))
 
 
 def _append(

@@ -774,8 +774,9 @@ select 1
 
 -- name: wal_slot
 -- WAL capture's slot (capture/wal.py), and what is wrong with it, if anything; why appending
--- last failed (cleared by the next append that commits).
-select w.slot_name, w.publication, w.lsn::text as lsn, w.error,
+-- last failed (cleared by the next append that commits); the positions of changes the operator chose to
+-- skip (ferry.skip_wal_change, migration 0037).
+select w.slot_name, w.publication, w.lsn::text as lsn, w.error, coalesce(w.skip_lsns::text[], '{}') as skip_lsns,
        case when s.slot_name is null then format('the replication slot %s is gone', w.slot_name)
             when s.wal_status = 'lost' then format('PostgreSQL invalidated the replication slot %s (max_slot_wal_keep_size)', w.slot_name)
        end as problem
@@ -817,6 +818,12 @@ order by a.attnum
 -- Raises when one of the rows $1 (WAL capture's decoded rows, as text) cannot be jsonb: which change
 -- of a failed append the log cannot hold.
 select cardinality($1::text[]::jsonb[])
+
+-- name: wal_skip
+-- Of the changes $1.. decoded at positions the operator chose to skip, which to leave out of the append (those the
+-- log cannot hold), each recorded as a gap of its readers in this transaction (ferry._record_wal_skip, migration 0037).
+select ferry._record_wal_skip(lsns => $1::text[]::pg_lsn[], relids => $2::oid[], ops => $3::text[], rows => $4::text[],
+                              olds => $5::text[], keys => $6::jsonb[], committed_at => $7::timestamptz[])
 
 -- name: wal_recovered
 update ferry.wal_slot set error = null, error_at = null where error is not null
@@ -861,7 +868,7 @@ select w.slot_name, w.lsn::text as lsn_in_log, s.wal_status,
        coalesce(pg_current_wal_lsn() - s.confirmed_flush_lsn, 0)::bigint as lag_bytes,
        case when s.confirmed_flush_lsn is null or pg_current_wal_lsn() - s.confirmed_flush_lsn > 65536
             then extract(epoch from now() - w.caught_up_at)::float8 else 0 end as lag_seconds,
-       w.committed_at, w.invalidated_at, w.note, w.error, w.error_at,
+       w.committed_at, w.invalidated_at, w.note, w.error, w.error_at, w.skip_lsns::text[] as skip_lsns,
        (w.invalidated_at is not null or s.wal_status is null or s.wal_status = 'lost') as stopped,
        (select count(*) from ferry.captures c where c.method = 'wal' and c.uncaptured_at is null) as tables,
        array(select format('%s: %s', p.tbl, p.problem) from ferry._wal_identity_problems() p) as identity_problems
