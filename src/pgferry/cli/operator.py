@@ -333,6 +333,9 @@ def _wal_line(wal: dict[str, Any]) -> None:
     lag = f"{wal['lag_bytes']:,} bytes of WAL" + (f", {wal['lag_seconds']:.1f} s" if wal["lag_seconds"] else "")
     click.echo(f"WAL capture: slot {wal['slot_name']} ({wal['tables']} table(s)), behind by {lag}, "
                f"WAL {wal['wal_status']}")  # fmt: skip
+    if wal.get("skip_lsns"):
+        click.echo(f"  skip pending (ferry.skip_wal_change) at {', '.join(wal['skip_lsns'])}: a change there the log "
+                   "cannot hold is left out at the next try")  # fmt: skip
     if wal["note"]:
         click.echo(f"  note: {wal['note']}")
     for problem in wal.get("identity_problems") or ():
@@ -462,6 +465,8 @@ def retention_show(database_url: str | None, as_json: bool) -> None:
                    ("cause", "cause"), ("recorded_at", "recorded")]  # fmt: skip
         if any(g["from_lsn"] for g in result["gaps"]):  # WAL losses: their WAL range (migration 0025)
             columns[3:3] = [("from_lsn", "from LSN"), ("to_lsn", "to LSN")]
+        if any(g["cause"] == "wal change skipped" for g in result["gaps"]):  # the row to backfill (migration 0037)
+            columns.append(("reason", "why"))
         table("gaps (events consumers never got)", result["gaps"], columns)
 
 

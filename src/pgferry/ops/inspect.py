@@ -165,7 +165,8 @@ def _closeness(row: dict[str, Any]) -> tuple[bool, float]:
 def retention_summary(row: dict[str, Any]) -> str:
     """A consumer's standing against the retention limit in a few words, for status and the dashboard:
     ``ok``; ``50%: cursor 3d 12h old, holds 1.2 GB``; ``stalled: ...``; with ``, N event(s) lost`` when
-    it has gaps, ``, changes lost from the WAL (N gap(s))`` when WAL capture's slot was lost under it."""
+    it has gaps, ``, changes lost from the WAL (N gap(s))`` when WAL capture's slot was lost under it or a change
+    of its streams was skipped (ferry.skip_wal_change)."""
     lost = f", {row['gap_events']} event(s) lost (gaps)" if row.get("gap_events") else ""
     if row.get("wal_gaps"):
         lost += f", changes lost from the WAL ({row['wal_gaps']} gap(s))"
@@ -195,9 +196,11 @@ def holding_back(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-#: What a consumer's WAL gap means, for status and the dashboard (ferry._record_wal_loss, migration 0025)
-WAL_LOSS = ("WAL capture's slot was lost: changes of the tables captured with method 'wal' never reached the log; "
-            "`pgferry retention show` lists the gaps, then `pgferry backfill` those tables")  # fmt: skip
+#: What a consumer's WAL gap means, for status and the dashboard: WAL capture's slot lost (ferry._record_wal_loss,
+#: migration 0025) or a change skipped (ferry._record_wal_skip, migration 0037)
+WAL_LOSS = ("changes of tables captured with method 'wal' never reached the log (WAL capture's slot was lost, or a "
+            "change was skipped with ferry.skip_wal_change): `pgferry retention show` lists the gaps and what to "
+            "`pgferry backfill`")  # fmt: skip
 
 
 def _age(seconds: float) -> str:

@@ -172,12 +172,14 @@ class RelayMetrics:
             "the log back.", ["consumer"], registry=r,
         )  # fmt: skip
         self.consumer_gap_events = Gauge(
-            "pgferry_consumer_gap_events", "Events the consumer never got: the sum of its recorded gaps.",
+            "pgferry_consumer_gap_events", "Events the consumer never got: the sum of its recorded gaps that moved its "
+            "cursor (retention, a resume; WAL capture's are pgferry_consumer_wal_gaps).",
             ["consumer"], registry=r,
         )  # fmt: skip
         self.consumer_wal_gaps = Gauge(
-            "pgferry_consumer_wal_gaps", "WAL capture's slot losses recorded as gaps of the consumer: changes of "
-            "WAL-captured tables that never reached the log (how many is unknown).", ["consumer"], registry=r,
+            "pgferry_consumer_wal_gaps", "WAL capture's gaps of the consumer: slot losses (changes of WAL-captured "
+            "tables that never reached the log, how many is unknown) and changes skipped with "
+            "ferry.skip_wal_change.", ["consumer"], registry=r,
         )  # fmt: skip
         self.wal_events = Counter(
             "pgferry_wal_captured_events", "Events this relay decoded from the WAL into the log.", registry=r
