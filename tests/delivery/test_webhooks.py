@@ -14,6 +14,7 @@ import pytest
 import standardwebhooks
 
 import pgferry
+from pgferry import sql
 from pgferry.delivery.jetstream import RESERVED
 from pgferry.delivery.signing import new_secret
 from pgferry.receiver import Action, Drop, Hang, Received, Receiver, Respond, Slow
@@ -246,6 +247,39 @@ async def test_batches_of_events_per_request(
     assert items[0]["payload"] == {"n": 0} and items[0]["stream"] == "s" and items[0]["key"] == "0"
 
 
+async def test_a_stream_listed_twice_delivers_each_event_once(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    """Outside probe: `--stream s --stream s` stored {s,s}, and the batch read matched each event of s
+    to the subscription once per listing: every event came twice (twice in one data[] when batched).
+    Streams are kept once, in the order given, and migration 0038 does the same to stored ones."""
+    single, single_url = await receiver_factory()
+    batched, batched_url = await receiver_factory()
+    await conn.execute("select ferry.subscribe('twice', array['s', 't', 's'], $1)", single_url)
+    await conn.execute("select ferry.subscribe('twice-batched', array['s', 's'], $1, batch_size => 10)", batched_url)
+    await conn.execute("select ferry.register_consumer('reader', array['t', 's', 't'])")
+    assert await conn.fetchval("select streams from ferry.subscriptions where name = 'twice'") == ["s", "t"]
+    assert await conn.fetchval("select streams from ferry.consumers where name = 'webhook:twice'") == ["s", "t"]
+    assert await conn.fetchval("select streams from ferry.consumers where name = 'reader'") == ["t", "s"]
+    ids = await ferry.publish_many([{"stream": "s", "payload": {"n": n}} for n in range(20)])
+    await all_delivered(single, set(ids))
+    await eventually(lambda: _batched_ids_at_least(batched, 20), what="20 batched events")
+    await asyncio.sleep(0.3)  # a second copy would be right behind
+    assert sorted(received_ids(single)) == ids and len(single.received) == 20
+    assert sorted(i["id"] for r in batched.received for i in orjson.loads(r.body)["data"]) == ids
+    # Stored before 0038: the migration keeps each stream once.
+    await conn.execute("update ferry.subscriptions set streams = '{s,t,s}' where name = 'twice'")
+    await conn.execute("update ferry.consumers set streams = '{t,s,t}' where name = 'reader'")
+    (fix,) = [m for m in sql.migrations() if m.version == 38]
+    await conn.execute(fix.sql)
+    assert await conn.fetchval("select streams from ferry.subscriptions where name = 'twice'") == ["s", "t"]
+    assert await conn.fetchval("select streams from ferry.consumers where name = 'reader'") == ["t", "s"]
+
+
+def _batched_ids_at_least(receiver: Receiver, n: int) -> bool:
+    return sum(len(orjson.loads(r.body)["data"]) for r in receiver.received) >= n
+
+
 async def test_new_subscription_starts_from_now_unless_asked(
     relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
 ) -> None:
@@ -390,8 +424,6 @@ async def test_secret_rotation_signs_with_every_secret(
 
 
 async def test_dead_letter_bookkeeping_edges(conn: asyncpg.Connection, ferry: pgferry.Ferry) -> None:
-    from pgferry import sql
-
     await conn.execute("select ferry.subscribe('edges', array['s'], 'http://127.0.0.1:9/x', ordered => true)")
     row = ("edges", "s", "k", "{}", None)
     await conn.execute(

@@ -24,6 +24,10 @@ begin
         or exists (select 1 from unnest(streams) s where s is null or btrim(s) = '')) then
         raise exception 'pgferry: streams must be NULL (all streams) or a list of non-empty stream names' using errcode = '22023';
     end if;
+    if streams is not null then  -- a stream listed twice is one stream (as ferry.subscribe keeps it)
+        register_consumer.streams := array(select u.s from unnest(register_consumer.streams) with ordinality u(s, n)
+                                           group by u.s order by min(u.n));
+    end if;
     if start_at = 'now' then
         select max(id) into v_tick from ferry.ticks;
     elsif start_at = 'beginning' then

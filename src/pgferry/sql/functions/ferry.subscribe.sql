@@ -13,7 +13,8 @@
 --
 -- Parameters: name                subscription name, 1-100 of [A-Za-z0-9_.:-]
 --             streams             streams to deliver (non-empty, no control
---                                 characters, at most 200 characters each)
+--                                 characters, at most 200 characters each;
+--                                 one listed twice is kept once)
 --             url                 http(s) endpoint (ferry._check_url)
 --             batch_size          events per request, 1-1000
 --             max_in_flight       requests at once, 1-1000
@@ -75,6 +76,10 @@ begin
         raise exception 'pgferry: stream names must be at most 200 characters without control characters (line breaks, NUL, ...)'
             using errcode = '22023';
     end if;
+    -- A stream listed twice is one stream: kept twice, the batch read matched each of its events
+    -- to the subscription once per listing, and each was delivered twice (outside probe).
+    subscribe.streams := array(select u.s from unnest(subscribe.streams) with ordinality u(s, n)
+                               group by u.s order by min(u.n));
     perform ferry._check_url(url);
     perform ferry._check_headers_map(headers, strict => true);
     perform ferry._check_filter(subscribe.filter);
