@@ -47,5 +47,9 @@ async def test_event_ids_that_are_not_ascii_digits_or_beyond_bigint_get_the_clea
                 async with session.post(f"{base}/subscriptions/hook/replay", data=form) as r:
                     text = await r.text()
                     assert r.status == 200 and "an event id is a number" in text, (raw, r.status)
+            form = {"csrf": csrf[1], "from_event": "", "since": "99999999d"}  # before year 1: was a 500
+            async with session.post(f"{base}/subscriptions/hook/replay", data=form) as r:
+                text = await r.text()
+                assert r.status == 200 and "reaches back before year 1" in text, (r.status, text[:300])
     finally:
         await relay.stop()

@@ -149,3 +149,19 @@ async def test_trace_says_a_held_event_goes_when_a_probe_gets_an_answer(
         return "when a probe gets an answer" in shown.stdout
 
     await eventually(traced, what="trace saying a held event goes when a probe gets an answer")
+
+
+async def test_a_since_before_year_one_and_an_empty_database_url_are_refused_clearly(
+    pgferry_cmd: list[str], db_url: str, ferry: pgferry.Ferry
+) -> None:
+    """Outside probe: `replay --since 99999999d` was an OverflowError traceback, and `run` with
+    PGFERRY_DATABASE_URL set but empty started a throwaway demo database in the service's place."""
+    await ferry.subscribe("hook", ["s"], "http://127.0.0.1:9/x")
+    for since in ("99999999d", "9999999999999999999999d"):
+        replay = await cli(pgferry_cmd, db_url, "replay", "hook", "--since", since, "--yes")
+        assert replay.returncode == 2 and "reaches back before year 1" in replay.stderr, replay.stderr
+        assert "Traceback" not in replay.stderr
+    for env, args in (({"PGFERRY_DATABASE_URL": ""}, ()), ({}, ("--database-url", " "))):
+        run = await cli(pgferry_cmd, db_url, "run", *args, "--exit-after", "1", env=env, timeout=20)
+        assert run.returncode == 2 and "is empty: give the database's URL" in run.stderr, (run.stdout, run.stderr)
+        assert "throwaway" not in run.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine
@@ -318,6 +319,13 @@ def run(
             asyncio.get_running_loop().call_later(exit_after, stop.set)
         await supervisor.run(stop)
 
+    if database_url is None and os.environ.get("PGFERRY_DATABASE_URL") is not None:
+        database_url = os.environ["PGFERRY_DATABASE_URL"]  # click reads an empty variable as unset
+    if database_url is not None and not database_url.strip():
+        # Set but empty (a service's URL variable injected empty): a throwaway demo database would
+        # run "healthy" in its place (outside probe). Every other command refuses it too.
+        raise click.UsageError("--database-url (or PGFERRY_DATABASE_URL) is empty: give the database's URL, or unset "
+                               "both to run the demo on a throwaway PostgreSQL")  # fmt: skip
     if database_url:
         # The demo below runs in this process beside its relay; a relay of a database given
         # by URL runs on every usable core unless told otherwise (docs/operations.md).

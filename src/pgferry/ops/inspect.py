@@ -33,7 +33,10 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     now = now or datetime.now(UTC)
     match = _AGO.match(text)
     if match:
-        return now - timedelta(seconds=float(match[1]) * _UNITS[match[2][0]])
+        try:  # '99999999d' reaches before year 1 (an OverflowError: a traceback, a dashboard 500; outside probe)
+            return now - timedelta(seconds=float(match[1]) * _UNITS[match[2][0]])
+        except OverflowError:
+            raise ValueError(f"{text!r} reaches back before year 1; give a shorter duration or an ISO time") from None
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
