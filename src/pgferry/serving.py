@@ -20,6 +20,7 @@ and metrics stopped answering (outside probe). So each server here:
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import time
 from typing import Any
@@ -29,9 +30,6 @@ from aiohttp.web_protocol import RequestHandler
 
 log = logging.getLogger(__name__)
 
-#: the Host names a server bound to loopback answers to: a page of another name that reaches it
-#: (DNS rebinding) is refused
-LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 #: seconds a connection may go without a whole request head, from its start or its last response
 IDLE_TIMEOUT = 15.0
 #: seconds a request's body may take to arrive, once its head has (a POST that promised a body and
@@ -45,6 +43,20 @@ _REFUSAL = (
     b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n"
     b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n\r\n%s" % (len(_REFUSAL_TEXT), _REFUSAL_TEXT)
 )
+
+
+def is_loopback_name(host: str) -> bool:
+    """Whether ``host`` (a request's Host, without its port) is a name a server bound to loopback
+    answers to: localhost or a loopback address literal (any of 127.0.0.0/8, ::1). A page of
+    another name that reaches it (DNS rebinding) is refused; an address literal cannot be rebound.
+    Listed names only refused the server's own --dashboard-host 127.0.0.2 (outside probe)."""
+    name = host.lower().removeprefix("[").removesuffix("]")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 class _Refusals:

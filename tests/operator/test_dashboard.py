@@ -84,6 +84,23 @@ async def test_dashboard_needs_a_token_off_loopback_and_checks_token_host_and_fo
         await relay.stop()
 
 
+async def test_a_dashboard_on_another_loopback_address_answers_to_it_and_refuses_other_names(db_url: str) -> None:
+    """Outside probe: bound to 127.0.0.2 (loopback, so no token needed) it answered its own address
+    with "403 this dashboard answers only to loopback host names": only 127.0.0.1 was listed."""
+    relay = RunningRelay(db_url, replace(FAST, dashboard_port=0, dashboard_host="127.0.0.2"))
+    try:
+        base = await _started(relay)
+        assert base.startswith("http://127.0.0.2:"), base
+        async with aiohttp.ClientSession() as session:
+            async with session.get(base) as r:
+                assert r.status == 200, await r.text()
+            for host in ("evil.example", "127.0.0.2.nip.io", "10.0.0.1"):
+                async with session.get(base, headers={"Host": host}) as r:
+                    assert r.status == 403, host
+    finally:
+        await relay.stop()
+
+
 async def test_the_overview_shows_a_page_of_subscriptions_filtered_and_keeps_it_after_a_button(
     db_url: str, conn: asyncpg.Connection
 ) -> None:

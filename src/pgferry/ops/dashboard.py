@@ -36,7 +36,7 @@ from pgferry.errors import PgferryError
 from pgferry.ops import inspect, pages
 from pgferry.ops.pages import Sample
 from pgferry.relay.surface import is_loopback
-from pgferry.serving import BODY_TIMEOUT, LOOPBACK_NAMES
+from pgferry.serving import BODY_TIMEOUT, is_loopback_name
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class Dashboard:
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self.loopback_only and (request.url.host or "") not in LOOPBACK_NAMES:
+        if self.loopback_only and not is_loopback_name(request.url.host or ""):
             return web.Response(status=403, text="this dashboard answers only to loopback host names")
         if self.token is not None and not self._authorized(request):
             offered = request.query.get("token")

@@ -55,7 +55,7 @@ from pgferry.api_tokens import Decision, TokenStore, bearer_from_header
 from pgferry.errors import PgferryError, TokenStoreUnavailable
 from pgferry.limits import FD_RESERVE, raise_open_files
 from pgferry.relay.surface import is_loopback
-from pgferry.serving import BODY_TIMEOUT, LOOPBACK_NAMES, GuardedRunner
+from pgferry.serving import BODY_TIMEOUT, GuardedRunner, is_loopback_name
 from pgferry.streams import history
 from pgferry.streams.history import History, Pace, resume_point
 from pgferry.streams.hub import Follower, StreamHub
@@ -529,7 +529,7 @@ class StreamsApi:
         return (
             self.settings.allow_loopback
             and is_loopback(request.remote or "")
-            and (request.url.host or "") in LOOPBACK_NAMES
+            and is_loopback_name(request.url.host or "")
         )
 
     def _check_cross_site(self, request: web.Request) -> None:
