@@ -7,11 +7,12 @@ import signal
 from collections import defaultdict
 
 import asyncpg
+import orjson
 
 import pgferry
 import pgferry.db
 from pgferry.receiver import Receiver
-from tests.helpers import MakeReceiver, RelayProcess, eventually
+from tests.helpers import MakeReceiver, RelayProcess, RunningRelay, eventually
 
 
 def ids_of(receiver: Receiver) -> list[int]:
@@ -99,3 +100,30 @@ def _has(receiver: Receiver, event_id: int):  # type: ignore[no-untyped-def]
 
 
 # PostgreSQL restarts (fast and immediate) under delivery: tests/faults/test_postgres_restart.py.
+
+
+async def test_a_database_s_short_statement_and_lock_timeouts_do_not_stall_the_relay(
+    db_url: str, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    """Outside probe: under `alter database ... set statement_timeout = '50ms'` a worker's read of a
+    20,000-event transaction was cancelled at every try and the subscription stalled for good (status
+    showed only lag); lock_timeout = '10ms' made the ticker step down again and again. The relay's
+    sessions now set both to 0 (its own deadlines apply)."""
+    database = await conn.fetchval("select current_database()")
+    await conn.execute(f"alter database {database} set statement_timeout = '50ms'")
+    await conn.execute(f"alter database {database} set lock_timeout = '10ms'")
+    receiver, url = await receiver_factory()
+    await ferry.subscribe("hook", ["public.big"], url, batch_size=100)
+    await conn.execute("create table big (id int primary key, note text)")
+    await ferry.capture_table("big")
+    relay = RunningRelay(db_url)
+    try:
+        await conn.execute("insert into big select g, repeat('x', 200) from generate_series(1, 20000) g")
+
+        def done() -> bool:
+            return sum(len(orjson.loads(r.body)["data"]) for r in receiver.received) >= 20000
+
+        await eventually(done, timeout=60, what="20,000 events of one transaction")
+    finally:
+        await relay.stop()
+        await conn.execute(f"alter database {database} reset all")
