@@ -3,6 +3,7 @@ changed_columns, checked when capture_table is called and applied set-based in t
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -324,6 +325,27 @@ async def test_status_shows_each_captured_table_with_what_it_keeps(
     assert "captured tables" in done.stdout
     assert "rows where (status = 'paid'::text) (UPDATE: old or new row); all columns but card_token" in done.stdout
     assert "UPDATE only when id changed" in done.stdout and "stock" in done.stdout
+    assert "session_replication_role" not in done.stdout
+    # Outside probe: a table renamed after capture was listed by its old name, which `capture
+    # --remove` and `backfill` then refused; and a role's session_replication_role = replica
+    # (no trigger fires in its sessions) went unmentioned while its writes were lost.
+    database = await conn.fetchval("select current_database()")
+    role = f"writer_{os.getpid()}"  # roles are cluster-wide
+    await conn.execute(f"drop role if exists {role}")
+    await conn.execute(f"create role {role}")
+    try:
+        await conn.execute("alter table items rename to stock_items")
+        await conn.execute(f"alter role {role} in database {database} set session_replication_role = replica")
+        done = await cli(pgferry_cmd, db_url, "status")
+        assert done.returncode == 0, done.stderr
+        line = next(x for x in done.stdout.splitlines() if "stock_items" in x)
+        assert "public.stock_items" in line and "renamed since it was captured as public.items" in line, line
+        text = " ".join(done.stdout.split())
+        assert f"session_replication_role = replica is set for {role} in this database" in text, text
+        assert f"alter role {role} in database {database} reset session_replication_role" in text, text
+    finally:
+        await conn.execute(f"drop owned by {role}")
+        await conn.execute(f"drop role {role}")
 
 
 async def test_a_condition_column_named_like_a_variable_of_the_trigger_is_the_column(

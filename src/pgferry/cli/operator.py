@@ -70,13 +70,14 @@ def status(database_url: str | None, as_json: bool) -> None:
         list[backfills.Progress],
         list[dict[str, Any]],
         dict[str, Any] | None,
+        list[dict[str, Any]],
     ]:
         async with f.pool.acquire() as conn:
             return (await inspect.subscription_status(conn), await inspect.relays(conn), await inspect.captures(conn),
                     await backfills.listing(conn), await inspect.retention_status(conn),
-                    await inspect.wal_status(conn))  # fmt: skip
+                    await inspect.wal_status(conn), await inspect.replica_role_settings(conn))  # fmt: skip
 
-    rows, relay_rows, capture_rows, backfill_list, retention_rows, wal = with_ferry(database_url, read)
+    rows, relay_rows, capture_rows, backfill_list, retention_rows, wal, replica = with_ferry(database_url, read)
     if as_json:
         print_json(rows)
         return
@@ -104,6 +105,13 @@ def status(database_url: str | None, as_json: bool) -> None:
         capture_columns = [("table_name", "table"), ("stream", "stream"), ("method", "by"),
                            ("operations", "operations"), ("captured", "captured")]  # fmt: skip
         table("captured tables", capture_rows, capture_columns)
+        if replica and any(row["method"] == "trigger" for row in capture_rows):
+            for setting in replica:
+                where = f"{setting['who']} in {setting['where_set']}"
+                click.secho(f"session_replication_role = replica is set for {where}: no trigger fires in those "
+                            "sessions, so their writes to tables captured by trigger are not "
+                            f"captured; undo it ({setting['undo']}) or capture those tables from the WAL "
+                            "(method => 'wal'), which sees them", fg="red")  # fmt: skip
     if wal is not None:
         _wal_line(wal)
     if backfill_list:

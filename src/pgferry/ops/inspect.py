@@ -240,7 +240,16 @@ async def captures(conn: asyncpg.Connection) -> list[dict[str, Any]]:
     rows = _rows(await conn.fetch(sql.query("captures_current")))
     for row in rows:
         row["captured"] = capture_summary(row)
+        if row["captured_as"] != row["table_name"]:
+            row["captured"] += (f"; renamed since it was captured as {row['captured_as']}, the name its events still "
+                                "carry: capture it again to change that")  # fmt: skip
     return rows
+
+
+async def replica_role_settings(conn: asyncpg.Connection) -> list[dict[str, Any]]:
+    """Settings that put this database's writers in session_replication_role = replica, where
+    trigger capture sees nothing (queries.sql, replica_role_settings): who, where, and the undo."""
+    return _rows(await conn.fetch(sql.query("replica_role_settings")))
 
 
 async def wal_status(conn: asyncpg.Connection) -> dict[str, Any] | None:

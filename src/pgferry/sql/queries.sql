@@ -494,12 +494,39 @@ order by r.started_at
 
 -- name: captures_current
 -- The tables captured now (ferry.capture_table), with the stream and filters each was given,
--- for pgferry status.
-select c.schema_name || '.' || c.table_name as table_name, c.stream, c.operations, c.condition, c.columns,
+-- for pgferry status: by the table's name now (renamed since: status showed the old one, which
+-- `capture --remove` and `backfill` then refused; outside probe) and the name it was captured
+-- under (captured_as), which its events still carry until it is captured again.
+select coalesce(format('%I.%I', n.nspname, k.relname), c.schema_name || '.' || c.table_name) as table_name,
+       c.schema_name || '.' || c.table_name as captured_as, c.stream, c.operations, c.condition, c.columns,
        c.exclude_columns, c.changed_columns, c.created_at, c.method
 from ferry.captures c
+left join pg_catalog.pg_class k on k.oid = c.relid
+left join pg_catalog.pg_namespace n on n.oid = k.relnamespace
 where c.uncaptured_at is null
-order by c.schema_name, c.table_name
+order by 1
+
+-- name: replica_role_settings
+-- Role and database settings (pg_db_role_setting) and the server's own that put writers of this
+-- database in session_replication_role = replica, where no trigger fires: trigger capture misses
+-- their writes without a word (outside probe). Each with the statement that undoes it.
+select coalesce(r.rolname, 'every role') as who,
+       case when s.setdatabase = 0 then 'every database' else 'this database' end as where_set,
+       case when s.setrole = 0 and s.setdatabase = 0 then 'alter role all reset session_replication_role'
+            when s.setrole = 0 then format('alter database %I reset session_replication_role', current_database())
+            when s.setdatabase = 0 then format('alter role %I reset session_replication_role', r.rolname)
+            else format('alter role %I in database %I reset session_replication_role', r.rolname, current_database())
+       end as undo
+from pg_catalog.pg_db_role_setting s
+left join pg_catalog.pg_roles r on r.oid = s.setrole
+where s.setdatabase in (0, (select d.oid from pg_catalog.pg_database d where d.datname = current_database()))
+  and exists (select 1 from unnest(s.setconfig) g where lower(g) in ('session_replication_role=replica'))
+union all
+select 'every role', 'the server''s configuration (' || coalesce(p.sourcefile, p.source) || ')',
+       'alter system reset session_replication_role (or edit the configuration file), then reload'
+from pg_catalog.pg_settings p
+where p.name = 'session_replication_role' and p.source in ('configuration file', 'command line', 'environment variable')
+  and p.setting = 'replica'
 
 -- name: lookup_event
 -- One event as readers see it, with the consumer it is targeted at (NULL: everyone).
