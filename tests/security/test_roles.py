@@ -443,6 +443,17 @@ async def test_commands_without_ferry_relay_say_in_one_line_which_grant_is_missi
             f"Error: permission denied for {what}; role {role} needs ferry_relay: "
             f"`grant ferry_relay to {role}` (docs/security.md, Privileges)\n",
         ), args
+    # A backfill reads the captured table as its caller: with ferry_relay but no rights on the
+    # application's schema it was told to grant ferry_relay, which it had (outside probe).
+    relay_role = await login_role(admin, "ferry_relay")
+    await admin.execute("create schema shop")
+    await admin.execute("create table shop.items (id int primary key)")
+    await admin.execute("select ferry.capture_table('shop.items')")
+    backfill = await cli(pgferry_cmd, as_role(net_db, relay_role), "backfill", "shop.items")
+    assert backfill.returncode == 1 and "Traceback" not in backfill.stderr, backfill.stderr
+    assert f"role {relay_role} may not read the application's schema shop" in backfill.stderr, backfill.stderr
+    assert f"grant usage on schema ... to {relay_role}; grant select on ... to {relay_role}" in backfill.stderr
+    assert "needs ferry_relay" not in backfill.stderr
     install = await cli(pgferry_cmd, as_role(net_db, writer), "install")
     assert install.returncode == 1 and install.stderr.startswith("Error: permission denied for database ")
     assert "installing takes a role that may create a schema" in install.stderr and "Traceback" not in install.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from datetime import datetime
@@ -23,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 import pgferry
-from pgferry import db
+from pgferry import db, sql
 from pgferry.capture.backfill import Progress as BackfillProgress
 from pgferry.delivery.signing import redact_secrets
 from pgferry.errors import PermissionDenied, PgferryError, one_line
@@ -86,9 +87,35 @@ def permission_denied(exc: asyncpg.InsufficientPrivilegeError, url: str | None) 
         return one_line(exc)
     role = _role_of(url)
     grantee = role or "the role of --database-url"
-    return (
-        f"{exc.message}; {'role ' + role if role else 'this role'} needs ferry_relay: "
-        f"`grant ferry_relay to {grantee}` (docs/security.md, Privileges)"
+    who = "role " + role if role else "this role"
+    denied = _DENIED.match(exc.message)
+    if denied is not None and not _is_ferrys(denied["kind"], denied["name"]):
+        # Not ferry's own object: a table of the application's (a backfill reads the captured table
+        # as the caller). Told to grant ferry_relay, which the role had already (outside probe).
+        return (
+            f"{exc.message}; {who} may not read the application's {denied['kind']} {denied['name']}: a backfill reads "
+            f"the captured table as its caller, who needs USAGE on its schema and SELECT on it (`grant usage on "
+            f"schema ... to {grantee}; grant select on ... to {grantee}`) besides ferry_relay (docs/backfills.md)"
+        )
+    return f"{exc.message}; {who} needs ferry_relay: `grant ferry_relay to {grantee}` (docs/security.md, Privileges)"
+
+
+#: PostgreSQL's words for a missing privilege on one object
+_DENIED = re.compile(r"permission denied for (?P<kind>schema|table|view|sequence|function) (?P<name>.+)$")
+
+
+def _is_ferrys(kind: str, name: str) -> bool:
+    """Whether a refused object is pgferry's: its schema, or a table it creates (PostgreSQL names a
+    table without its schema; the log's partitions are events_N)."""
+    if kind == "schema":
+        return name == "ferry"
+    return kind != "table" or name in _ferry_tables() or re.fullmatch(r"events_\d+", name) is not None
+
+
+@functools.cache
+def _ferry_tables() -> frozenset[str]:
+    return frozenset(
+        m[1] for migration in sql.migrations() for m in re.finditer(r"create table ferry\.(\w+)", migration.sql)
     )
 
 
