@@ -1,5 +1,6 @@
 """pgferry's own database sessions: the settings every one starts with, and URLs refused before one."""
 
+import asyncpg
 import pytest
 
 import pgferry
@@ -68,3 +69,13 @@ async def test_a_malformed_database_url_is_refused_in_one_line_saying_what_is_wr
     with pytest.raises(DatabaseUnreachable) as tried:  # an empty port is the default (5432), as libpq takes it
         await db.connect("postgresql://postgres@127.0.0.1:/pgferry_no_such_database")
     assert "has port" not in str(tried.value)
+
+
+def test_a_pooler_refusing_pgferry_s_startup_settings_is_named_with_what_to_do() -> None:
+    """Through PgBouncer every pgferry session was refused with its bare "unsupported startup parameter:
+    jit" and "Check --database-url" (outside probe; a unit test: no PgBouncer in CI)."""
+    refused = asyncpg.ProtocolViolationError("unsupported startup parameter: jit")
+    text = str(db._explain("postgresql://app:secret@127.0.0.1:6432/app", refused))
+    assert "unsupported startup parameter: jit: a connection pooler (PgBouncer?) is in the way" in text, text
+    assert "need a direct connection to PostgreSQL" in text and "call ferry.publish in SQL" in text
+    assert "secret" not in text

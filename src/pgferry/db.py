@@ -220,6 +220,12 @@ def _explain(url: str, exc: BaseException) -> DatabaseUnreachable:
             f"to PostgreSQL as a setting, and PostgreSQL has none of that name either; remove it from the URL"
             + (f" (pgferry waits {CONNECT_TIMEOUT_S:.0f} s for a connection)" if setting == "connect_timeout" else "")
         )
+    elif "unsupported startup parameter" in str(exc):  # PgBouncer's words
+        reason = (
+            f"{exc}: a connection pooler (PgBouncer?) is in the way, and pgferry's relay, streams API, operator "
+            "commands and Python API need a direct connection to PostgreSQL (docs/operations.md, Connecting); "
+            "writers behind a pooler call ferry.publish in SQL"
+        )
     else:
         reason = str(exc) or type(exc).__name__
     return DatabaseUnreachable(
