@@ -529,3 +529,21 @@ async def test_a_subscription_removed_while_its_requests_are_in_flight_is_said_t
     await asyncio.sleep(2)
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "brief" in r.getMessage()]
     assert not said, said
+
+
+async def test_nothing_committed_after_a_pause_returns_is_delivered(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    """Outside probe: the relay learned of a pause at its next ownership round, up to 2 s later, and
+    the 20 events committed right after `pgferry subscription pause` returned were delivered. The
+    pause is notified now, and the delivering relay stops the worker at once."""
+    receiver, url = await receiver_factory()
+    await ferry.subscribe("hook", ["s"], url)
+    first = await ferry.publish("s", {"n": 0})
+    await all_delivered(receiver, {first})  # a worker is delivering it
+    await ferry.pause("hook")
+    after = await ferry.publish_many([{"stream": "s", "payload": {"n": n}} for n in range(1, 21)])
+    await asyncio.sleep(3)  # longer than an ownership round
+    assert received_ids(receiver) == [first]
+    await ferry.resume("hook")
+    await all_delivered(receiver, {first, *after})

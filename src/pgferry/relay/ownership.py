@@ -45,6 +45,9 @@ from pgferry.schema import CONSUMER_LOCK_CLASS, LOCK_CLASS, PRESENCE_LOCK
 
 log = logging.getLogger(__name__)
 
+#: ferry._set_subscription_state: a subscription paused or disabled (its name)
+PAUSED_CHANNEL = "pgferry_paused"
+
 
 #: Seconds a relay leaves alone a partition it handed over to spread its subscription (so that
 #: the relay with room takes it, not this one again in its next round).
@@ -141,6 +144,7 @@ class Ownership:
                 await conn.fetchval(sql.query("announce_presence"), LOCK_CLASS, PRESENCE_LOCK)
                 await conn.add_listener(TICK_CHANNEL, self._on_tick)
                 await conn.add_listener(MOVED_CHANNEL, self._on_moved)
+                await conn.add_listener(PAUSED_CHANNEL, self._on_paused)
                 conn.add_termination_listener(self._on_lost)
                 while not stop.is_set():
                     await self._round(conn)
@@ -196,6 +200,14 @@ class Ownership:
                             "it stops sending what it had read", consumer)  # fmt: skip
                 owned.worker.stop()
                 owned.task.cancel()
+
+    def _on_paused(self, _conn: object, _pid: int, _channel: str, name: str) -> None:
+        """A subscription was paused (or disabled): its workers stop starting requests now, not at the
+        next round (up to claim_interval later, while events committed after the pause went out;
+        outside probe). Those on the wire finish; the next round lets the subscription go."""
+        for owned in [*self.owned.values(), *(leaving.owned for leaving in self.leaving.values())]:
+            if owned.worker.sub.name == name and not owned.task.done():
+                owned.worker.stop()
 
     async def _round(self, conn: asyncpg.Connection) -> None:
         # One round trip: heartbeat, active subscriptions, number of live relays
