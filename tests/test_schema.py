@@ -3,9 +3,11 @@ import os
 import re
 
 import asyncpg
+import click
 import pytest
 
 from pgferry import db, schema, sql
+from pgferry.cli.common import run_coroutine
 from pgferry.embedded import EmbeddedPostgres
 from pgferry.errors import PgferryError, SchemaMissing
 from pgferry.schema import check_installed, install
@@ -124,3 +126,18 @@ async def test_a_relay_on_read_only_sessions_stops_at_once_saying_why(pgferry_cm
     assert "sessions here are read-only" in done.stderr and "Traceback" not in done.stderr
     status = await cli(pgferry_cmd, read_only, "subscription", "pause", "nothing-here")
     assert status.returncode == 1 and "Traceback" not in status.stderr
+
+
+def test_serializable_on_a_standby_is_told_as_a_standby_not_with_postgresql_s_hint() -> None:
+    """Outside probe: on a standby whose database defaults to serializable every command printed
+    PostgreSQL's "cannot use serializable mode in a hot standby ... use repeatable read", which sent
+    the operator the wrong way (a unit test: the error as PostgreSQL raises it)."""
+
+    async def refused() -> None:
+        raise asyncpg.FeatureNotSupportedError("cannot use serializable mode in a hot standby")
+
+    with pytest.raises(click.ClickException) as said:
+        run_coroutine(refused())
+    assert "this server is a standby (in recovery)" in said.value.message and "point pgferry at the primary" in (
+        said.value.message
+    )

@@ -73,7 +73,11 @@ def run_coroutine(coro: Coroutine[Any, Any, Any], *, relay: bool = False, url: s
         raise click.ClickException(permission_denied(exc, url)) from None
     except asyncpg.PostgresError as exc:  # the database's own words, not a traceback (outside probe)
         said = f"{redact_secrets(one_line(exc))} (SQLSTATE {exc.sqlstate})"
-        if exc.sqlstate == "25006" or "recovery is in progress" in str(exc):  # a standby, or read-only sessions
+        if "in a hot standby" in str(exc):
+            # A database defaulting to serializable: PostgreSQL's hint (use repeatable read) sent the
+            # operator the wrong way, on every command (outside probe).
+            said = f"{exc.message} (SQLSTATE {exc.sqlstate}): {db.READ_ONLY_FIX['standby']}"
+        elif exc.sqlstate == "25006" or "recovery is in progress" in str(exc):  # a standby, or read-only sessions
             said += f": {db.READ_ONLY_FIX['standby']}; or, if it is not a standby, {db.READ_ONLY_FIX['read_only']}"
         raise click.ClickException(said) from None
 
