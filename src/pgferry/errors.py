@@ -21,6 +21,11 @@ def one_line(exc: BaseException) -> str:
     return line
 
 
+#: PostgreSQL's refusals of an interval's text, and what one looks like (the CLI's options and apply's max_age)
+INTERVAL_REFUSALS = ("type interval", "interval field value out of range", "interval out of range")
+INTERVAL_HINT = "give a PostgreSQL interval such as '3 days', '36 hours' or '90 minutes'"
+
+
 class PgferryError(Exception):
     """Base class for every error pgferry raises deliberately."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import asyncpg
@@ -140,7 +141,8 @@ async def test_a_dry_run_refuses_what_applying_would_naming_the_subscription(
     cases = {
         'url = "http://127.0.0.1:9/"\nmax_attempts = -3': "[subscriptions.bad]: pgferry: max_attempts must be between",
         'url = "http://127.0.0.1:9/"\npartitions = 0': "[subscriptions.bad]: pgferry: partitions must be between",
-        'url = "http://127.0.0.1:9/"\nmax_age = "soon"': "[subscriptions.bad]: invalid input syntax for type interval",
+        'url = "http://127.0.0.1:9/"\nmax_age = "soon"': "[subscriptions.bad]: invalid value for max_age: invalid "
+        "input syntax for type interval: \"soon\"; give a PostgreSQL interval such as '3 days'",
         'url = "nats://127.0.0.1:4222/o.{nope}"': "[subscriptions.bad]: pgferry: unknown placeholder {nope} in",
         'url = "http://127.0.0.1:9/"\nfilter = "$.("': "[subscriptions.bad]: pgferry: ",
         'url = "http://127.0.0.1:9/"\nheaders = { "X-A" = "a\\u0001b" }': "[subscriptions.bad]: pgferry: header 'X-A'",
@@ -183,3 +185,67 @@ async def test_apply_sets_broker_credentials_from_the_environment_and_never_show
     path.write_text(BROKERS.replace('user = "NATS_USER"', 'pass = "NATS_USER"'))
     refused = await cli(pgferry_cmd, db_url, "apply", str(path), env=env)
     assert refused.returncode != 0 and "credentials_env.pass: expected one of user" in refused.stderr
+
+
+def _race_file(letter: str) -> str:
+    return "".join(
+        f'[subscriptions.race-{letter}-{n}]\nstreams = ["s"]\nurl = "http://127.0.0.1:9/{letter}/{n}"\n\n'
+        for n in range(1, 11)
+    )
+
+
+async def test_two_applies_at_once_end_as_if_one_ran_after_the_other(
+    pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """Two applies of different files, both from an empty apply state, read the subscriptions
+    before either wrote: both exited 0 and left 10 x and 10 y, a state of neither file, or one said
+    "nothing to change" of the other's file (outside verifier)."""
+    files = {letter: tmp_path / f"{letter}.toml" for letter in "xy"}
+    for letter, path in files.items():
+        path.write_text(_race_file(letter))
+    wanted = {letter: {f"race-{letter}-{n}" for n in range(1, 11)} for letter in "xy"}
+    for _ in range(4):
+        await conn.execute("select ferry.unsubscribe(name) from ferry.subscriptions")
+        done = await asyncio.gather(*(cli(pgferry_cmd, db_url, "apply", str(p)) for p in files.values()))
+        for result in done:
+            assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+            # From an empty state, the first creates its 10 and the second replaces them with its own.
+            assert "applied" in result.stdout and "nothing to change" not in result.stdout, result.stdout
+        names = {r["name"] for r in await conn.fetch("select name from ferry.subscriptions")}
+        assert names in (wanted["x"], wanted["y"]), sorted(names)
+
+
+async def test_apply_refuses_values_of_the_wrong_type_naming_the_subscription_and_the_key(
+    pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """Header values that were not strings were stored as Python's text of them ("True",
+    "{'a': 1}"); a secret_env item that was not a string ended in a traceback; a refused secret
+    did not say which variable held it; max_age "forever" lacked the CLI's hint (outside verifier)."""
+    path = tmp_path / "pgferry.toml"
+    head = '[subscriptions.ok]\nstreams = ["s"]\nurl = "http://127.0.0.1:9/"\n\n[subscriptions.bad]\nstreams = ["s"]\n'
+    head += 'url = "http://127.0.0.1:9/"\n'
+    env = {"S1": new_secret(), "S2": "whsec_tooshort", "NAME": "x"}
+    cases = {
+        'headers = { "X-Num" = 1 }': "[subscriptions.bad]: headers.X-Num must be a string, not the number 1",
+        'headers = { "X-Bool" = true }': "headers.X-Bool must be a string, not the boolean true",
+        'headers = { "X-Tbl" = { a = 1 } }': "[subscriptions.bad]: headers.X-Tbl must be a string, not a table",
+        'headers = { "X-Arr" = ["a", "b"] }': "headers.X-Arr must be a string, not an array",
+        'headers = { "X-Date" = 1979-05-27T07:32:00Z }': "headers.X-Date must be a string, not the date/time 1979",
+        "headers_env = { Authorization = 1 }": "headers_env.Authorization must be a string, the name of an environment",
+        "credentials_env = { user = true }": "credentials_env.user must be a string, the name of an environment",
+        "secret_env = [1]": "[subscriptions.bad]: secret_env[0] must be a string, the name of an environment "
+        "variable, not the number 1",
+        'secret_env = ["S1", ["X"]]': "[subscriptions.bad]: secret_env[1] must be a string, the name of an "
+        "environment variable, not an array",
+        'secret_env = ["S1", "S2"]': "[subscriptions.bad]: secret_env S2: pgferry: signing secret is too short",
+        'secret_env = ["S1", "S3"]': "[subscriptions.bad]: secret_env S3: environment variable S3 is not set",
+        'max_age = "forever"': "Error: [subscriptions.bad]: invalid value for max_age: invalid input syntax for type "
+        "interval: \"forever\"; give a PostgreSQL interval such as '3 days', '36 hours' or '90 minutes'",
+    }
+    for body, says in cases.items():
+        path.write_text(head + body + "\n")
+        for dry in (["--dry-run"], []):
+            result = await cli(pgferry_cmd, db_url, "apply", str(path), *dry, env=env)
+            assert result.returncode == 1 and says in result.stderr, (body, dry, result.stderr)
+            assert "Traceback" not in result.stderr and env["S2"] not in result.stderr, result.stderr
+    assert await conn.fetchval("select count(*) from ferry.subscriptions") == 0

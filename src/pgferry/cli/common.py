@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 import pgferry
-from pgferry import db, sql
+from pgferry import db, errors, sql
 from pgferry.capture.backfill import Progress as BackfillProgress
 from pgferry.delivery.signing import redact_secrets
 from pgferry.errors import PermissionDenied, PgferryError, one_line
@@ -135,9 +135,9 @@ def _role_of(url: str | None) -> str | None:
     return role if re.fullmatch(r"[a-z_][a-z0-9_$]*", role) else '"' + role.replace('"', '""') + '"'
 
 
-#: PostgreSQL's refusals of an interval's text, and what one looks like
-INTERVAL_REFUSALS = ("type interval", "interval field value out of range", "interval out of range")
-INTERVAL_HINT = "give a PostgreSQL interval such as '3 days', '36 hours' or '90 minutes'"
+#: PostgreSQL's refusals of an interval's text, and what one looks like (apply's max_age says the same)
+INTERVAL_REFUSALS = errors.INTERVAL_REFUSALS
+INTERVAL_HINT = errors.INTERVAL_HINT
 
 
 @contextlib.contextmanager

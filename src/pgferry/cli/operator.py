@@ -289,7 +289,8 @@ def apply(database_url: str | None, path: Path, dry_run: bool, prune: bool, as_j
 
     Prints the changes first. Only subscriptions named in the file or created by an
     earlier apply are changed or removed, unless --prune. Secrets come from the
-    environment variables the file names (secret_env, headers_env) and are never printed."""
+    environment variables the file names (secret_env, headers_env) and are never printed.
+    Applies at once run one after the other."""
     url = require_url(database_url)
     try:
         desired = applying.load(path)
@@ -300,9 +301,7 @@ def apply(database_url: str | None, path: Path, dry_run: bool, prune: bool, as_j
         async with pgferry.connect(url, pool_size=1) as f, f.pool.acquire() as conn:
 
             async def once() -> list[applying.Change]:
-                changes = await applying.plan(conn, desired, prune=prune)
-                await applying.execute(conn, changes, dry_run=dry_run)
-                return changes
+                return await applying.run(conn, desired, prune=prune, dry_run=dry_run)
 
             # A relay's statement locks consumer rows in another order: the loser of a deadlock
             # is rolled back whole (the relay's statement tries again too; outside probe).

@@ -11,17 +11,21 @@ Subscriptions an apply created are marked ``managed_by = 'apply'``; when they
 leave the file the next apply removes them. Subscriptions made by hand, with
 SQL or by pg_net's API are never touched unless the file names them (they are
 then adopted) or ``--prune`` is given. The whole change runs in one
-transaction: it applies completely or not at all.
+transaction: it applies completely or not at all. ``run`` plans and carries
+out in that transaction under an advisory lock, so applies at once behave as
+if one ran after the other (each planned against what the one before it
+committed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import date, datetime, time, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +34,13 @@ import orjson
 
 from pgferry import sql
 from pgferry.delivery.destinations import shown_url
-from pgferry.errors import PgferryError, one_line
+from pgferry.errors import INTERVAL_HINT, PgferryError, one_line
+from pgferry.schema import LOCK_CLASS
 
 MANAGED_BY = "apply"
+#: objid of apply's advisory lock, classid schema.LOCK_CLASS (install 1, ticker 2, relay presence 3,
+#: tick 4, WAL capture 5): taken first in an apply's transaction, released at its end.
+APPLY_LOCK = 6
 
 #: settings of ferry.subscribe with their defaults, in display order
 DEFAULTS: dict[str, Any] = {
@@ -71,6 +79,8 @@ class Desired:
     credentials: dict[str, str]
     from_beginning: bool
     settings: dict[str, Any]
+    #: the environment variables ``secrets`` came from, in the same order (to name one refused)
+    secret_vars: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -138,18 +148,31 @@ def _desired(path: Path, name: str, spec: Any, env: Mapping[str, str]) -> Desire
             raise PgferryError(f"{where}: {key} is required")
     if not all(isinstance(s, str) for s in spec["streams"]):
         raise PgferryError(f"{where}: streams must be a list of strings")
-    headers = {str(k): str(v) for k, v in spec.get("headers", {}).items()}
+    # A header's value is sent as it is written: 1, true, a table or a date were sent as Python's
+    # "1", "True", "{'a': 1}" (outside verifier); a variable's name is a string too.
+    for table in ("headers", "headers_env", "credentials_env"):
+        for key, value in spec.get(table, {}).items():
+            if not isinstance(value, str):
+                what = "a string" if table == "headers" else "a string, the name of an environment variable"
+                raise PgferryError(f"{where}: {table}.{key} must be {what}, not {_kind(value)}")
+    headers = dict(spec.get("headers", {}))
     secret_headers = set()
     for header, var in spec.get("headers_env", {}).items():
-        headers[str(header)] = _env(env, str(var), f"{where}: header {header}")
-        secret_headers.add(str(header))
+        headers[header] = _env(env, var, f"{where}: headers_env.{header}")
+        secret_headers.add(header)
     names = spec.get("secret_env", [])
-    secrets = [_env(env, var, f"{where}: secret_env") for var in ([names] if isinstance(names, str) else names)]
+    secret_vars = [names] if isinstance(names, str) else names
+    for index, var in enumerate(secret_vars):
+        if not isinstance(var, str):  # a TypeError in re.fullmatch (outside verifier)
+            raise PgferryError(
+                f"{where}: secret_env[{index}] must be a string, the name of an environment variable, not {_kind(var)}"
+            )
+    secrets = [_env(env, var, f"{where}: secret_env {var}") for var in secret_vars]
     credentials = {}
     for key, var in spec.get("credentials_env", {}).items():
         if key not in CREDENTIALS:
             raise PgferryError(f"{where}: credentials_env.{key}: expected one of {', '.join(CREDENTIALS)}")
-        credentials[key] = _env(env, str(var), f"{where}: credentials_env.{key}")
+        credentials[key] = _env(env, var, f"{where}: credentials_env.{key}")
     settings = {key: spec.get(key, default) for key, default in DEFAULTS.items()}
     return Desired(
         name=name,
@@ -161,7 +184,23 @@ def _desired(path: Path, name: str, spec: Any, env: Mapping[str, str]) -> Desire
         credentials=credentials,
         from_beginning=spec.get("from_beginning", False),
         settings=settings,
+        secret_vars=list(secret_vars),
     )
+
+
+def _kind(value: Any) -> str:
+    """A TOML value's type, as the file's author wrote it."""
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, int | float):
+        return f"the number {value}"
+    if isinstance(value, datetime | date | time):
+        return f"the date/time {value.isoformat()}"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return type(value).__name__
 
 
 def _env(env: Mapping[str, str], var: str, what: str) -> str:
@@ -173,9 +212,33 @@ def _env(env: Mapping[str, str], var: str, what: str) -> str:
     return value
 
 
+async def run(
+    conn: asyncpg.Connection,
+    desired: list[Desired],
+    *,
+    prune: bool = False,
+    dry_run: bool = False,
+) -> list[Change]:
+    """Plan and carry out in one transaction that first takes apply's advisory lock: two applies
+    at once planned before either wrote, and both "succeeded", leaving a state of neither file
+    (outside verifier); now the second waits, then plans against what the first committed.
+    ``dry_run``: roll it all back."""
+    async with _transaction(conn, dry_run):
+        changes = await plan(conn, desired, prune=prune)
+        await _carry_out_all(conn, changes)
+    return changes
+
+
 async def plan(conn: asyncpg.Connection, desired: list[Desired], *, prune: bool = False) -> list[Change]:
+    """What applying ``desired`` changes, read from the database; read-only. Inside ``run``'s
+    transaction it is what will be done; on its own, a preview that another apply may overtake."""
     current = {r["name"]: dict(r) for r in await conn.fetch(sql.query("subscription_settings"))}
     changes: list[Change] = []
+    intervals: dict[str, timedelta] = {}
+    for want in desired:  # every max_age, a new subscription's too: refused naming it, with the hint
+        text = want.settings["max_age"]
+        if text not in intervals:
+            intervals[text] = await _interval(conn, want.name, text)
     for want in desired:
         have = current.get(want.name)
         if have is None:
@@ -217,7 +280,7 @@ async def plan(conn: asyncpg.Connection, desired: list[Desired], *, prune: bool 
             old_value = have[key]
             new_value: Any = value
             if key == "max_age":
-                new_value = await _interval(conn, value)
+                new_value = intervals[value]
                 if old_value != new_value:
                     fields[key] = (_human_interval(old_value), value)
                 continue
@@ -249,17 +312,21 @@ async def plan(conn: asyncpg.Connection, desired: list[Desired], *, prune: bool 
 
 async def execute(conn: asyncpg.Connection, changes: list[Change], *, dry_run: bool = False) -> None:
     """Carry out a plan in one transaction; ``dry_run``: roll it back, so that a dry run refuses
-    what applying would (every check ferry.subscribe makes), not only what the plan checks."""
+    what applying would (every check ferry.subscribe makes), not only what the plan checks.
+    A plan made before this transaction may be stale: ``run`` plans inside it."""
+    async with _transaction(conn, dry_run):
+        await _carry_out_all(conn, changes)
+
+
+@contextlib.asynccontextmanager
+async def _transaction(conn: asyncpg.Connection, dry_run: bool) -> AsyncIterator[None]:
+    """A transaction holding apply's lock, committed at the end unless ``dry_run`` (rolled back then;
+    a dry run takes the lock too, so it is planned against a finished apply, and writes nothing)."""
     transaction = conn.transaction()
     await transaction.start()
     try:
-        for change in changes:
-            try:
-                await _carry_out(conn, change)
-            except asyncpg.PostgresError as exc:
-                if exc.sqlstate[:2] in ("22", "42", "55"):  # the file's values, names, state
-                    raise PgferryError(f"[subscriptions.{change.name}]: {one_line(exc)}") from None
-                raise
+        await conn.execute(sql.query("apply_lock"), LOCK_CLASS, APPLY_LOCK)
+        yield
     except BaseException:
         await transaction.rollback()
         raise
@@ -267,6 +334,16 @@ async def execute(conn: asyncpg.Connection, changes: list[Change], *, dry_run: b
         await transaction.rollback()
     else:
         await transaction.commit()
+
+
+async def _carry_out_all(conn: asyncpg.Connection, changes: list[Change]) -> None:
+    for change in changes:
+        try:
+            await _carry_out(conn, change)
+        except asyncpg.PostgresError as exc:
+            if exc.sqlstate[:2] in ("22", "42", "55"):  # the file's values, names, state
+                raise PgferryError(f"[subscriptions.{change.name}]: {one_line(exc)}") from None
+            raise
 
 
 async def _carry_out(conn: asyncpg.Connection, change: Change) -> None:
@@ -286,6 +363,13 @@ async def _carry_out(conn: asyncpg.Connection, change: Change) -> None:
             s["partitions"],
         )  # fmt: skip
         if change.action == "create" or "secrets" in change.fields:
+            for var, secret in zip(want.secret_vars, want.secrets, strict=True):
+                try:  # ferry.set_subscription_secrets's refusal did not say which variable was wrong
+                    await conn.execute(sql.query("check_secret"), secret)
+                except asyncpg.PostgresError as exc:
+                    if exc.sqlstate != "22023":
+                        raise
+                    raise PgferryError(f"[subscriptions.{want.name}]: secret_env {var}: {one_line(exc)}") from None
             await conn.execute(sql.query("set_secrets"), want.name, want.secrets)
         if "credentials" in change.fields:
             credentials = orjson.dumps(want.credentials).decode()
@@ -297,11 +381,17 @@ def _shown_headers(want: Desired) -> dict[str, str]:
     return {k: ("(from the environment)" if k in want.secret_headers else "(set)") for k in sorted(want.headers)}
 
 
-async def _interval(conn: asyncpg.Connection, text: str) -> timedelta:
+async def _interval(conn: asyncpg.Connection, name: str, text: str) -> timedelta:
+    """``text`` as an interval; refused as the CLI's --max-age is (PostgreSQL's "invalid input syntax
+    for type interval" alone did not say which key, or what it takes: outside verifier)."""
     try:
         return await conn.fetchval(sql.query("normalize_interval"), text)  # type: ignore[no-any-return]
     except asyncpg.PostgresError as exc:
-        raise PgferryError(f"max_age {text!r} is not an interval: {exc}") from exc
+        if exc.sqlstate[:2] != "22":
+            raise
+        raise PgferryError(
+            f"[subscriptions.{name}]: invalid value for max_age: {one_line(exc)}; {INTERVAL_HINT}"
+        ) from None
 
 
 def _human_interval(value: timedelta) -> str:

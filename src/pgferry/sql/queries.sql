@@ -640,6 +640,15 @@ select ferry.set_subscription_credentials($1, $2::text::jsonb)
 -- name: normalize_interval
 select $1::text::interval
 
+-- name: apply_lock
+-- `pgferry apply`'s lock ($1 classid, $2 objid), held to the end of its transaction: applies at once
+-- run one after the other, each planned against what the one before it committed.
+select pg_advisory_xact_lock($1::int, $2::int)
+
+-- name: check_secret
+-- Refuse a signing secret as ferry.set_subscription_secrets would (apply says which variable held it).
+select ferry._check_secret($1)
+
 -- name: recent_failures
 select a.id, a.subscription, a.event_id, a.attempt, a.status, a.error_class, a.error,
        left(a.response, 300) as response, a.latency_ms, a.created_at
