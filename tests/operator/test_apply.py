@@ -249,3 +249,47 @@ async def test_apply_refuses_values_of_the_wrong_type_naming_the_subscription_an
             assert result.returncode == 1 and says in result.stderr, (body, dry, result.stderr)
             assert "Traceback" not in result.stderr and env["S2"] not in result.stderr, result.stderr
     assert await conn.fetchval("select count(*) from ferry.subscriptions") == 0
+
+
+async def test_removals_say_what_goes_with_them_and_need_yes_when_retries_or_dead_letters_do(
+    pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """Any file, /dev/null too, removed every subscription apply made, with its parked retries and
+    dead letters, saying only "- remove NAME" (outside verifier)."""
+    path = tmp_path / "pgferry.toml"
+    path.write_text(_race_file("x"))
+    assert (await cli(pgferry_cmd, db_url, "apply", str(path))).returncode == 0
+    columns = "subscription, event_id, stream, payload, event_created_at, attempts"
+    await conn.execute(
+        f"insert into ferry.retries ({columns}, next_attempt_at) "
+        "values ('race-x-1', 1, 's', '{}', now(), 1, now()), ('race-x-1', 2, 's', '{}', now(), 1, now())"
+    )
+    await conn.execute(
+        f"insert into ferry.dead_letters ({columns}, first_failed_at) "
+        "values ('race-x-2', 3, 's', '{}', now(), 1, now())"
+    )
+    path.write_text("")
+    losses = "10 subscription(s) with their cursors, 2 parked retry(ies) and 1 dead letter(s)"
+
+    dry = await cli(pgferry_cmd, db_url, "apply", str(path), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert ("- remove race-x-1 (created by apply, no longer in the file; its 2 parked retry(ies) and 0 dead "
+            "letter(s) are deleted with it)") in dry.stdout  # fmt: skip
+    assert "- remove race-x-3 (created by apply, no longer in the file)\n" in dry.stdout
+    assert dry.stdout.endswith(f"dry run: 10 change(s) not applied; it would remove {losses}\n"), dry.stdout
+    plan = orjson.loads((await cli(pgferry_cmd, db_url, "apply", str(path), "--dry-run", "--json")).stdout)
+    counts = {c["name"]: (c["parked_retries"], c["dead_letters"]) for c in plan["changes"]}
+    assert counts["race-x-1"] == (2, 0) and counts["race-x-2"] == (0, 1) and counts["race-x-3"] == (0, 0)
+
+    for extra in ([], ["--json"]):  # not in a terminal: nothing to ask, so refused without --yes
+        refused = await cli(pgferry_cmd, db_url, "apply", str(path), *extra)
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+        assert refused.stderr == f"Error: the apply would remove {losses}: nothing changed; give --yes to apply it\n"
+        assert await conn.fetchval("select count(*) from ferry.subscriptions") == 10
+        assert ("- remove race-x-2" in refused.stdout) == (not extra), refused.stdout  # the plan, then the refusal
+
+    applied = await cli(pgferry_cmd, db_url, "apply", str(path), "--yes")
+    assert applied.returncode == 0, applied.stderr
+    assert applied.stdout.endswith(f"applied 10 change(s); removed {losses}\n"), applied.stdout
+    assert await conn.fetchval("select count(*) from ferry.subscriptions") == 0
+    assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0

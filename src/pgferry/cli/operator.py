@@ -283,43 +283,70 @@ def replay(database_url: str | None, subscription: str, since: str | None, from_
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path), default="pgferry.toml")
 @click.option("--dry-run", is_flag=True, help="Only print what would change.")
 @click.option("--prune", is_flag=True, help="Also remove subscriptions not in the file that apply did not create.")
+@click.option("--yes", is_flag=True,
+              help="Remove subscriptions whose parked retries or dead letters go with them without asking "
+                   "(asked in a terminal; refused without --yes elsewhere).")  # fmt: skip
 @json_option
-def apply(database_url: str | None, path: Path, dry_run: bool, prune: bool, as_json: bool) -> None:
+def apply(database_url: str | None, path: Path, dry_run: bool, prune: bool, yes: bool, as_json: bool) -> None:
     """Make the webhook subscriptions match PATH (default pgferry.toml): create, update, remove.
 
-    Prints the changes first. Only subscriptions named in the file or created by an
-    earlier apply are changed or removed, unless --prune. Secrets come from the
-    environment variables the file names (secret_env, headers_env) and are never printed.
-    Applies at once run one after the other."""
+    Prints the changes, and what removals delete with them. Only subscriptions named
+    in the file or created by an earlier apply are changed or removed, unless --prune.
+    A removal that deletes parked retries or dead letters needs --yes (or a yes at the
+    prompt in a terminal). Secrets come from the environment variables the file names
+    (secret_env, headers_env) and are never printed. Applies at once run one after
+    the other."""
     url = require_url(database_url)
     try:
         desired = applying.load(path)
     except PgferryError as exc:
         raise click.ClickException(str(exc)) from exc
 
-    async def go() -> list[applying.Change]:
+    async def go(allow: bool | set[str]) -> tuple[list[applying.Change], bool]:
+        """The plan, and whether it was carried out (False: refused for its removals; nothing done)."""
         async with pgferry.connect(url, pool_size=1) as f, f.pool.acquire() as conn:
 
-            async def once() -> list[applying.Change]:
-                return await applying.run(conn, desired, prune=prune, dry_run=dry_run)
+            async def once() -> tuple[list[applying.Change], bool]:
+                try:
+                    return await applying.run(conn, desired, prune=prune, dry_run=dry_run, allow_losses=allow), True
+                except applying.RemovalsNotAllowed as exc:
+                    return exc.changes, False
 
             # A relay's statement locks consumer rows in another order: the loser of a deadlock
             # is rolled back whole (the relay's statement tries again too; outside probe).
             return await db.again_if_rolled_back(once, "apply")
 
-    changes = run_coroutine(go(), url=url)
+    changes, done = run_coroutine(go(yes or dry_run), url=url)
+    shown: list[dict[str, Any]] = []
+    if not done:
+        summary = applying.removal_summary(changes)
+        if as_json or not sys.stdin.isatty():
+            if not as_json:
+                _print_plan(changes)
+            raise click.ClickException(f"the apply would remove {summary}: nothing changed; give --yes to apply it")
+        _print_plan(changes)
+        if not click.confirm(f"remove {summary}?", default=False):
+            raise click.Abort()
+        shown = [c.as_dict() for c in changes]
+        confirmed = {c.name for c in changes if c.action == "remove"}
+        changes, done = run_coroutine(go(confirmed), url=url)
+        if not done:  # another apply or subscription changed it in the meantime
+            raise click.ClickException("the plan changed while you were asked (another apply?); nothing changed")
     for change in changes:
         for stream in change.unwritten:
             click.echo(f"warning: {change.name}: {inspect.unwritten_warning(stream)}", err=True)
     if as_json:
         print_json({"dry_run": dry_run, "changes": [c.as_dict() for c in changes]})
         return
-    _print_plan(changes)
+    if [c.as_dict() for c in changes] != shown:  # not the plan printed before the question
+        _print_plan(changes)
     acted = [c for c in changes if c.action not in ("unchanged",)]
+    summary = applying.removal_summary(changes)
     if dry_run:
-        click.echo(f"dry run: {len(acted)} change(s) not applied")
+        click.echo(f"dry run: {len(acted)} change(s) not applied" + (f"; it would remove {summary}" if summary else ""))
     else:
-        click.echo(f"applied {len(acted)} change(s)" if acted else "nothing to change")
+        done_text = f"applied {len(acted)} change(s)" if acted else "nothing to change"
+        click.echo(done_text + (f"; removed {summary}" if summary else ""))
 
 
 def _relays_table(rows: list[dict[str, Any]]) -> None:

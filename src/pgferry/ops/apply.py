@@ -14,7 +14,9 @@ then adopted) or ``--prune`` is given. The whole change runs in one
 transaction: it applies completely or not at all. ``run`` plans and carries
 out in that transaction under an advisory lock, so applies at once behave as
 if one ran after the other (each planned against what the one before it
-committed).
+committed). Removing a subscription deletes its cursor, parked retries and
+dead letters: the plan says how many (``removal_summary``), and ``run`` can be
+told to refuse such removals unless allowed (the CLI's ``--yes``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import contextlib
 import os
 import re
 import tomllib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 from pathlib import Path
@@ -92,6 +94,9 @@ class Change:
     reason: str = ""
     #: streams of the file's subscription that nothing has written yet (a typo?); applied all the same
     unwritten: list[str] = field(default_factory=list)
+    #: what a removal deletes with the subscription (and its cursor): parked retries, dead letters
+    parked: int = 0
+    dead: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -100,7 +105,29 @@ class Change:
             "changes": {k: {"from": old, "to": new} for k, (old, new) in self.fields.items()},
             "reason": self.reason,
             "unwritten_streams": self.unwritten,
+            "parked_retries": self.parked,
+            "dead_letters": self.dead,
         }
+
+
+class RemovalsNotAllowed(PgferryError):
+    """``run`` was not allowed to remove subscriptions holding parked retries or dead letters:
+    nothing was changed. ``changes`` is the plan it refused."""
+
+    def __init__(self, changes: list[Change]) -> None:
+        self.changes = changes
+        super().__init__(f"the apply would remove {removal_summary(changes)}; nothing was changed")
+
+
+def removal_summary(changes: list[Change]) -> str:
+    """What the plan's removals delete, to follow a verb ("remove ..."): "2 subscription(s) with their
+    cursors, 3 parked retry(ies) and 5 dead letter(s)"; "" when it removes none."""
+    removed = [c for c in changes if c.action == "remove"]
+    if not removed:
+        return ""
+    parked = sum(c.parked for c in removed)
+    dead = sum(c.dead for c in removed)
+    return f"{len(removed)} subscription(s) with their cursors, {parked} parked retry(ies) and {dead} dead letter(s)"
 
 
 def load(path: Path, env: Mapping[str, str] | None = None) -> list[Desired]:
@@ -218,13 +245,20 @@ async def run(
     *,
     prune: bool = False,
     dry_run: bool = False,
+    allow_losses: bool | Collection[str] = True,
 ) -> list[Change]:
     """Plan and carry out in one transaction that first takes apply's advisory lock: two applies
     at once planned before either wrote, and both "succeeded", leaving a state of neither file
     (outside verifier); now the second waits, then plans against what the first committed.
-    ``dry_run``: roll it all back."""
+    ``dry_run``: roll it all back. ``allow_losses``: True, or the names of the subscriptions whose
+    removal may delete parked retries or dead letters; another such removal raises
+    RemovalsNotAllowed (nothing changed). A dry run is never refused."""
     async with _transaction(conn, dry_run):
         changes = await plan(conn, desired, prune=prune)
+        if not dry_run and allow_losses is not True:
+            allowed = set() if allow_losses is False else set(allow_losses)
+            if any(c.action == "remove" and (c.parked or c.dead) and c.name not in allowed for c in changes):
+                raise RemovalsNotAllowed(changes)
         await _carry_out_all(conn, changes)
     return changes
 
@@ -302,6 +336,15 @@ async def plan(conn: asyncpg.Connection, desired: list[Desired], *, prune: bool 
             changes.append(Change("remove", name, reason="not in the file (--prune)"))
         else:
             changes.append(Change("unchanged", name, reason="not managed by apply; left alone (see --prune)"))
+    removed = {c.name: c for c in changes if c.action == "remove"}
+    if removed:
+        for row in await conn.fetch(sql.query("subscription_losses"), list(removed)):
+            change = removed[row["name"]]
+            change.parked, change.dead = row["parked"], row["dead"]
+            if change.parked or change.dead:
+                change.reason += (
+                    f"; its {change.parked} parked retry(ies) and {change.dead} dead letter(s) are deleted with it"
+                )
     wanted = sorted({stream for want in desired for stream in want.streams})
     unknown = set(await conn.fetchval(sql.query("unknown_streams"), wanted)) if wanted else set()
     for change in changes:

@@ -649,6 +649,13 @@ select pg_advisory_xact_lock($1::int, $2::int)
 -- Refuse a signing secret as ferry.set_subscription_secrets would (apply says which variable held it).
 select ferry._check_secret($1)
 
+-- name: subscription_losses
+-- What removing each subscription named in $1 deletes with it: parked retries and dead letters.
+select n.name,
+       (select count(*) from ferry.retries r where r.subscription = n.name) as parked,
+       (select count(*) from ferry.dead_letters d where d.subscription = n.name) as dead
+from unnest($1::text[]) as n (name)
+
 -- name: recent_failures
 select a.id, a.subscription, a.event_id, a.attempt, a.status, a.error_class, a.error,
        left(a.response, 300) as response, a.latency_ms, a.created_at
