@@ -65,6 +65,35 @@ async def test_subscription_add_on_an_existing_one_changes_only_what_it_is_given
     assert dict(await conn.fetchrow(settings)) == {**before, "partitions": 4, "filter": None, "max_attempts": 5}
 
 
+async def test_subscription_add_turns_ordering_off_and_clears_headers_of_an_existing_one(
+    pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection
+) -> None:
+    """Settings not given are kept, so nothing could switch ordering off (--no-ordered: "No such
+    option") or remove the headers (--header '': "'' is not NAME=VALUE"; outside verifier)."""
+    add = ("subscription", "add", "hook", "--url", "http://127.0.0.1:9/x", "--stream", "s")
+    settings = "select ordered, headers, batch_size from ferry.subscriptions"
+    made = await cli(pgferry_cmd, db_url, *add, "--ordered", "--header", "X-A=1", "--header", "X-B=2",
+                     "--batch-size", "5")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert tuple(await conn.fetchrow(settings)) == (True, {"X-A": "1", "X-B": "2"}, 5)
+    off = await cli(pgferry_cmd, db_url, *add, "--no-ordered")
+    assert off.returncode == 0, off.stderr
+    assert tuple(await conn.fetchrow(settings)) == (False, {"X-A": "1", "X-B": "2"}, 5)
+    cleared = await cli(pgferry_cmd, db_url, *add, "--clear-headers")
+    assert cleared.returncode == 0, cleared.stderr
+    assert tuple(await conn.fetchrow(settings)) == (False, {}, 5)
+    on = await cli(pgferry_cmd, db_url, *add, "--ordered")
+    assert on.returncode == 0, on.stderr
+    assert tuple(await conn.fetchrow(settings)) == (True, {}, 5)
+    both = await cli(pgferry_cmd, db_url, *add, "--clear-headers", "--header", "X-A=1")
+    assert both.returncode == 2 and "--clear-headers and --header" in both.stderr, both.stderr
+    empty = await cli(pgferry_cmd, db_url, *add, "--header", "")
+    assert empty.returncode == 2 and "--clear-headers removes every header" in empty.stderr, empty.stderr
+    assert tuple(await conn.fetchrow(settings)) == (True, {}, 5)
+    shown = await cli(pgferry_cmd, db_url, "subscription", "add", "--help")
+    assert "--ordered / --no-ordered" in shown.stdout and "--clear-headers" in shown.stdout
+
+
 async def test_cli_errors_are_clear(pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection) -> None:
     bad = await cli(pgferry_cmd, db_url, "subscription", "add", "x", "--url", "gopher://h.invalid/", "--stream", "s")
     assert bad.returncode == 1 and "unsupported URL scheme 'gopher'" in bad.stderr

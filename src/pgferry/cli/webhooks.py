@@ -54,14 +54,23 @@ KEPT_SETTINGS = ("batch_size", "max_in_flight", "ordered", "timeout_ms", "max_at
 )
 @click.option("--max-in-flight", default=32, show_default=True, type=click.IntRange(1, 1000),
               help="Requests in flight at once.")  # fmt: skip
-@click.option("--ordered", is_flag=True, help="Keep per-key order (later events of a key wait behind a failed one).")
+@click.option("--ordered/--no-ordered", default=False,
+              help="Keep per-key order (later events of a key wait behind a failed one), or not; an existing "
+                   "subscription keeps its setting unless one is given.")  # fmt: skip
 @click.option(
     "--secret",
     envvar="PGFERRY_WEBHOOK_SECRET",
     help="Signing secret (whsec_...), or - to read it from stdin (keeps it out of `ps` and shell history); "
     "or set PGFERRY_WEBHOOK_SECRET. See `pgferry subscription secret`.",
 )
-@click.option("--header", "headers", multiple=True, metavar="NAME=VALUE", help="Extra header (repeatable).")
+@click.option(
+    "--header",
+    "headers",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Extra header (repeatable); on an existing subscription the headers given replace all of its own.",
+)
+@click.option("--clear-headers", is_flag=True, help="Remove every extra header of an existing subscription.")
 @click.option("--timeout-ms", default=10000, show_default=True, type=INT4)
 @click.option("--max-attempts", default=12, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--max-age", default="3 days", show_default=True, help="Give up (dead letter) after this long.")
@@ -78,14 +87,20 @@ KEPT_SETTINGS = ("batch_size", "max_in_flight", "ordered", "timeout_ms", "max_at
               help="Spread the events over N partitions by key hash, each delivered by its own worker on any "
                    "relay process (per-key order holds); changing it on a live subscription is safe.")  # fmt: skip
 def add(database_url: str | None, name: str, url: str, streams: tuple[str, ...], headers: tuple[str, ...],
-        from_beginning: bool, **options: Any) -> None:  # fmt: skip
+        clear_headers: bool, from_beginning: bool, **options: Any) -> None:  # fmt: skip
     """Create or update subscription NAME. On an existing one, settings not given keep their
-    values (--header: all of them, given or kept; --filter '': none)."""
+    values (--header: all of them, given or kept; --clear-headers: none; --no-ordered turns
+    ordering off; --filter '': no filter)."""
+    if clear_headers and headers:
+        raise click.UsageError("give --clear-headers and --header apart: --header already replaces every header")
     header_map = {}
     for item in headers:
         key, sep, value = item.partition("=")
         if not sep:
-            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--header")
+            raise click.BadParameter(
+                f"{item!r} is not NAME=VALUE" + ("; --clear-headers removes every header" if not item.strip() else ""),
+                param_hint="--header",
+            )
         header_map[key.strip()] = value.strip()
     if options.get("secret") == "-":
         options["secret"] = sys.stdin.readline().strip()
@@ -98,7 +113,7 @@ def add(database_url: str | None, name: str, url: str, streams: tuple[str, ...],
             if context.get_parameter_source(option) is ParameterSource.DEFAULT:
                 options[option] = current[option]
         options["connect_timeout_ms"] = current["connect_timeout_ms"]  # no option of its own: set by SQL or apply
-        if not headers:
+        if not headers and not clear_headers:
             header_map = dict(current["headers"] or {})
     if options.get("filter") == "":
         options["filter"] = None
