@@ -94,6 +94,28 @@ async def test_subscription_add_turns_ordering_off_and_clears_headers_of_an_exis
     assert "--ordered / --no-ordered" in shown.stdout and "--clear-headers" in shown.stdout
 
 
+async def test_resume_says_what_it_did_of_a_subscription_that_was_not_stalled(
+    pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection
+) -> None:
+    """`resume --from retained` of an active subscription said "resumed from the oldest retained
+    event", though nothing moved: only a stalled one reads from there (outside verifier)."""
+    await conn.execute("select ferry.subscribe('hook', array['s'], 'http://127.0.0.1:9/x')")
+    resume = ("subscription", "resume", "hook")
+    active = await cli(pgferry_cmd, db_url, *resume, "--from", "retained")
+    assert active.returncode == 0, active.stderr
+    assert active.stdout == ("subscription hook was active and not stalled: nothing changed (--from retained moves "
+                             "only a stalled subscription's cursor)\n")  # fmt: skip
+    assert (await cli(pgferry_cmd, db_url, *resume)).stdout == "subscription hook was active already: nothing changed\n"
+    await conn.execute("select ferry.pause_subscription('hook')")
+    paused = await cli(pgferry_cmd, db_url, *resume, "--from", "retained")
+    assert paused.stdout == ("subscription hook resumed from where it was paused (it was not stalled: --from "
+                             "retained moved nothing)\n")  # fmt: skip
+    assert await conn.fetchval("select state from ferry.subscriptions") == "active"
+    now = await cli(pgferry_cmd, db_url, *resume, "--from", "now")
+    assert now.stdout.startswith("subscription hook was active; it reads on from now: events it had not read were "
+                                 "skipped")  # fmt: skip
+
+
 async def test_cli_errors_are_clear(pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection) -> None:
     bad = await cli(pgferry_cmd, db_url, "subscription", "add", "x", "--url", "gopher://h.invalid/", "--stream", "s")
     assert bad.returncode == 1 and "unsupported URL scheme 'gopher'" in bad.stderr
@@ -133,6 +155,8 @@ async def test_cli_errors_are_clear(pgferry_cmd: list[str], db_url: str, conn: a
         (("capture", "nosch.items"), "--stream", "s", 1, 'Error: schema "nosch" does not exist'),  # a traceback
         (("dlq", "replay", "x"), "--id", "99999", 1,  # "0 dead letter(s) queued", exit 0
          "Error: 0 of the 1 dead letter(s) asked for queued: the others are not dead letters of 'x'"),
+        (("dlq", "discard", "x"), "--id", "99999", 1,  # "0 dead letter(s) discarded", exit 0
+         "Error: 0 of the 1 dead letter(s) asked for discarded: the others are not dead letters of 'x'"),
     ]:  # fmt: skip
         result = await cli(pgferry_cmd, db_url, *command, option, value)
         assert result.returncode == code and says in result.stderr and "Traceback" not in result.stderr, result.stderr

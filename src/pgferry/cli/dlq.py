@@ -84,6 +84,11 @@ def dlq_discard(database_url: str | None, subscription: str, ids: tuple[int, ...
     n = with_ferry(
         database_url, lambda f: _known(f, subscription, lambda: f.discard_dead_letters(subscription, ids or None))
     )
+    if ids and n < len(set(ids)):  # "0 dead letter(s) discarded", exit 0, hid a mistyped id (outside verifier)
+        raise click.ClickException(
+            f"{n} of the {len(set(ids))} dead letter(s) asked for discarded: the others are not dead letters of "
+            f"{subscription!r} (see `pgferry dlq list --subscription {subscription}`)"
+        )
     click.echo(f"{n} dead letter(s) discarded")
 
 

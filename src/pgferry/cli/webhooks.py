@@ -10,6 +10,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+import pgferry
 from pgferry.cli.common import (
     INTERVAL_HINT,
     INTERVAL_REFUSALS,
@@ -166,10 +167,40 @@ def pause(database_url: str | None, name: str) -> None:
                    "oldest) or 'now' (the retained backlog skipped and recorded as a gap; `pgferry replay` can "
                    "still send it). Required for a stalled subscription.")  # fmt: skip
 def resume(database_url: str | None, name: str, from_position: str | None) -> None:
-    """Resume subscription NAME (paused, disabled, or stalled by the retention limit)."""
-    with_ferry(database_url, lambda f: f.resume(name, from_position))
-    where = f" from {'the oldest retained event' if from_position == 'retained' else 'now'}" if from_position else ""
-    click.echo(f"subscription {name} resumed{where}")
+    """Resume subscription NAME (paused, disabled, or stalled by the retention limit).
+
+    --from now on one that is not stalled skips its unread events too (recorded as a gap);
+    --from retained moves only a stalled one."""
+
+    async def go(f: pgferry.Ferry) -> str | None:
+        """The state it was in (None: no such subscription; resume says so)."""
+        before = next((row["state"] for row in await f.subscriptions() if row["name"] == name), None)
+        await f.resume(name, from_position)
+        return before
+
+    click.echo(_resumed(name, with_ferry(database_url, go), from_position))
+
+
+def _resumed(name: str, before: str | None, from_position: str | None) -> str:
+    """What `subscription resume` did: "resumed from the oldest retained event" of one that was not
+    stalled, which moved nothing, misled (outside verifier)."""
+    stalled, active = before == "stalled", before == "active"
+    if from_position == "now":
+        what = "the retained backlog was" if stalled else "events it had not read were"
+        done = "was active; it reads on" if active else "resumed"
+        replay = "(`pgferry replay` can still send them)"
+        return f"subscription {name} {done} from now: {what} skipped, recorded as a gap {replay}"
+    if from_position == "retained" and not stalled:
+        if active:
+            return (
+                f"subscription {name} was active and not stalled: nothing changed (--from retained moves only a "
+                "stalled subscription's cursor)"
+            )
+        moved = "it was not stalled: --from retained moved nothing"
+        return f"subscription {name} resumed from where it was {before} ({moved})"
+    if from_position == "retained":
+        return f"subscription {name} resumed from the oldest retained event"
+    return f"subscription {name} was active already: nothing changed" if active else f"subscription {name} resumed"
 
 
 @subscription.command("remove")
