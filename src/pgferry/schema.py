@@ -20,7 +20,8 @@ from pgferry.errors import PgferryError, SchemaMissing, one_line
 
 log = logging.getLogger(__name__)
 
-#: classid of pgferry's own advisory locks ("pf"): install 1, ticker 2, relay presence 3, tick 4.
+#: classid of pgferry's own advisory locks ("pf"): install 1, ticker 2, relay presence 3, tick 4,
+#: WAL capture 5 (relay.leader), apply 6 (ops.apply).
 LOCK_CLASS = 0x7066
 #: classid of consumer ownership locks ("pg"), objid hashtext(consumer name): kept apart
 #: so that no consumer name can hash onto one of the fixed locks above.
