@@ -55,13 +55,17 @@ async def test_only_the_ticker_notifies(conn: asyncpg.Connection) -> None:
     """No writer path may NOTIFY (it takes a lock every committing writer would queue on): only
     the tick (ferry._tick_snapshot, under ferry.tick() and the single ticker's ferry._tick_fenced)
     does, ferry._ensure_wal_slot, once, when an operator's capture_table or reset_wal_slot
-    creates WAL capture's slot, and ferry._skip_to when retention (housekeeping) or an operator's
-    resume from now skips events of a consumer (its relay stops sending them)."""
+    creates WAL capture's slot, ferry._skip_to when retention (housekeeping) or an operator's
+    resume from now skips events of a consumer (its relay stops sending them), and
+    ferry._set_subscription_state when an operator pauses a subscription or its endpoint's 410
+    disables it (its relay stops its workers at once)."""
     notifying = await conn.fetch(
         """select p.proname from pg_proc p join pg_namespace n on n.oid = p.pronamespace
            where n.nspname = 'ferry' and p.prosrc ilike '%notify%' order by p.proname"""
     )
-    assert [r["proname"] for r in notifying] == ["_ensure_wal_slot", "_skip_to", "_tick_snapshot"]
+    assert [r["proname"] for r in notifying] == [
+        "_ensure_wal_slot", "_set_subscription_state", "_skip_to", "_tick_snapshot"
+    ]  # fmt: skip
 
 
 async def test_suite_runs_on_uvloop_like_the_relay() -> None:
