@@ -14,8 +14,10 @@ from typing import Any
 
 import asyncpg
 import orjson
+import pytest
 
 import pgferry
+from pgferry.delivery.steps import Step, Stepper
 from pgferry.receiver import Receiver, Respond
 from tests.helpers import RunningRelay, eventually, owns, received, webhook_steps
 
@@ -198,3 +200,41 @@ async def _cursors_at_the_end(conn: asyncpg.Connection) -> bool:
         last,
     )
     return bool(behind == 0)
+
+
+async def test_an_error_taking_a_statement_s_answer_fails_its_steps_instead_of_hanging_every_worker(
+    db_url: str, ferry: pgferry.Ferry, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Outside probe: under a memory limit, an error after the statement returned (a MemoryError
+    building a 62 MB event's batch) left every step of it unanswered: every worker of the relay
+    waited for good, in silence, and status looked healthy. The steps fail now; their workers
+    start over (a fault injected once in reading an answer; the rest is the real relay)."""
+    receiver = Receiver(lambda _: Respond())
+    url = await receiver.start(path="")
+    for name in ("a", "b"):
+        await ferry.subscribe(name, ["s"], f"{url}/{name}")
+    statement = Stepper._statement
+    failed: list[bool] = []
+
+    class Unreadable(list[asyncpg.Record]):  # an answer that cannot be read (once)
+        def __iter__(self) -> Any:
+            failed.append(True)
+            raise MemoryError
+
+    async def answer_once_unreadable(self: Stepper, batch: list[Step], *args: Any) -> list[asyncpg.Record]:
+        rows = await statement(self, batch, *args)
+        if rows and not failed and any(step.peek for step in batch):
+            return Unreadable(rows)
+        return rows
+
+    monkeypatch.setattr(Stepper, "_statement", answer_once_unreadable)
+    for n in range(10):
+        await ferry.publish("s", {"n": n})
+    relay = RunningRelay(db_url)
+    try:
+        await eventually(lambda: received(receiver, 20), timeout=30, what="every event at both endpoints")
+    finally:
+        await relay.stop()
+        await receiver.stop()
+    assert failed  # the fault happened
+    assert "could not take the answer of steps" in caplog.text

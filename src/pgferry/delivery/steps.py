@@ -30,6 +30,7 @@ relay claimed it, its tick is gone) fails only that worker's call, with
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,8 @@ import asyncpg
 
 from pgferry import db, sql
 from pgferry.delivery.budget import ReadBudget
+
+log = logging.getLogger(__name__)
 
 #: Steps per statement at most (a statement's arrays grow with it).
 MAX_STEPS = 1000
@@ -135,24 +138,37 @@ class Stepper:
     async def _drain(self) -> None:
         try:
             await asyncio.sleep(0)  # let the steps asked for in this turn of the loop join
-            while self._queue:
-                self._joined.clear()
-                batch, bound, reserved = self._take()
-                if batch:
-                    await self._send(batch, bound, reserved)
-                elif self._queue:  # only reads, and no room for any: until bytes are given back or a step joins
-                    assert self.budget is not None and self.max_bytes is not None
-                    whole = all(s.whole for s in self._queue if s.peek)
-                    need = min(self.max_bytes, self.budget.total) if whole else self.budget.least(self.max_bytes)
-                    given_back = self.budget.waiter(need)
-                    joined: asyncio.Future[Any] = asyncio.ensure_future(self._joined.wait())
-                    try:
-                        await asyncio.wait([given_back, joined], return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        given_back.cancel()
-                        joined.cancel()
+            await self._drain_queue()
+        except Exception as exc:
+            # Never end with steps waiting: every worker of the relay waits on this runner, and an
+            # error here (a MemoryError building a 62 MB event's batch) left them all waiting, in
+            # silence, while status looked healthy (outside probe). Each fails and starts over.
+            log.exception("delivery: the shared step runner failed; failing the %d step(s) waiting on it",
+                          len(self._queue))  # fmt: skip
+            queued, self._queue = self._queue, []
+            for step in queued:
+                if not step.result.done():
+                    step.result.set_exception(exc)
         finally:
             self._running -= 1
+
+    async def _drain_queue(self) -> None:
+        while self._queue:
+            self._joined.clear()
+            batch, bound, reserved = self._take()
+            if batch:
+                await self._send(batch, bound, reserved)
+            elif self._queue:  # only reads, and no room for any: until bytes are given back or a step joins
+                assert self.budget is not None and self.max_bytes is not None
+                whole = all(s.whole for s in self._queue if s.peek)
+                need = min(self.max_bytes, self.budget.total) if whole else self.budget.least(self.max_bytes)
+                given_back = self.budget.waiter(need)
+                joined: asyncio.Future[Any] = asyncio.ensure_future(self._joined.wait())
+                try:
+                    await asyncio.wait([given_back, joined], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    given_back.cancel()
+                    joined.cancel()
 
     def _take(self) -> tuple[list[Step], int | None, int]:
         """The next statement's steps, its reads' byte bound, and the bytes reserved for them;
@@ -183,18 +199,36 @@ class Stepper:
         return batch, bound if chosen else self.max_bytes, bound * len(chosen)
 
     async def _send(self, batch: list[Step], max_bytes: int | None, reserved: int = 0) -> None:
-        attempts = attempt_runs(batch)
         try:
-            rows = await self._statement(batch, attempts, max_bytes)
+            rows = await self._statement(batch, attempt_runs(batch), max_bytes)
         except BaseException as exc:
-            if self.budget is not None:
-                self.budget.settle(reserved, 0)
-            for s in batch:
-                if not s.result.done():
-                    s.result.set_exception(exc if isinstance(exc, Exception) else asyncio.CancelledError())
+            self._fail(batch, exc, reserved)
             if not isinstance(exc, Exception):
                 raise
             return
+        try:
+            results, answered = self._sort(batch, rows)
+        except Exception as exc:  # its steps fail, not hang (_drain); the budget's bytes go back
+            log.exception("delivery: could not take the answer of steps of %d subscription(s)", len(batch))
+            self._fail(batch, exc, reserved)
+            return
+        if self.budget is not None:
+            reads = [i for i in answered if batch[i].peek]
+            for i, held in zip(reads, self.budget.settle_rows(reserved, [results[i] for i in reads]), strict=True):
+                batch[i].held = held
+        for i in answered:
+            batch[i].result.set_result(results[i])
+
+    def _fail(self, batch: list[Step], exc: BaseException, reserved: int) -> None:
+        if self.budget is not None and reserved:
+            self.budget.settle(reserved, 0)
+        for s in batch:
+            if not s.result.done():
+                self._give_back(s)
+                s.result.set_exception(exc if isinstance(exc, Exception) else asyncio.CancelledError())
+
+    def _sort(self, batch: list[Step], rows: list[asyncpg.Record]) -> tuple[list[list[asyncpg.Record]], list[int]]:
+        """Each step's rows, and the steps answered (those refused get their StepRefused now)."""
         self.statements += 1
         self.steps += len(batch)
         results: list[list[asyncpg.Record]] = [[] for _ in batch]
@@ -214,12 +248,7 @@ class Stepper:
                 s.result.set_exception(StepRefused(s.subscription, refused[i]))
                 continue
             answered.append(i)
-        if self.budget is not None:
-            reads = [i for i in answered if batch[i].peek]
-            for i, held in zip(reads, self.budget.settle_rows(reserved, [results[i] for i in reads]), strict=True):
-                batch[i].held = held
-        for i in answered:
-            batch[i].result.set_result(results[i])
+        return results, answered
 
     async def _statement(self, batch: list[Step], attempts: AttemptRuns, max_bytes: int | None) -> list[asyncpg.Record]:
         """``ferry.webhook_steps`` for ``batch``; again when rolled back as a deadlock's victim or a
