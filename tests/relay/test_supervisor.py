@@ -201,6 +201,31 @@ async def test_a_killed_process_is_restarted_and_the_set_dies_with_a_killed_supe
     await eventually(orphans_gone, timeout=5, what="the children of the SIGKILLed supervisor to die")
 
 
+async def test_sighup_is_ignored_and_a_child_stopped_cleanly_is_restarted_without_counting_a_crash(
+    pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection, supervised: list[Supervised]
+) -> None:
+    """Outside probe: SIGHUP ended the supervisor at once (exit 129, nothing logged, nothing released),
+    and a child stopped by SIGTERM (exit 0) counted as a crash towards the give-up."""
+    s = Supervised(pgferry_cmd, db_url, "--processes", "2")
+    supervised.append(s)
+
+    async def both() -> bool:
+        return len(await children(conn, s.proc.pid)) == 2
+
+    await eventually(both, timeout=30, what="both relay processes")
+    s.proc.send_signal(signal.SIGHUP)
+    victim = next(iter(await children(conn, s.proc.pid)))
+    os.kill(victim, signal.SIGTERM)
+
+    async def restarted() -> bool:
+        return len([pid for pid in await children(conn, s.proc.pid) if pid != victim and alive(pid)]) == 2
+
+    await eventually(restarted, timeout=30, what="the stopped process to be started again")
+    assert s.proc.poll() is None, s.lines[-5:]
+    assert s.logged("SIGHUP received: pgferry has nothing to reload; ignored") == 1, s.lines
+    assert s.logged("stopped cleanly after") == 1 and s.logged("crash") == 0, s.lines
+
+
 async def test_a_process_crashing_in_a_loop_makes_the_supervisor_give_up(db_url: str) -> None:
     crash = [sys.executable, "-c", "import sys; sys.stdin.buffer.read(1); sys.exit(3)"]
     supervisor = Supervisor(

@@ -77,6 +77,12 @@ def _stop_on_signals(stop: asyncio.Event, again: Callable[[], None] | None = Non
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, request_stop, sig.name)
+    # SIGHUP's default ended the supervisor at once (exit 129, nothing logged, nothing released;
+    # its children then exited on their own): a closed terminal or an ExecReload= took the whole
+    # relay set down hard (outside probe). There is nothing to reload: it is noted and ignored.
+    loop.add_signal_handler(
+        signal.SIGHUP, lambda: log.info("SIGHUP received: pgferry has nothing to reload; ignored (SIGTERM stops it)")
+    )
 
 
 @click.command()

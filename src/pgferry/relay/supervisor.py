@@ -272,8 +272,19 @@ class Supervisor:
             self.counts.running -= 1
             slot.metrics_url = None
             ran = time.monotonic() - slot.started
-            slot.crashes = 1 if ran >= self.settings.healthy_after else slot.crashes + 1
             how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited ({code})"
+            if code == 0:
+                # A clean stop (an operator's SIGTERM or SIGINT to that child alone) is no crash: it
+                # counted towards the crash-loop give-up (outside probe). It is restarted, at once.
+                log.info("supervisor: relay process %d (pid %d) stopped cleanly after %.1f s; starting it again",
+                         slot.number, slot.proc.pid, ran)  # fmt: skip
+                slot.crashes = 0
+                if ran < self.settings.healthy_after:  # not in a tight loop
+                    await wait_for_event(stop, self.settings.restart_base)
+                if not stop.is_set():
+                    self.counts.restarts += 1
+                continue
+            slot.crashes = 1 if ran >= self.settings.healthy_after else slot.crashes + 1
             if slot.crashes >= self.settings.give_up_after:
                 message = (
                     f"supervisor: relay process {slot.number} crashed {slot.crashes} times in a row, each within "
