@@ -120,6 +120,20 @@ class EmbeddedPostgres:
         self.stop(mode)
         self.start()
 
+    def make_standby(self, *, port: int | None = None) -> EmbeddedPostgres:
+        """A streaming standby of this running cluster (``pg_basebackup -R``), with the same
+        settings, not started yet; ``promote()`` makes it a primary."""
+        standby = EmbeddedPostgres(port=port, settings=self.settings)
+        self._run(
+            "pg_basebackup", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
+            "-D", str(standby.data_dir), "-R", "-X", "stream", "--checkpoint=fast", "--no-sync",
+        )  # fmt: skip
+        return standby
+
+    def promote(self) -> None:
+        """Promote this standby (waits until it accepts writes)."""
+        self._run("pg_ctl", "-D", str(self.data_dir), "-w", "-t", "60", "promote")
+
     def destroy(self) -> None:
         self.stop("immediate")
         shutil.rmtree(self.base_dir, ignore_errors=True)
