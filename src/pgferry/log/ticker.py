@@ -26,6 +26,7 @@ import asyncpg
 
 from pgferry import sql
 from pgferry.aio import wait_for_event
+from pgferry.log.timeline import check_timeline
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,8 @@ class Ticker:
         while not stop.is_set():
             now = time.monotonic()
             if now >= next_maintenance:
+                # Before the first tick: a promoted or restored database moves its ids on first.
+                await check_timeline(self.conn)
                 await self.maintain()
                 next_maintenance = now + s.maintain_every
             if now >= next_report:

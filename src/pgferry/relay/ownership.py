@@ -41,6 +41,7 @@ from pgferry.delivery.model import Subscription
 from pgferry.delivery.watch import LogWatch
 from pgferry.delivery.worker import SubscriptionWorker
 from pgferry.log.reader import MOVED_CHANNEL, TICK_CHANNEL
+from pgferry.log.timeline import check_timeline
 from pgferry.schema import CONSUMER_LOCK_CLASS, LOCK_CLASS, PRESENCE_LOCK
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,7 @@ class Ownership:
                 continue
             try:
                 failures = 0
+                await self._refresh_instance(conn)
                 await conn.fetchval(sql.query("announce_presence"), LOCK_CLASS, PRESENCE_LOCK)
                 await conn.add_listener(TICK_CHANNEL, self._on_tick)
                 await conn.add_listener(MOVED_CHANNEL, self._on_moved)
@@ -167,6 +169,19 @@ class Ownership:
                 if not conn.is_closed():
                     conn.terminate()
         await self._abandon_all()
+
+    async def _refresh_instance(self, conn: asyncpg.Connection) -> None:
+        """Before any worker starts on this connection: a database promoted or restored since the
+        last one moves its ids on and renames the install (log/timeline.py), and the workers made
+        from here on put the name it has now in the brokers' duplicate checks. (Every worker
+        stopped with the last connection, so none keeps the old name.)"""
+        await check_timeline(conn)
+        config = await conn.fetchrow(sql.query("relay_config"))
+        if config is not None and config["instance"] != self.ctx.instance:
+            if self.ctx.instance:
+                log.info("delivery: this install's name in the brokers' duplicate checks is now %s (was %s)",
+                         config["instance"], self.ctx.instance)  # fmt: skip
+            self.ctx.instance = config["instance"]
 
     async def _pause(self, stop: asyncio.Event) -> None:
         """Waits claim_interval between rounds, or until a hand-over is done: its lock goes back at once."""

@@ -90,6 +90,11 @@ from ferry._tick_fenced(force => false, fence => $1::text::pg_snapshot, fence_ls
 -- name: housekeeping
 select ferry.housekeeping()
 
+-- name: after_promotion
+-- A new WAL timeline (a promotion, a restore): ids receivers may hold from the lost history are
+-- skipped and the instance renamed (migration 0039); a row when that was done now, else none.
+select * from ferry.after_promotion()
+
 -- name: publish
 select ferry.publish($1, $2::text::jsonb, $3, $4::text::jsonb)
 
