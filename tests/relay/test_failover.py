@@ -82,6 +82,10 @@ async def test_a_promoted_standby_hands_out_no_id_the_lost_primary_delivered(
             await _caught_up(conn, replica)
             instance = await conn.fetchval("select instance from ferry.config")
             assert await replica.fetchval("select instance from ferry.config") == instance
+            # On a standby nothing can move: nothing is done, and an operator's force is refused.
+            assert await replica.fetch("select * from ferry.after_promotion()") == []
+            with pytest.raises(asyncpg.ReadOnlySQLTransactionError, match="promote it first"):
+                await replica.fetch("select * from ferry.after_promotion(force => true)")
         finally:
             await replica.close()
         # The standby stops receiving: what follows is committed and delivered on the primary only.

@@ -7,9 +7,12 @@ tests/relay/test_failover.py promotes a real standby."""
 from __future__ import annotations
 
 import asyncpg
+import pytest
 
 from pgferry import db
 from pgferry.schema import install
+from pgferry.streams.offsets import Offset
+from pgferry.streams.reader import OffsetAhead, read_range, start
 from tests.sql.releases import NEWEST, install_release
 
 STEP = 1 << 32
@@ -118,3 +121,21 @@ async def test_an_upgrade_records_the_timeline_without_moving_any_id(empty_db_ur
         assert await conn.fetch("select * from ferry.after_promotion()") == []
     finally:
         await conn.close()
+
+
+async def test_a_stream_offset_of_the_lost_history_reads_every_new_event(conn: asyncpg.Connection) -> None:
+    """A reader resuming from an offset the lost history gave it (a tick and an id this server never
+    had): refused as ahead before, read on from after the jump."""
+    await _publish(conn, 3)
+    newest = await conn.fetchval("select ferry.tick(true)")
+    lost = Offset(newest + 5, await conn.fetchval("select last_value from ferry.event_id_seq") + 40)
+    with pytest.raises(OffsetAhead):
+        await start(conn, "s", lost)
+    await conn.execute("update ferry.config set timeline = timeline + 1")
+    await conn.execute("select * from ferry.after_promotion()")
+    new = await _publish(conn, 3)
+    await conn.fetchval("select ferry.tick()")
+    position = await start(conn, "s", lost)
+    assert position is not None
+    read = await read_range(conn, "s", position, 1000)
+    assert read is not None and [e.id for e in read[0]] == new
