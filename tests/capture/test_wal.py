@@ -1362,3 +1362,45 @@ async def _capture_error(conn: asyncpg.Connection) -> str:
 
     await eventually(failing, what="the error recorded")
     return str(await conn.fetchval("select error from ferry.wal_slot"))
+
+
+async def test_condition_changed_columns_and_generated_columns_use_each_columns_collation_as_triggers_do(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, wal: Running
+) -> None:
+    """Decoded rows were typed without their columns' collations: a condition, changed_columns and
+    a generated column were evaluated under the database's default, and WAL capture lost events
+    triggers wrote and wrote some they did not (outside probe)."""
+    await conn.execute("create collation ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)")
+    for t, method in (("by_trigger", "trigger"), ("by_wal", "wal")):
+        await conn.execute(
+            f'create table {t} (id int primary key, name text collate "de-x-icu", email text collate ci, '
+            f'city text collate "tr-x-icu", low text generated always as (lower(city)) stored)'
+        )
+        await conn.execute(f"insert into {t} values (6, 'z', 'Bob@X.com', 'x')")
+        await ferry.capture_table(t, stream=t, method=method, condition="name < 'b' or email = 'bob@x.com'")
+        await ferry.register_consumer(t, [t])
+        await conn.execute(f"create table {t}_c (id int primary key, email text collate ci)")
+        await conn.execute(f"insert into {t}_c values (1, 'Bob@X.com')")
+        await ferry.capture_table(f"{t}_c", stream=f"{t}_c", method=method, changed_columns=["email"])
+        await ferry.register_consumer(f"{t}_c", [f"{t}_c"])
+    for t in ("by_trigger", "by_wal"):
+        await conn.execute(
+            f"insert into {t} (id, name, email, city) values (1, 'B', 'x', 'ISTANBUL'), (2, 'a', 'x', 'x'), "
+            f"(3, 'ä', 'x', 'x'), (4, 'Z', 'x', 'x'), (5, 'z', 'Bob@X.COM', 'x')"
+        )
+        await conn.execute(f"update {t}_c set email = 'bob@x.com'")
+    await wal.caught_up(conn)
+
+    def shape(events: list[pgferry.Event]) -> list[tuple[object, ...]]:
+        return [(e.key, e.payload["type"], e.payload["record"], e.payload["old_record"]) for e in events]
+
+    by_trigger = shape(await read_all(ferry, conn, "by_trigger"))
+    assert [k for k, *_ in by_trigger] == ["2", "3", "5"]
+    assert shape(await read_all(ferry, conn, "by_wal")) == by_trigger
+    assert await read_all(ferry, conn, "by_trigger_c") == []
+    assert await read_all(ferry, conn, "by_wal_c") == []
+    await conn.execute("insert into by_trigger (id, name, city) values (7, 'a', 'ISTANBUL')")
+    await conn.execute("insert into by_wal (id, name, city) values (7, 'a', 'ISTANBUL')")
+    await wal.caught_up(conn)
+    assert [e.payload["record"]["low"] for e in await read_all(ferry, conn, "by_wal")] == ["ıstanbul"]
+    assert [e.payload["record"]["low"] for e in await read_all(ferry, conn, "by_trigger")] == ["ıstanbul"]

@@ -12,9 +12,14 @@
 -- so null), or a constraint added NOT VALID. Failing the append holds WAL
 -- capture of every table (outside probe); to_jsonb writes a domain's value
 -- as its base type's, so the record is the same.
+-- Each column keeps its collation (COLLATE, when it is not its type's):
+-- without it the condition, changed_columns and generated columns were
+-- evaluated under the database's default, where triggers use the column's
+-- ("name < 'b'" under de-x-icu, a case-insensitive email, lower() under
+-- tr-x-icu), and WAL capture lost events and wrote others (outside probe).
 --
 -- Calls:   -
--- Reads:   pg_attribute, pg_type
+-- Reads:   pg_attribute, pg_collation, pg_namespace, pg_type
 -- Writes:  -
 -- Raises:  -
 -- Runs as: the caller (SECURITY INVOKER)
@@ -22,7 +27,13 @@
 
 create or replace function ferry._column_definitions(tbl oid) returns text
 language sql stable as $$
-    select string_agg(format('%I %s', a.attname, format_type(b.typid, b.typmod)), ', ' order by a.attnum)
+    select string_agg(format('%I %s', a.attname, format_type(b.typid, b.typmod))
+                      || coalesce(' collate ' || (select format('%I.%I', cn.nspname, co.collname)
+                                                  from pg_collation co join pg_namespace cn on cn.oid = co.collnamespace
+                                                  where co.oid = a.attcollation
+                                                    and a.attcollation <> (select bt.typcollation from pg_type bt
+                                                                           where bt.oid = b.typid)), ''),
+                      ', ' order by a.attnum)
     from pg_attribute a
     join pg_type t on t.oid = a.atttypid
     left join pg_type e on e.oid = t.typelem and t.typcategory = 'A' and e.typtype = 'd'  -- an array of a domain
