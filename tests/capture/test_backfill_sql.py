@@ -368,3 +368,22 @@ async def test_keys_of_any_type_are_walked_chunk_after_chunk(
     got = [e.payload["record"]["v"] for e in await read_all(ferry, conn, "c")]
     expected = [r["v"] for r in await conn.fetch("select v from t order by k")]
     assert got == expected
+
+
+async def test_a_primary_keys_include_columns_are_not_part_of_the_key(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """pg_index.indkey lists INCLUDE columns after the key's: events and READs were keyed [id, v],
+    and every update of v looked like a key change (outside probe)."""
+    await conn.execute("create table t (id int, v int, s text, primary key (id) include (v))")
+    await conn.execute("insert into t values (1, 1, 'x'), (2, 1, 'y')")
+    await conn.execute("select ferry.capture_table('t')")
+    assert await conn.fetchval("select key_columns from ferry.captures where uncaptured_at is null") == ["id"]
+    await ferry.register_consumer("c")
+    await conn.execute("update t set v = v + 1 where id = 1")
+    backfill = await conn.fetchval("select ferry.backfill('t', chunk_size => 1)")
+    assert await _run(conn, backfill) == "done"
+    assert [(e.key, e.payload["type"]) for e in await read_all(ferry, conn, "c")] == [
+        ("1", "UPDATE"), ("1", "READ"), ("2", "READ"),
+    ]  # fmt: skip
+    assert await conn.fetchval("select last_key from ferry.backfills") == {"id": "2"}

@@ -1404,3 +1404,20 @@ async def test_condition_changed_columns_and_generated_columns_use_each_columns_
     await wal.caught_up(conn)
     assert [e.payload["record"]["low"] for e in await read_all(ferry, conn, "by_wal")] == ["ıstanbul"]
     assert [e.payload["record"]["low"] for e in await read_all(ferry, conn, "by_trigger")] == ["ıstanbul"]
+
+
+async def test_a_replica_identity_index_holding_the_key_only_as_an_include_column_is_refused_and_named(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """An INCLUDE column is not in the WAL's old key: `unique (code) include (id)` was taken for an
+    identity holding id, and every DELETE reached readers with a null key (outside probe)."""
+    await conn.execute("create table t (id int primary key, code text not null, s text)")
+    await conn.execute("create unique index t_code on t (code) include (id)")
+    await conn.execute("alter table t replica identity using index t_code")
+    with pytest.raises(pgferry.PgferryError, match=r"USING INDEX t_code, which holds not all of its key columns"):
+        await ferry.capture_table("t", method="wal")
+    await conn.execute("alter table t replica identity full")
+    await ferry.capture_table("t", method="wal")
+    await conn.execute("alter table t replica identity using index t_code")
+    found = await conn.fetch("select tbl::text, problem from ferry._wal_identity_problems()")
+    assert [r["tbl"] for r in found] == ["t"] and "holds not all of its key columns (id)" in found[0]["problem"]

@@ -351,8 +351,40 @@ async def test_an_upgrade_regenerates_the_trigger_captures_an_earlier_pgferry_ge
             ({"id": 1, "n": 2}, {"id": 1, "n": 1}),
         ]
         assert await install_at(empty_db_url) == []  # and once only: the next install regenerates nothing
-        marks = await conn.fetchval("select count(*) from pg_description where description like '%(generator 2)'")
+        marks = await conn.fetchval(
+            "select count(*) from pg_description "
+            "where description like '%(generator ' || ferry._capture_generator() || ')'"
+        )
         assert marks == 6  # two tables, three operations each
+    finally:
+        await conn.close()
+
+
+async def test_an_upgrade_keys_a_capture_by_its_primary_key_without_its_include_columns(empty_db_url: str) -> None:
+    """Captures made before 0040 were keyed by a primary key's INCLUDE columns too; the upgrade
+    corrects their key_columns, regenerates their trigger code with it, and a paused backfill goes
+    on where it stood."""
+    conn = await db.connect(empty_db_url)
+    try:
+        await install_release(conn, NEWEST)
+        for t in ("t", "w"):
+            await conn.execute(f"create table {t} (id int, v int, primary key (id) include (v))")
+            await conn.execute(f"insert into {t} values (1, 1), (2, 2)")
+        await conn.execute("select ferry.capture_table('w', method => 'wal')")
+        await conn.execute("select ferry.capture_table('t')")
+        backfill = await conn.fetchval("select ferry.backfill('t', chunk_size => 1)")
+        await conn.fetch("select ferry.backfill_chunk($1)", backfill)
+        await conn.execute("select ferry.backfill_pause($1)", backfill)
+        assert await conn.fetchval("select count(*) from ferry.captures where key_columns = '{id,v}'") == 2
+        await install_at(empty_db_url)
+        assert await conn.fetchval("select array_agg(distinct key_columns::text) from ferry.captures") == ["{id}"]
+        await conn.execute("update t set v = 5 where id = 1")
+        assert await conn.fetchval("select key from ferry.events where op = 'U'") == "1"
+        await conn.execute("select ferry.backfill_resume($1)", backfill)
+        while (await conn.fetchrow("select * from ferry.backfill_chunk($1)", backfill))["state"] == "running":
+            pass
+        reads = await conn.fetch("select key, state from ferry.events e, ferry.backfills where op = 'R' order by e.id")
+        assert [(r["key"], r["state"]) for r in reads] == [("[1, 1]", "done"), ("2", "done")]
     finally:
         await conn.close()
 
@@ -407,7 +439,10 @@ async def test_writers_of_captured_tables_go_on_while_an_upgrade_regenerates_the
         stop.set()
         await asyncio.gather(*tasks)
         assert failures == []
-        marks = await conn.fetchval("select count(*) from pg_description where description like '%(generator 2)'")
+        marks = await conn.fetchval(
+            "select count(*) from pg_description "
+            "where description like '%(generator ' || ferry._capture_generator() || ')'"
+        )
         assert marks == 9
     finally:
         stop.set()

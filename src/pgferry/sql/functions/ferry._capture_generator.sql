@@ -7,7 +7,9 @@
 -- (ferry._regenerate_trigger_capture), which otherwise kept the code they were
 -- made with (a table with a column named r captured before 2026-12-01 went
 -- on writing that column's value as the whole record after an upgrade;
--- outside probe).
+-- outside probe). 3: a primary key's INCLUDE columns left out of the
+-- default key (migration 0040 corrects the key_columns of captures made
+-- before, and their code is generated again with them).
 --
 -- Calls:   -
 -- Reads:   -
@@ -17,4 +19,4 @@
 -- Callers: PUBLIC (the default)
 
 create or replace function ferry._capture_generator() returns integer
-language sql immutable as $$ select 2 $$;
+language sql immutable as $$ select 3 $$;

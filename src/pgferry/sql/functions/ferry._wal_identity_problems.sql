@@ -56,7 +56,7 @@ language sql stable as $$
                    when 'd' then (select i.indexrelid from pg_index i where i.indrelid = p.part and i.indisprimary)
                end as index,
                array(select a.attname::text from pg_index i join pg_attribute a on a.attrelid = p.part
-                                                             and a.attnum = any (i.indkey)
+                                                             and a.attnum = any (i.indkey[0:i.indnkeyatts - 1])
                      where i.indrelid = p.part
                        and ((k.relreplident = 'i' and i.indisreplident) or (k.relreplident = 'd' and i.indisprimary)))
                    as index_columns,

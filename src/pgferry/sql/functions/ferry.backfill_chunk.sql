@@ -102,7 +102,7 @@ begin
         select array_agg(a.attname::text order by k.ord), array_agg(format_type(a.atttypid, a.atttypmod) order by k.ord)
           into v_names, v_types
         from pg_index i
-        cross join lateral unnest(i.indkey) with ordinality as k(attnum, ord)
+        cross join lateral unnest(i.indkey[0:i.indnkeyatts - 1]) with ordinality as k(attnum, ord)
         join pg_attribute a on a.attrelid = i.indrelid and a.attnum = k.attnum
         where i.indrelid = b.relid and i.indisprimary;
         -- The key's values in their text form, which their type reads back exactly: as JSON, an

@@ -192,7 +192,7 @@ begin
     if key_columns is null then
         select array_agg(a.attname::text order by k.ord) into v_keys
         from pg_index i
-        cross join lateral unnest(i.indkey) with ordinality as k(attnum, ord)
+        cross join lateral unnest(i.indkey[0:i.indnkeyatts - 1]) with ordinality as k(attnum, ord)
         join pg_attribute a on a.attrelid = i.indrelid and a.attnum = k.attnum
         where i.indrelid = tbl and i.indisprimary;
         if v_keys is null then
@@ -290,7 +290,7 @@ begin
         where c.relreplident = 'i'
           and exists (select 1 from unnest(v_keys) k
                       where k not in (select a.attname from pg_attribute a
-                                      where a.attrelid = t and a.attnum = any(i.indkey)))
+                                      where a.attrelid = t and a.attnum = any (i.indkey[0:i.indnkeyatts - 1])))
         limit 1;
         if v_part is not null then
             raise exception 'pgferry: % has REPLICA IDENTITY USING INDEX %, which holds not all of its key columns (%): '
