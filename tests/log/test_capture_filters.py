@@ -507,3 +507,28 @@ async def test_bad_options_are_refused_when_capture_table_is_called_naming_the_p
     assert await conn.fetchval("select count(*) from pg_trigger where tgrelid = 'orders'::regclass") == 0
     assert await conn.fetchval("select count(*) from pg_class where relname like '_capture_condition%'") == 0
     assert await conn.fetchval("select count(*) from orders") == 1
+
+
+async def test_changed_columns_whose_array_or_composite_values_cannot_be_compared_are_refused(
+    conn: asyncpg.Connection,
+) -> None:
+    """An array's or a composite's `=` plans, then finds its elements' equality on values: json[]
+    was accepted and every UPDATE of the table failed (outside probe)."""
+    await conn.execute("create type holder as (n int, j json)")
+    await conn.execute("create type fine as (n int, s varchar, r int4range)")
+    await conn.execute("create type mood as enum ('ok', 'bad')")
+    await conn.execute("create domain jsons as json[]")
+    await conn.execute(
+        "create table t (id int primary key, a json[], b xml[], c point[], d holder, e jsons, f box[], "
+        "g text[], h jsonb[], i fine[], k mood[], l int4range[], m varchar(5)[], n box)"
+    )
+    await conn.execute("insert into t (id) values (1)")
+    for column, inner in (("a", "json"), ("b", "xml"), ("c", "point"), ("d", "json"), ("e", "json"), ("f", "box")):
+        with pytest.raises(
+            asyncpg.PostgresError, match=rf"^pgferry: changed_columns cannot be compared: {column} "
+        ) as err:
+            await conn.execute(f"select ferry.capture_table('t', changed_columns => array['{column}'])")
+        assert f"and {inner} has no equality" in err.value.message and err.value.hint
+    await conn.execute("select ferry.capture_table('t', changed_columns => array['g', 'h', 'i', 'k', 'l', 'm', 'n'])")
+    await conn.execute("update t set g = '{x}', h = '{1}', i = array[(1, 'a', '[1,2)')::fine], k = '{ok}'")
+    assert await conn.fetchval("select count(*) from ferry.events") == 1

@@ -18,7 +18,8 @@
 -- keep / leave out. The key is computed from the whole row, so key columns
 -- may be left out of the record and events still carry their key.
 -- changed_columns (needs update among operations): an UPDATE is captured
--- only when one of these columns IS DISTINCT FROM before; old and new rows
+-- only when one of these columns IS DISTINCT FROM before (its type's `=`:
+-- refused when that cannot compare its values, ferry._incomparable_type); old and new rows
 -- are paired by position, so an UPDATE that changes the primary key is
 -- compared row for row like any other (name the key columns here too to
 -- capture key changes). With condition as well, both must hold.
@@ -53,7 +54,7 @@
 -- switch keeps each row's events in commit order.
 --
 -- Calls:   ferry._capture_condition, ferry._capture_function, ferry._capture_generator, ferry._capture_note,
---          ferry._check_columns, ferry._check_stream,
+--          ferry._check_columns, ferry._check_stream, ferry._incomparable_type,
 --          ferry._current_partition, ferry._ensure_wal_slot, ferry._key_expression, ferry._record_expression,
 --          ferry._lock_for_capture, ferry._wait_for_wal_capture, ferry.uncapture_table
 -- Reads:   ferry.wal_slot, pg_partition_tree
@@ -251,6 +252,19 @@ begin
             raise exception 'pgferry: changed_columns cannot be compared: %', v_message using errcode = v_state,
                 hint = 'Name columns whose type has an equality operator (cast json to jsonb, for example).';
         end;
+        -- An array's or a composite's `=` plans, and fails on values: on the first UPDATE (outside probe).
+        select format('%I is %s, and %s has no equality PostgreSQL can compare it with inside an array or a composite',
+                      a.attname, format_type(a.atttypid, a.atttypmod), x.t)
+        into v_message
+        from unnest(changed_columns) c
+        join pg_attribute a on a.attrelid = tbl and a.attname = c
+        cross join lateral (select ferry._incomparable_type(a.atttypid) as t) x
+        where x.t is not null
+        limit 1;
+        if v_message is not null then
+            raise exception 'pgferry: changed_columns cannot be compared: %', v_message using errcode = '42883',
+                hint = 'Leave that column out of changed_columns (or change its type: jsonb[] for json[], for example).';
+        end if;
     end if;
     v_cond := ferry._capture_condition(tbl, condition);
 
