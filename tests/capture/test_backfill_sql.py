@@ -339,6 +339,7 @@ async def test_the_estimate_of_rows_exists_for_a_table_never_analyzed_and_bounds
     estimate = await conn.fetchval("select rows_estimate from ferry.backfills where id = $1", backfill)
     assert 25_000 <= estimate <= 100_000, estimate
     await conn.execute("analyze t")
+    await conn.execute("select ferry.backfill_cancel($1)", backfill)  # one at a time per table and target
     # The planner guesses 250 rows for id % 2 = 0 (25,000 match): the whole table bounds it instead.
     even = await conn.fetchval("select ferry.backfill('t', condition => 'id % 2 = 0')")
     assert 45_000 <= await conn.fetchval("select rows_estimate from ferry.backfills where id = $1", even) <= 55_000
@@ -387,3 +388,21 @@ async def test_a_primary_keys_include_columns_are_not_part_of_the_key(
         ("1", "UPDATE"), ("1", "READ"), ("2", "READ"),
     ]  # fmt: skip
     assert await conn.fetchval("select last_key from ferry.backfills") == {"id": "2"}
+
+
+async def test_a_second_backfill_of_a_table_for_the_same_readers_is_refused_while_one_runs_or_is_paused(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """Both were accepted and every row reached the same readers twice (outside probe)."""
+    await conn.execute("create table t (id int primary key)")
+    await conn.execute("select ferry.capture_table('t')")
+    await ferry.register_consumer("c", ["public.t"])
+    first = await conn.fetchval("select ferry.backfill('t')")
+    for_c = await conn.fetchval("select ferry.backfill('t', consumer => 'c')")  # another target: fine
+    await conn.execute("select ferry.backfill_pause($1)", first)
+    for target, running, who in (("null", first, "every reader"), ("'c'", for_c, "'c'")):
+        with pytest.raises(asyncpg.PostgresError, match=f"backfill {running} of t for {who} is") as err:
+            await conn.execute(f"select ferry.backfill('t', consumer => {target})")
+        assert f"--resume {running}" in (err.value.hint or "") and f"--cancel {running}" in (err.value.hint or "")
+    await conn.execute("select ferry.backfill_cancel($1)", first)
+    await conn.fetchval("select ferry.backfill('t')")
