@@ -125,7 +125,9 @@ begin
     -- no total) and for a partitioned one. Of the whole table, conditions or not: an upper
     -- bound. The planner's guess for a condition can be far too low (a tenth of the rows of
     -- `id % 2 = 0`), and a bar at 100% for most of the run says less than one that ends early.
-    execute format('explain (format json) select 1 from %s', tbl) into v_plan;
+    execute format('explain (format json) select 1 from %s%s', case when (select c.relkind from pg_class c
+                                                                        where c.oid = tbl) = 'r' then 'only ' end, tbl)
+        into v_plan;
     insert into ferry.backfills (capture, relid, schema_name, table_name, target, condition, chunk_size, rows_estimate)
     values (v_capture.id, tbl, v_capture.schema_name, v_capture.table_name, v_target, v_condition,
             backfill.chunk_size, round((v_plan -> 0 -> 'Plan' ->> 'Plan Rows')::numeric)::bigint)

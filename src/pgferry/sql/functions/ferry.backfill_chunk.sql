@@ -37,6 +37,8 @@
 -- split over two streams, whole in neither). And one with a condition runs only as the role that wrote it: the
 -- condition is SQL, and run by another role (an operator resuming it) it
 -- would run with that role's rights.
+-- A table with inheritance children is read ONLY: its own rows (the
+-- children's are theirs, backfilled with them; docs/backfills.md).
 --
 -- Calls:   ferry._backfill_key_literal, ferry._current_partition, ferry._key_expression, ferry._record_expression
 -- Reads:   ferry.backfills, ferry.captures, pg_index, pg_attribute, the backfilled table
@@ -62,6 +64,7 @@ declare
     v_object  text;   -- 'a', r.a::text, 'b', r.b::text: the primary key as a JSON object
     v_names   text[]; -- the primary key's columns
     v_types   text[]; -- and their types
+    v_from    text;
     v_shape   text[]; -- both: '"name" type', in the key's order (backfills.last_key_columns)
     v_where   text;
     v_upper   jsonb;
@@ -160,13 +163,18 @@ begin
         -- and only for rows its condition keeps.
         v_key := ferry._key_expression(v_capture.id, 'r');
         v_record := ferry._record_expression(v_capture.id, 'r');
+        -- The table's own rows, not its inheritance children's: they are the children's, keyed in
+        -- their own key (they collided with the parent's: two READs keyed 1; outside probe), and
+        -- backfilled with the children. A partitioned table's rows are its partitions'.
+        v_from := case when (select c.relkind from pg_class c where c.oid = b.relid) = 'r'
+                       then 'only ' else '' end || b.relid::regclass::text;
         if v_capture.condition is not null then
             v_where := v_where || format(' and (%s)', v_capture.condition);
         end if;
 
         -- 1. The chunk's last key, as the snapshot of this statement orders them (no lock).
         execute format('select jsonb_build_object(%s) from %s r where %s order by %s offset %s limit 1',
-                       v_object, b.relid::regclass, v_where, v_cols, b.chunk_size - 1)
+                       v_object, v_from, v_where, v_cols, b.chunk_size - 1)
             into v_upper;
         -- 2. Its rows, share-locked as they are read, as READ events. The txid is taken before the
         -- partition pointer is read, as rotation requires (it is this transaction's: the row lock above).
@@ -176,7 +184,7 @@ begin
             'insert into ferry.events_%s (part, txid, stream, capture, key, payload, op, target) '
             'select %s, %L::xid8, %L, %s, %s, %s, ''R'', %L from %s r where %s%s order by %s for share of r',
             v_part, v_part, v_txid, v_capture.stream, v_capture.id, v_key, v_record, b.target,
-            b.relid::regclass, v_where,
+            v_from, v_where,
             case when v_upper is null then ''
                  else format(' and (%s) <= (%s)', v_cols, ferry._backfill_key_literal(v_upper, v_names, v_types)) end,
             v_cols);

@@ -23,8 +23,10 @@
 -- are paired by position, so an UPDATE that changes the primary key is
 -- compared row for row like any other (name the key columns here too to
 -- capture key changes). With condition as well, both must hold.
--- A partitioned table or a partition captured by trigger: a NOTICE says
--- which writes its triggers do not see (ferry._capture_note).
+-- A partitioned table, a partition or a table in an inheritance tree
+-- captured by trigger: a NOTICE says which writes its triggers do not see
+-- (ferry._capture_note). A condition over columns the record leaves out:
+-- a NOTICE (ferry._condition_outside_record_note).
 -- Refused: ferry's own tables (a capture of ferry.subscriptions would copy
 -- signing secrets into the log), and key_columns that exclude_columns
 -- names (the key would carry what the record leaves out).
@@ -54,7 +56,7 @@
 -- switch keeps each row's events in commit order.
 --
 -- Calls:   ferry._capture_condition, ferry._capture_function, ferry._capture_generator, ferry._capture_note,
---          ferry._check_columns, ferry._check_stream, ferry._incomparable_type,
+--          ferry._check_columns, ferry._check_stream, ferry._condition_outside_record_note, ferry._incomparable_type,
 --          ferry._current_partition, ferry._ensure_wal_slot, ferry._key_expression, ferry._record_expression,
 --          ferry._lock_for_capture, ferry._wait_for_wal_capture, ferry.uncapture_table
 -- Reads:   ferry.wal_slot, pg_partition_tree
@@ -317,6 +319,7 @@ begin
         end if;
         -- Changes from here on in the WAL are this capture's (migration 0022).
         update ferry.captures c set captured_lsn = pg_current_wal_insert_lsn() where c.id = v_capture;
+        perform ferry._condition_outside_record_note(tbl, v_cond, capture_table.columns, capture_table.exclude_columns);
         return v_stream;
     end if;
     -- The generated statements name rows by the aliases r, n and o; a bare alias that is also a
@@ -405,5 +408,6 @@ begin
     if v_message is not null then
         raise notice 'pgferry: %', v_message;
     end if;
+    perform ferry._condition_outside_record_note(tbl, v_cond, capture_table.columns, capture_table.exclude_columns);
     return v_stream;
 end $$;
