@@ -149,7 +149,12 @@ async def test_cancel_and_pause_stop_the_next_chunk_and_resume_goes_on_after_the
         ("ferry.backfill('t', condition => 't.id > 3')", "42P01", "the table is aliased r"),
         ("ferry.backfill('t', condition => 'id > 0) --')", "42601", "not a valid boolean expression"),
         ("ferry.backfill('t', condition => 'id > 0) group by (1')", "42601", "not a valid boolean expression"),
+        ("ferry.backfill('t', condition => 'id > 1) or (true')", "42601", "its parentheses do not balance"),
         ("ferry.backfill('t', condition => '  ')", "22023", "condition is empty"),
+        ("ferry.backfill(null)", "22004", "ferry.backfill needs a table, not NULL"),
+        ("ferry.backfill('v')", "42809", "v is not a table: only tables can be captured, and so backfilled"),
+        ("ferry.backfill('mv')", "42809", "mv is not a table"),
+        ("ferry.backfill('ferry.subscriptions')", "42809", "pgferry's own tables: it cannot be captured, nor"),
         ("ferry.backfill('t', chunk_size => 0)", "22023", "chunk_size must be between 1 and 1000000"),
         ("ferry.backfill('t', subscription => 'nobody')", "42704", "subscription 'nobody' does not exist"),
         ("ferry.backfill('t', consumer => 'nobody')", "42704", "consumer 'nobody' does not exist"),
@@ -162,6 +167,7 @@ async def test_bad_input_is_refused_with_the_problem_named_and_nothing_recorded(
 ) -> None:
     await conn.execute("create table t (id int primary key); create table uncaptured (id int primary key)")
     await conn.execute("create table nopk (sku text)")
+    await conn.execute("create view v as select 1 as id; create materialized view mv as select 1 as id")
     await conn.execute("select ferry.capture_table('t'), ferry.capture_table('nopk', key_columns => array['sku'])")
     await ferry.register_consumer("c")
     await ferry.register_consumer("elsewhere", ["other.stream"])

@@ -43,6 +43,14 @@ begin
         -- The newline ends a trailing -- comment before the closing parenthesis.
         execute format(E'create temporary view %I as select 1 as pgferry_one from %s r where (%s\n)',
                        v_view, tbl, condition);
+        -- And on its own, without the parentheses around it: `id > 1) or (true` parsed inside
+        -- them, as `(id > 1) or true`, and the backfill took every row (outside probe).
+        begin
+            execute format(E'create temporary view %I as select 1 as pgferry_one from %s r where %s\n',
+                           v_view || '_bare', tbl, condition);
+        exception when syntax_error then
+            raise exception 'its parentheses do not balance (it does not parse on its own)' using errcode = '42601';
+        end;
         -- Names schema-qualified, constants in forms every session reads back (DateStyle ISO...):
         -- the condition runs again in whichever session resumes the backfill. (Back with the rollback below.)
         perform ferry._set_portable_output();

@@ -20,7 +20,7 @@
 -- Calls:   ferry._backfill_condition
 -- Reads:   ferry.captures, ferry.consumers, ferry.subscriptions, pg_index, the planner's estimate of tbl's rows
 -- Writes:  ferry.backfills
--- Raises:  22023, 42501 (no SELECT, or no UPDATE on any column: FOR SHARE needs it; rows hidden by row-level security), 42704, 42P10, 55000, and the SQLSTATE of an invalid condition (42601, 42703, 42804, ...)
+-- Raises:  22004 (tbl NULL), 22023, 42501 (no SELECT, or no UPDATE on any column: FOR SHARE needs it; rows hidden by row-level security), 42704, 42809 (a view, a materialized view, a ferry table), 42P10, 55000, and the SQLSTATE of an invalid condition (42601, 42703, 42804, ...)
 -- Runs as: the caller (SECURITY INVOKER): the condition runs with the caller's rights
 -- Callers: PUBLIC (the default); the caller must be able to read tbl
 
@@ -41,6 +41,20 @@ declare
     v_plan    json;
     v_state   text;
 begin
+    if tbl is null then  -- its message was "RAISE statement option cannot be null"
+        raise exception 'pgferry: ferry.backfill needs a table, not NULL' using errcode = '22004',
+            hint = 'select ferry.backfill(''schema.table'');';
+    end if;
+    -- A view, a materialized view, pgferry's own table: never captured, and not because nobody did.
+    if (select c.relkind from pg_class c where c.oid = tbl) not in ('r', 'p') then
+        raise exception 'pgferry: % is not a table: only tables can be captured, and so backfilled', tbl
+            using errcode = '42809', hint = 'Backfill the table(s) it reads from, captured.';
+    end if;
+    if (select n.nspname from pg_class c join pg_namespace n on n.oid = c.relnamespace where c.oid = tbl) = 'ferry' then
+        raise exception 'pgferry: % is one of pgferry''s own tables: it cannot be captured, nor backfilled', tbl
+            using errcode = '42809',
+                  hint = 'Its state is read with pgferry status, trace and dlq; subscriptions, secrets and events never go into the log.';
+    end if;
     select * into v_capture from ferry.captures c where c.relid = tbl and c.uncaptured_at is null;
     if not found then
         raise exception 'pgferry: table % is not captured, so a backfill would have no stream to write to', tbl
