@@ -228,6 +228,9 @@ async def test_a_consumer_that_keeps_up_is_not_warned_of_a_partition_that_just_c
     await read_all(ferry, conn, "keeps_up")
     said = await maintain(conn) + await maintain(conn)
     assert await conn.fetchval("select count(*) from ferry.partitions where state = 'closed'") == 1, said
+    # Not in the call that closed it either (a second outside probe: every caught-up consumer warned
+    # at 80%, then "back under 50%" 5 s later, at every partition close).
+    assert not [m for m in said if m.startswith("warning") or "back under" in m], said
     await conn.execute("update ferry.config set rotation_interval = '1 hour'")
     row = next(r for r in await ferry.retention() if r["consumer"] == "keeps_up")
     assert (row["level"], row["held_bytes"], row["size_pct"]) == ("ok", 0, 0)
@@ -257,3 +260,51 @@ async def test_retention_limits_refuse_bad_input_with_clear_errors(
         await ferry.resume_consumer("nobody", "now")
     with pytest.raises(asyncpg.CheckViolationError, match="max_retention_positive"):
         await conn.execute("update ferry.config set max_retention = '-1 s'")
+
+
+async def test_a_stalled_consumer_is_unmarked_only_under_half_the_limit(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """Outside probe: a consumer that reads nothing, moved by each truncation to the oldest tick left
+    (near the limit while another consumer held the log), was unmarked and stalled again every few
+    seconds, a warning and a flip of pgferry_consumer_stalled each time."""
+    await conn.execute("select ferry.set_retention('1 hour')")
+    await ferry.register_consumer("quiet")
+    await ferry.publish("s", {})
+    await tick(conn)
+    await age_ticks(conn)
+    assert any(m.startswith("stalled: consumer quiet") for m in await maintain(conn))
+    await conn.execute("update ferry.ticks set created_at = now() - interval '40 minutes'")  # 67%
+    said = await maintain(conn)
+    assert not any("quiet is back" in m for m in said) and await level(conn, "quiet") == "stalled", said
+    await conn.execute("update ferry.ticks set created_at = now() - interval '20 minutes'")  # 33%
+    assert "consumer quiet is back within the retention limit before anything was skipped" in await maintain(conn)
+
+
+async def test_closed_partitions_are_truncated_oldest_first_so_a_gap_moves_the_cursor(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection
+) -> None:
+    """Outside probe: a newer closed partition truncated before an older one moved a stalled
+    consumer's cursor to the older one's first tick, about to go: gaps "from tick N to N"."""
+    await fast_rotation(conn)
+    await ferry.register_consumer("live", ["s"])
+    for _ in range(4):  # around the ring of partitions once: the next ones to close are 2, then 0
+        await ferry.publish("s", {})
+        await read_all(ferry, conn, "live")
+        await maintain(conn)
+        await maintain(conn)
+    await ferry.register_consumer("stuck", ["s"])
+    for _ in range(2):
+        await ferry.publish("s", {})
+        await read_all(ferry, conn, "live")
+        await maintain(conn)
+        await maintain(conn)
+    await age_ticks(conn)
+    # Scanned without an order, the older partition's row came after the newer one's once it had
+    # been updated since (a row's new version goes where there is room).
+    oldest = await conn.fetchval("select part from ferry.partitions where state = 'closed' order by closed_at limit 1")
+    await conn.execute("update ferry.partitions set state = state where part = $1", oldest)
+    said = await maintain(conn)
+    assert len([m for m in said if m.endswith("truncated")]) == 2, said
+    gaps = await conn.fetch("select from_tick, to_tick from ferry.gaps where consumer = 'stuck'")
+    assert gaps and all(g["from_tick"] < g["to_tick"] for g in gaps), (gaps, said)

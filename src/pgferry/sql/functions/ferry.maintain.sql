@@ -12,7 +12,7 @@
 -- The limit: a consumer whose cursor is older than config.max_retention, or
 -- that holds back the oldest closed partition while the log is larger than
 -- config.max_retention_bytes, is marked stalled and stops holding truncation
--- back; one that gets back within the limit before anything was skipped is
+-- back; one that gets back under half the limit before anything was skipped is
 -- unmarked. When a partition a stalled consumer had not passed is truncated,
 -- ferry._skip_to records its gap and moves its cursor to the oldest tick
 -- left, in the same transaction.
@@ -89,7 +89,11 @@ begin
                 v_done := v_done || format('consumer %s is back under 50%% of the retention limit', r.consumer);
             end if;
             update ferry.consumers c set retention_level = v_level where c.name = r.consumer and c.retention_level <> v_level;
-        elsif r.time_pct < 100
+        -- Back only under half the limit: a consumer that reads nothing (a stream nobody writes)
+        -- moved by a truncation to the oldest tick left, near the limit while another consumer
+        -- holds the log, was unmarked and stalled again every few seconds, a warning each time
+        -- (outside probe).
+        elsif r.time_pct < 50
               and (cfg.max_retention_bytes is null or r.log_bytes <= cfg.max_retention_bytes or r.held_bytes = 0)
               and not exists (select 1 from ferry.gaps g where g.consumer = r.consumer and g.updated_at >= r.stalled_at
                                 and g.moved_cursor) then
@@ -131,9 +135,13 @@ begin
     if v_min_xmin is null then
         select pg_snapshot_xmin(t.snapshot) into v_min_xmin from ferry.ticks t order by id desc limit 1;
     end if;
+    -- Oldest first: a gap's cursor moves to the oldest tick of the partitions left, and with a
+    -- newer one truncated first that was the older one's, about to go (gaps from tick N to N;
+    -- outside probe).
     for p in select * from ferry.partitions
              where state = 'closed' and closed_xmax <= v_min_xmin
-               and closed_at <= now() - (select rotation_interval from ferry.config) loop
+               and closed_at <= now() - (select rotation_interval from ferry.config)
+             order by closed_at, part loop
         begin
             perform set_config('lock_timeout', '200ms', true);
             select min(p2.open_tick) into v_to from ferry.partitions p2 where p2.state <> 'empty' and p2.part <> p.part;

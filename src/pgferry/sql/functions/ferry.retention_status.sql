@@ -47,7 +47,10 @@ language sql stable as $$
                    as lag_seconds,
                coalesce((select sum(pa.bytes) from parts pa
                          where pa.state = 'closed' and pg_snapshot_xmin(t.snapshot) < pa.closed_xmax
-                           and pa.closed_at <= now() - cfg.rotation_interval), 0)::bigint
+                           and pa.closed_at <= now() - cfg.rotation_interval
+                           -- not one this very transaction closed (ferry.maintain's call): every consumer
+                           -- holds it until its next tick, and each was warned of it (outside probe)
+                           and pa.closed_xmax is distinct from pg_current_xact_id_if_assigned()), 0)::bigint
                    as held_bytes
         from cfg, ferry.consumers c left join ferry.ticks t on t.id = c.tick_id),
     pct as (
