@@ -165,3 +165,18 @@ async def test_a_since_before_year_one_and_an_empty_database_url_are_refused_cle
         run = await cli(pgferry_cmd, db_url, "run", *args, "--exit-after", "1", env=env, timeout=20)
         assert run.returncode == 2 and "is empty: give the database's URL" in run.stderr, (run.stdout, run.stderr)
         assert "throwaway" not in run.stdout
+
+
+async def test_a_silent_relay_is_listed_delivering_nothing(
+    pgferry_cmd: list[str], db_url: str, conn: asyncpg.Connection
+) -> None:
+    """Outside probe: a relay SIGKILLed half an hour before was listed (for up to an hour) as
+    delivering partitions removed since."""
+    await conn.execute(
+        "insert into ferry.relays (id, hostname, pid, heartbeat_at, owned) "
+        "values ('vm:3258:32dbda', 'vm', 3258, now() - interval '29 minutes', '{hot#0/4,hot#1/4}')"
+    )
+    listed = await cli(pgferry_cmd, db_url, "relays", "--json")
+    assert listed.returncode == 0, listed.stderr
+    (relay,) = orjson.loads(listed.stdout)
+    assert (relay["live"], relay["owned"]) == (False, [])
