@@ -974,6 +974,36 @@ async def test_a_replay_inside_the_dedup_window_adds_nothing_and_after_it_append
     await client.aclose()
 
 
+@needs_redis
+async def test_a_subscription_moved_to_another_redis_stream_and_replayed_inside_the_window_stores_there(
+    relay: RunningRelay,
+    conn: asyncpg.Connection,
+    ferry: pgferry.Ferry,
+    redis_server: RedisServer,
+    pgferry_cmd: list[str],
+    db_url: str,
+) -> None:
+    """The marks were the subscription's, whatever the stream: moved from `mv:a` to `mv:b` and
+    replayed inside the window, every event was recorded delivered and `mv:b` got none (outside
+    probe). A mark now holds back only the same event to the same stream key."""
+    await ferry.subscribe("rp", ["s"], f"{redis_server.url}/0?stream=mv:a", batch_size=2)
+    for n in range(3):
+        await ferry.publish("s", {"n": n})
+    client = redis_client(redis_server.port)
+    await eventually(lambda: _equals(client.xlen("mv:a"), 3), what="3 entries in mv:a")
+    moved = await cli(pgferry_cmd, db_url, "subscription", "add", "rp", "--stream", "s", "--url",
+                      f"{redis_server.url}/0?stream=mv:b", "--batch-size", "2")  # fmt: skip
+    assert moved.returncode == 0, moved.stderr
+    await _replay(pgferry_cmd, db_url, conn)  # inside the window (120 s)
+    await eventually(lambda: _equals(client.xlen("mv:b"), 3), what="3 entries in mv:b")
+    assert [f["webhook-id"] for _, f in await client.xrange("mv:b")] == [
+        f["webhook-id"] for _, f in await client.xrange("mv:a")
+    ]
+    await _replay(pgferry_cmd, db_url, conn)  # the same stream again: dropped as duplicates
+    assert await client.xlen("mv:b") == 3 and await client.xlen("mv:a") == 3
+    await client.aclose()
+
+
 async def test_a_jetstream_replay_inside_the_duplicate_window_adds_nothing_and_after_it_publishes_again(
     relay: RunningRelay,
     conn: asyncpg.Connection,
