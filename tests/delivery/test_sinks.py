@@ -392,6 +392,40 @@ async def test_redis_chunks_resent_overlapping_or_broken_midway_append_each_even
 
 
 @needs_redis
+async def test_a_redis_at_maxmemory_with_noeviction_refuses_appends_and_records_delivered_only_what_it_stored(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, redis_server: RedisServer
+) -> None:
+    """The append script's first write was EXPIRE, which Redis does not check against maxmemory,
+    and a script without flags that has written is not checked again: XADDs went on past the
+    limit (3 MB set, 27 MB used; outside probe). docs/sinks.md: out of memory is `rejected`."""
+    client = redis_client(redis_server.port)
+    await client.config_set("maxmemory", "3mb")
+    await client.config_set("maxmemory-policy", "noeviction")
+    await ferry.subscribe("oom", ["s"], f"{redis_server.url}/0?stream=oom", batch_size=10, max_attempts=2,
+                          retry_base_ms=20, retry_max_ms=50)  # fmt: skip
+    pad = "x" * 20_000
+    await ferry.publish_many([{"stream": "s", "payload": {"n": n, "pad": pad}} for n in range(300)])  # ~6 MB
+
+    async def settled() -> bool:
+        done = await conn.fetchval(
+            "select count(distinct event_id) from ferry.attempt_history() where error_class is null"
+        )
+        return bool(done + await conn.fetchval("select count(*) from ferry.dead_letters") == 300)
+
+    await eventually(settled, timeout=60, what="each event stored or dead")
+    delivered = {
+        r[0] for r in await conn.fetch("select event_id from ferry.attempt_history() where error_class is null")
+    }
+    stored = [int(f["webhook-id"].removeprefix("evt_")) for _, f in await client.xrange("oom")]
+    assert sorted(stored) == sorted(delivered)  # nothing recorded delivered that Redis does not hold, once each
+    assert len(stored) * 20_000 < 3_500_000, len(stored)  # the limit, and at most a chunk's worth past it
+    assert int((await client.info("memory"))["used_memory"]) < 4 * 2**20
+    failures = await conn.fetch("select error_class, error from ferry.attempt_history() where error_class is not null")
+    assert failures and all(r[0] == "rejected" and "out of memory (maxmemory)" in r[1] for r in failures), failures[:3]
+    await client.aclose()
+
+
+@needs_redis
 async def test_more_appends_at_once_than_connections_wait_for_one_and_fail_none(
     relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, redis_server: RedisServer
 ) -> None:
