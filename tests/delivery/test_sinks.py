@@ -31,10 +31,11 @@ from nats.js.api import DiscardPolicy, StreamConfig
 
 import pgferry
 from pgferry.bench.brokers import NatsServer, RedisServer, redis_server_binary
-from pgferry.delivery import redis_streams
+from pgferry.delivery import jetstream, redis_streams
 from pgferry.delivery.addresses import AddressPolicy, parse_networks
-from pgferry.delivery.brokers import Brokers, BrokerUnreachable
+from pgferry.delivery.brokers import Brokers, BrokerUnreachable, PublishRefused
 from pgferry.delivery.context import DeliveryContext
+from pgferry.delivery.destinations import NatsDestination, Template
 from pgferry.delivery.model import OutEvent
 from pgferry.delivery.redis_streams import RedisStreamsSink
 from pgferry.ops import inspect
@@ -177,6 +178,30 @@ async def test_non_ascii_header_values_arrive_percent_encoded_with_a_marker_not_
     assert first["x-a"] == "ascii" and unquote(first["x-u"]) == "héllo" and unquote(first["pgferry-stream"]) == "ü.x"
     assert second["pgferry-stream"] == "plain" and "pgferry-stream-encoding" not in second, second
     assert "pgferry-encoded-headers" not in second
+
+
+async def test_headers_over_jetstreams_64k_are_too_large_and_dead_at_once_and_the_key_goes_on(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, nats_server: NatsServer, js: Any
+) -> None:
+    """JetStream refuses a message whose header block passes 65,535 bytes ("header size exceeds
+    maximum allowed of 64k", err_code 10097): it was retried as `rejected`, holding its key back
+    for the whole retry plan (outside probe). docs/sinks.md: too_large covers the headers."""
+    await js.add_stream(name="HDR", subjects=["hdr.>"])
+    await ferry.subscribe("hdr", ["s"], f"{nats_server.url}/hdr.{{key}}", ordered=True, batch_size=5)
+    big = await ferry.publish("s", {"n": 0}, key="k", headers={"x-big": "y" * 70_000})
+    after = await ferry.publish("s", {"n": 1}, key="k")
+    await eventually(lambda: _equals(_stored(js, "HDR"), 1), what="the next event of the key")
+    assert [m.headers["webhook-id"] for m in await stream_messages(js, "HDR")] == [f"evt_{after}"]
+    attempts = await conn.fetch("select error_class, error from ferry.attempt_history() where event_id = $1", big)
+    assert [r[0] for r in attempts] == ["too_large"], attempts  # dead at once, not retried
+    assert "header" in attempts[0][1] and "65535" in attempts[0][1], attempts[0][1]
+    assert await conn.fetchval("select event_id from ferry.dead_letters") == big
+    # and what JetStream itself answers to one (a block just over: the relay's check is the same limit)
+    answer = PublishRefused(False, 10097, "header size exceeds maximum allowed of 64k")
+    message = jetstream.Message("hdr.k", b"{}", {}, b"h" * 65_536)
+    dest = NatsDestination("127.0.0.1", nats_server.port, Template("hdr.k"))
+    refused = jetstream._explain(answer, message, dest, 1 << 20, 1.0, 0.0)
+    assert refused.error_class == "too_large" and "header size exceeds" in (refused.error or ""), refused
 
 
 def recorded(conn: asyncpg.Connection, subscription: str, count: int):  # type: ignore[no-untyped-def]

@@ -43,8 +43,13 @@ from pgferry.delivery.sink import Prepared, Sink
 if TYPE_CHECKING:
     from pgferry.delivery.context import DeliveryContext
 
-#: JetStream's error code for a message over the stream's max_msg_size.
-MESSAGE_TOO_LARGE_CODES = frozenset((10054,))
+#: JetStream's error codes for a message over the stream's max_msg_size (10054) and for headers
+#: over the 64 KB it stores (10097, "header size exceeds maximum allowed of 64k").
+MESSAGE_TOO_LARGE_CODES = frozenset((10054, 10097))
+
+#: The longest header block JetStream stores (nats-server: math.MaxUint16), "NATS/1.0" line and
+#: closing empty line included: one byte more is refused with 10097.
+MAX_HEADER_BYTES = 65_535
 
 
 #: Seconds each JetStream API request of the stream check after an unacknowledged publish may
@@ -251,6 +256,8 @@ class JetStreamSink(Sink):
         for m in messages:
             if m.size > self.ctx.max_body_bytes:
                 return _too_large(m, self.ctx.max_body_bytes, "the relay's limit (ferry.config.max_body_bytes)")
+            if len(m.block) > MAX_HEADER_BYTES:  # JetStream refuses it (10097): retried as rejected, it held its key
+                return _headers_too_large(m, "header size exceeds maximum allowed of 64k")
             size = len(m.subject.encode())
             if size > MAX_SUBJECT_BYTES:
                 # A longer PUB line makes the server close the connection, and every request on it fails.
@@ -361,8 +368,9 @@ def _explain(exc: BaseException, m: Message, dest: NatsDestination, max_payload:
                 f"stream's subjects (nats stream edit --subjects ...){answered}",
                 started,
             )
-        if exc.err_code in MESSAGE_TOO_LARGE_CODES:
-            return _too_large(m, None, f"the JetStream stream's max_msg_size ({exc.description})")
+        if exc.err_code in MESSAGE_TOO_LARGE_CODES:  # the stream's max_msg_size, or JetStream's 64 KB of headers
+            return (_headers_too_large(m, exc.description) if exc.err_code == 10097
+                    else _too_large(m, None, f"the JetStream stream's max_msg_size ({exc.description})"))  # fmt: skip
         return _failed("rejected", f"JetStream refused subject {m.subject!r}: {exc.description}", started)
     if isinstance(exc, nats.errors.MaxPayloadError):
         return _too_large(m, max_payload, f"the max_payload of the NATS server at {dest.address}")
@@ -380,4 +388,10 @@ def _failed(error_class: str, error: str, started: float) -> HttpResult:
 def _too_large(m: Message, limit: int | None, whose: str) -> HttpResult:
     over = f"over {limit} bytes, " if limit is not None else ""
     error = f"message for {m.subject!r} is {m.size} bytes, {over}{whose}"
+    return HttpResult(None, "too_large", error, None, 0.0)
+
+
+def _headers_too_large(m: Message, said: str) -> HttpResult:
+    error = (f"the headers of the message for {m.subject!r} are {len(m.block)} bytes, over the {MAX_HEADER_BYTES} "
+             f"JetStream stores ({said})")  # fmt: skip
     return HttpResult(None, "too_large", error, None, 0.0)
