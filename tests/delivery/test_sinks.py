@@ -204,6 +204,36 @@ async def test_headers_over_jetstreams_64k_are_too_large_and_dead_at_once_and_th
     assert refused.error_class == "too_large" and "header size exceeds" in (refused.error or ""), refused
 
 
+async def test_every_header_publish_accepts_is_framed_for_jetstream_and_nothing_is_dead_lettered(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, nats_server: NatsServer, js: Any
+) -> None:
+    """Numbers, null, a CR LF in a value, names with a space, a colon or none: ferry.publish takes
+    them, Redis stored them, and JetStream dead-lettered each after one attempt as bad_request,
+    which no `dlq replay` could ever fix (outside probe)."""
+    await js.add_stream(name="ANY", subjects=["any.>"])
+    await ferry.subscribe("any", ["s"], f"{nats_server.url}/any.{{key}}", ordered=True)
+    sent: list[dict[str, Any]] = [
+        {"x-n": 5, "x-null": None, "x-t": True, "x-o": {"a": [1, "é"]}},
+        {"x-crlf": "a\r\nb", "x-ctl": "\x01\x1b"},
+        {"bad name": "v", "a:b": "w", "": "e", "x-ok": "1", "é": "\r\n"},
+    ]
+    ids = [await ferry.publish("s", {"n": n}, key="k", headers=h) for n, h in enumerate(sent)]
+    await eventually(lambda: _equals(_stored(js, "ANY"), 3), what="3 messages")
+    assert await conn.fetchval("select count(*) from ferry.attempt_history() where error_class is not null") == 0
+    first, second, third = (m.headers for m in await stream_messages(js, "ANY"))
+    assert [first["webhook-id"], second["webhook-id"], third["webhook-id"]] == [f"evt_{i}" for i in ids]
+    assert (first["x-n"], first["x-null"], first["x-t"]) == ("5", "null", "true"), first
+    assert sorted(first["pgferry-json-headers"].split(", ")) == ["x-n", "x-null", "x-o", "x-t"], first
+    assert orjson.loads(unquote(first["x-o"])) == {"a": [1, "é"]} and "x-o" in first["pgferry-encoded-headers"]
+    assert unquote(second["x-crlf"]) == "a\r\nb" and unquote(second["x-ctl"]) == "\x01\x1b", second
+    assert sorted(second["pgferry-encoded-headers"].split(", ")) == ["x-crlf", "x-ctl"], second
+    assert third["x-ok"] == "1" and "bad name" not in third, third
+    other = third["pgferry-other-headers"]
+    if "pgferry-other-headers" in third.get("pgferry-encoded-headers", ""):
+        other = unquote(other)
+    assert orjson.loads(other) == {"bad name": "v", "a:b": "w", "": "e", "é": "\r\n"}, third
+
+
 def recorded(conn: asyncpg.Connection, subscription: str, count: int):  # type: ignore[no-untyped-def]
     async def check() -> bool:
         got = await conn.fetchval("select count(*) from ferry.attempt_history() where subscription = $1", subscription)

@@ -26,11 +26,12 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 # Loaded with the first JetStream subscription's sink, not by its first publish: importing
 # nats-py (and aiohttp under it) took ~0.7 s of CPU on a busy relay, in the first events' latency.
 import nats.errors
+import orjson
 
 from pgferry.delivery import request
 from pgferry.delivery.brokers import AckedPublisher, BrokerUnreachable, PublishRefused
@@ -120,8 +121,12 @@ def message_of(sub: Subscription, dest: NatsDestination, event: OutEvent, instan
     """One event as a JetStream message (``request.BadRequest`` if its subject or headers cannot be sent)."""
     webhook_id = request.message_id([event])
     own = {k: v for k, v in sub.headers.items() if k.lower() not in RESERVED}  # saved before subscribe refused them
-    mine = {k: v for k, v in request.event_headers(event).items() if not _reserved_for_writers(k)}
-    headers = {**own, **mine}
+    try:
+        written = event.header_map()
+    except ValueError as exc:  # e.g. nested deeper than orjson decodes; stored fine by PostgreSQL
+        raise request.BadRequest(f"event headers cannot be read as a JSON object: {exc}") from None
+    mine = {k: v for k, v in written.items() if not _reserved_for_writers(k)}
+    headers = _framable({**own, **mine})
     encoded_names = [name for name, value in headers.items() if not _plain(value)]
     for name in encoded_names:  # raw UTF-8 (or control characters) in a header read as garbage by nats-py
         headers[name] = request.key_header(headers[name].strip())[0]
@@ -144,6 +149,35 @@ def message_of(sub: Subscription, dest: NatsDestination, event: OutEvent, instan
 
 #: The header naming the other headers whose values were percent-encoded (comma-separated).
 ENCODED_HEADERS = "pgferry-encoded-headers"
+#: The header naming the headers whose values were not JSON strings, sent as their JSON text.
+JSON_HEADERS = "pgferry-json-headers"
+#: The header holding, as a JSON object, the headers whose names NATS cannot carry.
+OTHER_HEADERS = "pgferry-other-headers"
+
+
+def _framable(headers: Mapping[str, Any]) -> dict[str, str]:
+    """Every header ferry.publish takes, in a form NATS can frame (docs/sinks.md): a value that is
+    not a string (``5``, ``null``, ``true``, an object) as its JSON text, its name listed in
+    ``pgferry-json-headers``; headers whose names are not tokens (a space, a colon, none at all,
+    non-ASCII) together as one JSON object in ``pgferry-other-headers``. (Values that are not
+    printable ASCII, CR and LF too, are percent-encoded after this, by message_of.) Each was a
+    ``bad_request`` dead letter that no ``dlq replay`` could deliver (outside probe)."""
+    framed: dict[str, str] = {}
+    as_json: list[str] = []
+    other: dict[str, Any] = {}
+    for name, value in headers.items():
+        if not (name in _CHECKED_NAMES or _HEADER_NAME.fullmatch(name)):
+            other[name] = value
+        elif isinstance(value, str):
+            framed[name] = value
+        else:
+            framed[name] = orjson.dumps(value).decode()
+            as_json.append(name)
+    if as_json:
+        framed[JSON_HEADERS] = ", ".join(as_json)
+    if other:
+        framed[OTHER_HEADERS] = orjson.dumps(other).decode()
+    return framed
 
 
 def _plain(value: str) -> bool:
@@ -168,7 +202,7 @@ def _sendable(subject: str) -> bool:
 
 #: Headers a subscription's own may not set (message_of leaves them out): those a webhook request
 #: does not take from it, and JetStream's duplicate check (ferry._check_headers_map refuses them all).
-RESERVED = request.RESERVED | {"nats-msg-id", "pgferry-stream-encoding", "pgferry-encoded-headers"}
+RESERVED = request.RESERVED | {"nats-msg-id", "pgferry-stream-encoding", ENCODED_HEADERS, JSON_HEADERS, OTHER_HEADERS}
 #: Stream header lines kept by a sink's _Messages (a subscription has few streams).
 STREAM_LINES_MAX = 1_000
 
@@ -184,7 +218,9 @@ class _Messages:
     def __init__(self, sub: Subscription, dest: NatsDestination, instance: str = "") -> None:
         self.sub, self.dest, self.instance = sub, dest, instance
         self.dedup = dedup_name(sub, instance)
-        self.general = any(k.lower() in RESERVED or not _plain(v) for k, v in sub.headers.items())
+        self.general = any(
+            k.lower() in RESERVED or not isinstance(v, str) or not _plain(v) for k, v in sub.headers.items()
+        )
         self.general = self.general or "\r" in sub.name or "\n" in sub.name
         self.head = ""
         if not self.general:

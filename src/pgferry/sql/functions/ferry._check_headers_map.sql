@@ -19,7 +19,9 @@
 -- subscription header of that name replaced the signature, outside probe),
 -- pgferry-stream, pgferry-key and pgferry-key-encoding (the event's stream
 -- and key), pgferry-stream-encoding and pgferry-encoded-headers (JetStream's
--- marks of percent-encoded values), JetStream's Nats-Msg-Id (its duplicate
+-- marks of percent-encoded values), pgferry-json-headers and
+-- pgferry-other-headers (JetStream's carriers of headers that are not strings
+-- or have no name NATS takes), JetStream's Nats-Msg-Id (its duplicate
 -- check), and what frames
 -- the request (host, content-length, transfer-encoding). The same names as
 -- delivery/request.py's and delivery/jetstream.py's RESERVED.
@@ -61,7 +63,8 @@ begin
         end if;
         if strict and lower(v_name) in ('webhook-id', 'webhook-timestamp', 'webhook-signature', 'pgferry-stream',
                                         'pgferry-key', 'pgferry-key-encoding', 'pgferry-stream-encoding',
-                                        'pgferry-encoded-headers', 'nats-msg-id', 'host', 'content-length',
+                                        'pgferry-encoded-headers', 'pgferry-json-headers',
+                                        'pgferry-other-headers', 'nats-msg-id', 'host', 'content-length',
                                         'transfer-encoding') then
             raise exception 'pgferry: header % is one pgferry sets itself on every delivery', quote_literal(v_name)
                 using errcode = '22023',
