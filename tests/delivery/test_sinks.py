@@ -13,6 +13,7 @@ import dataclasses
 import importlib.util
 import logging
 import os
+import re
 import signal
 import time
 import types
@@ -659,6 +660,26 @@ async def test_a_subject_no_stream_captures_is_retried_with_its_name_until_a_str
     await eventually(delivered, what="the event once a stream captures its subject")
     assert (await js.get_msg("LATE", 1)).headers["webhook-id"] == f"evt_{event}"
     assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
+
+
+async def test_a_no_stream_attempt_of_a_batch_names_no_subject_that_is_not_its_events(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, nats_server: NatsServer
+) -> None:
+    """Each event of a batch was recorded with the batch's first failing subject: keys k2 and k0
+    both showed 'nomatch.k1' (outside probe)."""
+    await conn.execute(f"select ferry.subscribe('lost', array['s'], '{nats_server.url}/nomatch.{{key}}', "
+                       f"batch_size => 10, timeout_ms => 2000, {FAST_RETRY})")  # fmt: skip
+    await ferry.publish_many([{"stream": "s", "payload": {"n": n}, "key": f"k{n}"} for n in range(3)])
+    await eventually(_failed_with(conn, "lost", "no_stream"), what="a no_stream attempt")
+    rows = await conn.fetch(
+        "select a.error, e.key from ferry.attempt_history() a join ferry.events e on e.id = a.event_id "
+        "where a.error_class = 'no_stream'"
+    )
+    for error, key in rows:
+        named = set(re.findall(r"'(nomatch\.[^']*)'", error))
+        assert f"nomatch.{key}" in named, (key, error)  # its own subject, and those of its batch's others
+        assert named <= {"nomatch.k0", "nomatch.k1", "nomatch.k2"}, (key, error)
+    assert {key for _, key in rows} == {"k0", "k1", "k2"}
 
 
 async def test_a_subject_outside_a_streams_subjects_is_parked_and_retried_until_the_stream_takes_it(

@@ -330,11 +330,16 @@ class JetStreamSink(Sink):
         except Exception as exc:  # noqa: BLE001 - the connection failed mid-chunk: what the client said
             return _explain(exc, messages[0], dest, max_payload, timeout, started)
         for m, outcome in zip(messages, outcomes, strict=True):
-            if outcome is not None:
-                no_ack = None
-                if isinstance(outcome, TimeoutError):  # the connection stands: the stream may say why
-                    no_ack = await _unacknowledged(publisher, m, outcomes, dest, timeout, started)
-                return no_ack if no_ack is not None else _explain(outcome, m, dest, max_payload, timeout, started)
+            if outcome is None:
+                continue
+            no_ack = None
+            if isinstance(outcome, TimeoutError):  # the connection stands: the stream may say why
+                no_ack = await _unacknowledged(publisher, m, outcomes, dest, timeout, started)
+            if no_ack is None and _no_stream(outcome):
+                # the attempt is recorded for every event of the chunk: it names all of their subjects
+                failed = [x.subject for x, o in zip(messages, outcomes, strict=True) if _no_stream(o)]
+                no_ack = _no_stream_result(list(dict.fromkeys(failed)), outcome, dest, started)
+            return no_ack if no_ack is not None else _explain(outcome, m, dest, max_payload, timeout, started)
         return HttpResult(None, None, None, None, (time.perf_counter() - started) * 1000)
 
     def endpoint_down(self) -> None:
@@ -396,14 +401,7 @@ def _explain(exc: BaseException, m: Message, dest: NatsDestination, max_payload:
     """What a failed publish of ``m`` is recorded as."""
     if isinstance(exc, PublishRefused):
         if exc.no_stream:
-            answered = "" if exc.description == "no responders" else f"; {exc.description}"
-            return _failed(
-                "no_stream",
-                f"no JetStream stream captures subject {m.subject!r} on {dest.address} (none, or none whose "
-                "subjects match it); create one (nats stream add --subjects ...) or add the subject to a "
-                f"stream's subjects (nats stream edit --subjects ...){answered}",
-                started,
-            )
+            return _no_stream_result([m.subject], exc, dest, started)
         if exc.err_code in MESSAGE_TOO_LARGE_CODES:  # the stream's max_msg_size, or JetStream's 64 KB of headers
             return (_headers_too_large(m, exc.description) if exc.err_code == 10097
                     else _too_large(m, None, f"the JetStream stream's max_msg_size ({exc.description})"))  # fmt: skip
@@ -415,6 +413,32 @@ def _explain(exc: BaseException, m: Message, dest: NatsDestination, max_payload:
     if isinstance(exc, Exception):
         return _failed("connect", f"NATS at {dest.address}: {type(exc).__name__}: {exc}", started)
     raise exc
+
+
+def _no_stream(outcome: BaseException | None) -> bool:
+    return isinstance(outcome, PublishRefused) and outcome.no_stream
+
+
+#: Subjects a no_stream attempt names at most.
+NO_STREAM_SUBJECTS_SHOWN = 5
+
+
+def _no_stream_result(subjects: Sequence[str], exc: BaseException, dest: NatsDestination, started: float) -> HttpResult:
+    """A chunk no stream took: the attempt is recorded for each of its events, so it names every
+    subject that failed (the first alone named it for all: keys k2 and k0 showed 'nomatch.k1')."""
+    answered = "" if str(exc) == "no responders" else f"; {exc}"
+    if len(subjects) == 1:
+        what, it = f"subject {subjects[0]!r}", "it"
+    else:
+        shown = ", ".join(map(repr, subjects[:NO_STREAM_SUBJECTS_SHOWN]))
+        more = (
+            f" and {len(subjects) - NO_STREAM_SUBJECTS_SHOWN} more" if len(subjects) > NO_STREAM_SUBJECTS_SHOWN else ""
+        )
+        what, it = f"the subjects of this batch ({shown}{more})", "them"
+    error = (f"no JetStream stream captures {what} on {dest.address} (none, or none whose subjects match {it}); "
+             "create one (nats stream add --subjects ...) or add the subject to a stream's subjects "
+             f"(nats stream edit --subjects ...){answered}")  # fmt: skip
+    return _failed("no_stream", error, started)
 
 
 def _failed(error_class: str, error: str, started: float) -> HttpResult:
