@@ -46,19 +46,19 @@ def test_urls_parse_into_host_port_and_templates() -> None:
         ("nats://u:p@broker:4222/orders", "credentials do not go in the URL"),
         ("nats://broker:4222/$JS.API.STREAM.PURGE.{key}", "a subject of the NATS server itself"),
         ("nats://broker:4222/_INBOX.x", "a subject of the NATS server itself"),
-        ("redis://cache:6379/0", "names no stream"),
+        ("redis://cache:6379/0", "names no Redis stream"),
         ("redis://cache:6379/x?stream=s", "not a Redis database number"),
         ("redis://cache:6379/0?stream=s&maxlen=0", "maxlen='0'"),
         # a digit to str.isdigit, not to int(): a traceback (outside probe)
         ("redis://cache:6379/0?stream=s&maxlen=²", "maxlen='²'"),
         ("redis://cache:6379/²?stream=s", "not a Redis database number"),
-        ("redis://cache:6379/0?stream=s&ttl=5", "unknown parameter 'ttl'"),
+        ("redis://cache:6379/0?stream=s&ttl=5", "unknown Redis parameter 'ttl'"),
         ("redis://cache:6379/0?stream=s{key", "unbalanced braces"),
         ("redis://cache:6379/0?stream={a{key}b}", "unbalanced braces in '{a{key}b}'"),
         ("redis://cache:6379/0?stream=%7Borders%7D:{key}", "unknown placeholder {orders} in '{orders}:{key}'"),
         ("redis://cache:6379/abc?stream=x", "'abc' is not a Redis database number"),
         # each accepted once, and failing at every send (found by an outside probe):
-        ("nats://broker:99999/x", "Port out of range"),
+        ("nats://broker:99999/x", "has a port out of range (1-65535)"),
         ("nats://[::1/x", "Invalid IPv6 URL"),
         ("redis://cache:6379/0?stream=s&maxlen=99999999999999999999", "from 1 to 2147483647"),
         ("redis://cache:6379/0?stream=s&dedup_window=99999999999999999999", "from 1 to 2147483647"),
@@ -171,6 +171,31 @@ BROKER_URLS_REFUSED_ALIKE = [
     "nats://127.0.0.1:4222/a.{x}.{y}",
     # "names no Redis stream", for a database that is not a number
     "redis://127.0.0.1:6379/abc?stream=x",
+    # The wordings differed between `subscription add` and ferry.subscribe; some echoed the query
+    # (a secret in it), named the wrong fault or accepted what every attempt then failed on
+    # (outside probe).
+    "redis://127.0.0.1:6379/0?stream=x&password=LeakyQuerySecret42",
+    "redis://127.0.0.1:6379/0?stream=x&LeakyQuerySecret42",
+    "redis://127.0.0.1:6379/0?token=LeakyQuerySecret42",
+    "redis://127.0.0.1:6379/0?stream=x&stream=y",
+    "redis://127.0.0.1:6379/0?stream=x&maxlen=abc",
+    "redis://127.0.0.1:6379/0?stream=x&dedup_window=0",
+    "redis://127.0.0.1:6379/0",
+    "redis://127.0.0.1:6379/0?stream=",
+    "redis://127.0.0.1:6379/99999999999999999999?stream=x",
+    "redis://127.0.0.1:6379/2147483647?stream=x",
+    "redis:///0?stream=x",
+    "redis://127.0.0.1:99999/0?stream=x",
+    "redis://:LeakyPw@127.0.0.1:6379/0?stream=x",
+    "nats://127.0.0.1:4222/orders?token=LeakyQuerySecret42",
+    "nats://127.0.0.1:4222/orders#LeakyFragment",
+    "nats:///orders",
+    "nats://127.0.0.1:4222",
+    "nats://127.0.0.1:4222/",
+    "nats://127.0.0.1:99999/orders",
+    "nats://127.0.0.1:0/orders",
+    "nats://127.0.0.1:abc/orders",
+    "nats://u:LeakyPw@127.0.0.1:4222/orders",
 ]
 
 
@@ -192,7 +217,12 @@ async def test_subscribe_apply_and_subscription_add_refuse_the_same_broker_urls_
         plan.write_text(f'[subscriptions.bad]\nstreams = ["s"]\nurl = "{url}"\n')
         applied = await cli(pgferry_cmd, db_url, "apply", str(plan), "--dry-run")
         assert applied.returncode != 0 and words in applied.stderr, (url, applied.stdout, applied.stderr)
-    for url in ("redis://127.0.0.1:6379/0?stream={{orders}}:{key}", "redis://127.0.0.1:6379/0?stream=%7B%7Bo%7D%7D"):
+        assert "Leaky" not in words, words  # no query, fragment or password shown
+    for url in (
+        "redis://127.0.0.1:6379/0?stream={{orders}}:{key}",
+        "redis://127.0.0.1:6379/0?stream=%7B%7Bo%7D%7D",
+        "redis://127.0.0.1:6379/2147483646?stream=x",  # a database a server can have
+    ):
         await conn.execute("select ferry.subscribe('ok', array['s'], $1)", url)  # a hash tag: taken
         await conn.execute("select ferry.unsubscribe('ok')")
     assert await conn.fetchval("select count(*) from ferry.subscriptions") == 0

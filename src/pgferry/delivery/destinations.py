@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from pgferry.delivery.model import OutEvent
 
@@ -127,49 +127,86 @@ class RedisDestination:
         return f"redis://{self.host}:{self.port}/{self.db}"
 
 
+#: The highest Redis database number a server can have (its ``databases`` setting is at most 2^31 - 1).
+MAX_REDIS_DB = 2**31 - 2
+#: A query parameter's name that an error message may repeat (a word, not a secret's shape).
+_SHOWN_NAME = re.compile(r"[A-Za-z0-9_.-]{1,40}")
+
+NO_CREDENTIALS = "the URL holds a user or password (not repeated here); credentials do not go in the URL"
+
+
+def shown_in_error(url: str) -> str:
+    """``url`` as refusals show it: a query string or fragment as "?…" (it may hold a secret);
+    ferry._check_url shows it the same."""
+    cut = re.search(r"[?#]", url)
+    return url if cut is None else url[: cut.start()] + "?…"
+
+
 def parse_nats(url: str) -> NatsDestination:
+    """The refusals are ferry._check_url's, word for word (tests/delivery/test_destinations.py)."""
     parts = _split(url)
     if parts.username or parts.password:
-        raise BadDestination("credentials do not go in the URL; set them with ferry.set_subscription_credentials")
+        raise BadDestination(NO_CREDENTIALS)
+    host = _host(parts.hostname, url, "nats://host:4222/<subject>")
+    if "?" in url or "#" in url:
+        raise BadDestination(
+            f"{shown_in_error(url)!r}: a NATS URL takes no query string or fragment (not repeated here); "
+            "use nats://host:4222/<subject>"
+        )
     subject = unquote(parts.path.lstrip("/"))
-    if not subject:
-        raise BadDestination(f"{url!r} names no subject; use nats://host:4222/<subject>, e.g. orders.{{key}}")
+    if not parts.path.lstrip("/") or "/" in parts.path.lstrip("/"):
+        raise BadDestination(
+            f"{url!r} names no subject to publish to; use nats://host:4222/<subject>, e.g. orders.{{key}}"
+        )
     template = Template(subject)
     probe = template.fill("s", "k")
     if any(c.isspace() for c in probe) or any(t in ("", "*", ">") for t in probe.split(".")):
         raise BadDestination(f"{subject!r} is not a subject to publish to (no spaces, empty tokens or wildcards)")
     if probe.startswith(("$", "_INBOX.")):  # the server's commands ($JS.API...) and replies (ferry._check_url)
         raise BadDestination(f"{subject!r} is a subject of the NATS server itself, not one to publish events to")
-    return NatsDestination(_host(parts.hostname, url), _port(parts, DEFAULT_NATS_PORT), template)
+    return NatsDestination(host, _port(parts, url, DEFAULT_NATS_PORT), template)
 
 
 def parse_redis(url: str) -> RedisDestination:
+    """The refusals are ferry._check_url's, word for word (tests/delivery/test_destinations.py)."""
     parts = _split(url)
     if parts.username or parts.password:
-        raise BadDestination("credentials do not go in the URL; set them with ferry.set_subscription_credentials")
+        raise BadDestination(NO_CREDENTIALS)
+    host = _host(parts.hostname, url, "redis://host:6379/<db>?stream=<name>")
     path = parts.path.strip("/")
     if path and not (path.isascii() and path.isdigit()):  # "²" is a digit to str.isdigit, not to int()
         raise BadDestination(f"{path!r} is not a Redis database number; use redis://host:6379/0?stream=<name>")
-    # A URL's query, not a form: "+" is a plus ("stream=orders+eu" was the key "orders eu"; outside
-    # probe). A space is written %20.
-    query = parse_qs(parts.query.replace("+", "%2B"), keep_blank_values=True)
-    unknown = sorted(set(query) - {"stream", "maxlen", "dedup_window"})
-    if unknown:
-        raise BadDestination(f"unknown parameter {unknown[0]!r}; use stream=, maxlen= and dedup_window=")
-    repeated = sorted(name for name, values in query.items() if len(values) > 1)
-    if repeated:
-        raise BadDestination(f"{repeated[0]!r} is given more than once")
-    stream = query.get("stream", [""])[-1]
+    if path and int(path) > MAX_REDIS_DB:  # taken, and every attempt failed as config (outside probe)
+        raise BadDestination(f"{path!r} is not a Redis database number: a server has at most {MAX_REDIS_DB + 1} "
+                             "(its databases setting, 16 by default)")  # fmt: skip
+    # The parameters as ferry._check_url reads them: names as written, values percent-decoded as a
+    # URL's, not a form's ("+" is a plus: "stream=orders+eu" was the key "orders eu"; outside probe).
+    pairs = [p.partition("=") for p in parts.query.split("&") if p]
+    for name, equals, _ in pairs:
+        if name not in ("stream", "maxlen", "dedup_window"):
+            raise BadDestination(_unknown_parameter(name, bool(equals)))
+    names = [name for name, _, _ in pairs]
+    for name in names:
+        if names.count(name) > 1:
+            raise BadDestination(f"{name!r} is given more than once")
+    query = {name: unquote(value) for name, _, value in pairs}
+    stream = query.get("stream", "")
     if not stream:
-        raise BadDestination(f"{url!r} names no stream; add ?stream=<name>, e.g. ?stream=orders:{{key}}")
-    return RedisDestination(
-        _host(parts.hostname, url),
-        _port(parts, DEFAULT_REDIS_PORT),
-        int(path or 0),
-        Template(stream),
-        _positive(query, "maxlen", None),
-        _positive(query, "dedup_window", DEFAULT_DEDUP_WINDOW_S) or DEFAULT_DEDUP_WINDOW_S,
-    )
+        raise BadDestination(
+            f"{shown_in_error(url)!r} names no Redis stream; add ?stream=<name>, e.g. ?stream=orders:{{key}}"
+        )
+    template = Template(stream)
+    maxlen = _positive(query, "maxlen", None)
+    window = _positive(query, "dedup_window", DEFAULT_DEDUP_WINDOW_S) or DEFAULT_DEDUP_WINDOW_S
+    return RedisDestination(host, _port(parts, url, DEFAULT_REDIS_PORT), int(path or 0), template, maxlen, window)
+
+
+def _unknown_parameter(name: str, has_value: bool) -> str:
+    """An unknown parameter's refusal: it names the parameter when it looks like a name (the name
+    of ``password=...``, never the value); anything else may be a secret: not repeated."""
+    if has_value and _SHOWN_NAME.fullmatch(name):
+        return f"unknown Redis parameter {name!r}; use stream=, maxlen= and dedup_window="
+    return "a Redis URL parameter other than stream=, maxlen= and dedup_window= (not repeated here)"
 
 
 def _split(url: str) -> SplitResult:
@@ -179,24 +216,29 @@ def _split(url: str) -> SplitResult:
         raise BadDestination(f"{url!r}: {exc}") from None
 
 
-def _host(host: str | None, url: str) -> str:
-    if not host:
-        raise BadDestination(f"{url!r} names no host")
+def _host(host: str | None, url: str, use: str) -> str:
+    if not host:  # nats:///orders was "names no subject", redis:///0?stream=x "names no Redis stream"
+        raise BadDestination(f"{shown_in_error(url)!r} names no host; use {use}")
     return host
 
 
-def _port(parts: object, default: int) -> int:
-    try:
-        port = parts.port  # type: ignore[attr-defined]
-    except ValueError as exc:
-        raise BadDestination(str(exc)) from None
-    return int(port or default)
+def _port(parts: SplitResult, url: str, default: int) -> int:
+    """The port, refused in ferry._check_url's words (urllib's were "Port out of range 0-65535")."""
+    written = re.match(r"[^:/?#]*://(\[[^\]]*\]|[^/?#:]*)(?::([^/?#]*))?", url)
+    port = written.group(2) if written is not None else None
+    if port is None:
+        return default
+    if not (port.isascii() and port.isdigit()) or not 1 <= len(port) <= 5:
+        raise BadDestination(f"malformed URL {shown_in_error(url)!r}")
+    if not 1 <= int(port) <= 65535:
+        raise BadDestination(f"{shown_in_error(url)!r} has a port out of range (1-65535)")
+    return int(port)
 
 
-def _positive(query: dict[str, list[str]], name: str, default: int | None) -> int | None:
+def _positive(query: dict[str, str], name: str, default: int | None) -> int | None:
     if name not in query:
         return default
-    value = query[name][-1]
+    value = query[name]
     # Redis takes them as 64-bit, EXPIRE as seconds
     if not (value.isascii() and value.isdigit()) or not 1 <= int(value) < 2**31:
         raise BadDestination(f"{name}={value!r}: expected a whole number from 1 to {2**31 - 1}")
