@@ -28,15 +28,17 @@ import nats
 import orjson
 import pytest
 import redis.asyncio
+import trustme
 from nats.js.api import DiscardPolicy, StreamConfig
 
 import pgferry
-from pgferry.bench.brokers import NatsServer, RedisServer, redis_server_binary
+from pgferry.bench.brokers import NatsServer, RedisServer, nats_server_binary, redis_server_binary
 from pgferry.delivery import jetstream, redis_streams
 from pgferry.delivery.addresses import AddressPolicy, parse_networks
 from pgferry.delivery.brokers import Brokers, BrokerUnreachable, PublishRefused
 from pgferry.delivery.context import DeliveryContext
 from pgferry.delivery.destinations import NatsDestination, Template
+from pgferry.delivery.jetstream import JetStreamSink
 from pgferry.delivery.model import OutEvent
 from pgferry.delivery.redis_streams import RedisStreamsSink
 from pgferry.ops import inspect
@@ -1350,3 +1352,45 @@ async def test_a_redis_frozen_before_the_first_connection_is_waited_for_not_an_i
     assert classes <= {"connect", "timeout"}, classes
     assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
     await client.aclose()
+
+
+class _NatsWithoutJetStream(NatsServer):
+    def command(self) -> list[str]:
+        conf = self.dir / "nats.conf"
+        conf.write_text(f'listen: "127.0.0.1:{self.port}"\n')
+        return [nats_server_binary(), "-c", str(conf)]
+
+
+async def test_broker_tls_and_servers_without_jetstream_are_named_for_what_they_are(tmp_path: Path) -> None:
+    """A NATS server requiring TLS with a private CA failed as `connect` (held as down) where a
+    webhook's fails as `tls`; a server without JetStream said "create one (nats stream add ...)";
+    an IPv6 host printed as ::1:4222 (outside probe)."""
+    ca = trustme.CA()
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(tmp_path / "server.pem")
+    server = NatsServer(f'tls {{ cert_file: "{tmp_path / "server.pem"}", key_file: "{tmp_path / "server.pem"}" }}')
+    plain = _NatsWithoutJetStream()
+    brokers = Brokers()
+    try:
+        server.start()
+        with pytest.raises(BrokerUnreachable) as refused:
+            await brokers.jetstream("127.0.0.1", server.port, {})
+        assert refused.value.error_class == "tls", refused.value
+        assert f"TLS error with NATS at 127.0.0.1:{server.port}: certificate verify failed" in str(refused.value)
+        plain.start()
+        ctx = DeliveryContext(pool=None, http=None, global_limit=None)  # type: ignore[arg-type]
+        sink = JetStreamSink(subscription(name="nojs", url=f"{plain.url}/orders"), ctx)
+        events = [OutEvent(1, "s", "k", "{}", None, datetime.now(UTC))]
+        try:
+            result = await sink.send(events, sink.prepare(events), None, fresh=False)
+        finally:
+            await ctx.brokers.close()
+        assert result.error_class == "no_stream" and "JetStream is not enabled on the NATS server" in (
+            result.error or ""
+        )
+        with pytest.raises(BrokerUnreachable) as unreachable:
+            await brokers.jetstream("::1", plain.port, {})  # nothing listens there on IPv6
+        assert f"[::1]:{plain.port}" in str(unreachable.value), unreachable.value
+    finally:
+        await brokers.close()
+        server.close()
+        plain.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ import orjson
 
 from pgferry.delivery import nats_creds
 from pgferry.delivery.addresses import DEFAULT_POLICY, AddressPolicy, RefusedAddress, allowed_addresses
+from pgferry.delivery.fasthttp import tls_reason
 from pgferry.delivery.redis_pipe import RedisError, RedisPipe
 
 if TYPE_CHECKING:
@@ -35,8 +37,13 @@ CONNECT_TIMEOUT_S = 5.0
 ClientKey = tuple[str, str, int, int, tuple[tuple[str, str], ...]]
 
 
+def host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets (``[::1]:4222``, not ``::1:4222``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class BrokerUnreachable(Exception):
-    """No connection to the broker: ``error_class`` is ``connect``, ``auth`` or ``refused_address``."""
+    """No connection to the broker: ``error_class`` is ``connect``, ``auth``, ``tls`` or ``refused_address``."""
 
     def __init__(self, error_class: str, message: str) -> None:
         super().__init__(message)
@@ -274,7 +281,7 @@ class Brokers:
                 return await make(f"[{ip}]" if ":" in ip else ip)
         except TimeoutError:
             raise BrokerUnreachable(
-                "connect", f"no connection to {host}:{port} within {2 * CONNECT_TIMEOUT_S:g} s"
+                "connect", f"no connection to {host_port(host, port)} within {2 * CONNECT_TIMEOUT_S:g} s"
             ) from None
 
     async def jetstream(self, host: str, port: int, credentials: Mapping[str, str]) -> AckedPublisher:
@@ -309,13 +316,21 @@ class Brokers:
                     name="pgferry relay",
                     **options,
                 )
+            except ssl.SSLError as exc:  # the server requires TLS (nats-py's default context): as a webhook's
+                raise BrokerUnreachable(
+                    "tls", f"TLS error with NATS at {host_port(host, port)}: {tls_reason(exc)}"
+                ) from None
             except (nats.errors.NoServersError, OSError, TimeoutError) as exc:
                 why = str(exc) or type(exc).__name__  # a timeout says nothing itself
-                raise BrokerUnreachable("connect", f"cannot connect to NATS at {host}:{port}: {why}") from None
+                raise BrokerUnreachable(
+                    "connect", f"cannot connect to NATS at {host_port(host, port)}: {why}"
+                ) from None
             except nats.errors.Error as exc:
                 text = str(exc)
                 auth = "authorization" in text.lower() or "auth" in type(exc).__name__.lower()
-                raise BrokerUnreachable("auth" if auth else "connect", f"NATS at {host}:{port}: {text}") from None
+                raise BrokerUnreachable(
+                    "auth" if auth else "connect", f"NATS at {host_port(host, port)}: {text}"
+                ) from None
             publisher = AckedPublisher(client)
             await publisher.start()
             return publisher
@@ -333,9 +348,11 @@ class Brokers:
                 # credentials, or this subscription's setting (a database number the server does not
                 # have), which held every other one back.
                 error_class = {"auth": "auth", "unready": "connect"}.get(exc.kind, "config")
-                raise BrokerUnreachable(error_class, f"Redis at {host}:{port}: {exc}") from None
+                raise BrokerUnreachable(error_class, f"Redis at {host_port(host, port)}: {exc}") from None
             except OSError as exc:
-                raise BrokerUnreachable("connect", f"cannot connect to Redis at {host}:{port}: {exc}") from None
+                raise BrokerUnreachable(
+                    "connect", f"cannot connect to Redis at {host_port(host, port)}: {exc}"
+                ) from None
 
         key = ("redis", host, port, db, tuple(sorted(credentials.items())))
         return await self._client(key, make, lambda pipe: pipe.alive)  # type: ignore[no-any-return]

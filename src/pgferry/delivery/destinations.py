@@ -110,7 +110,7 @@ class NatsDestination:
 
     @property
     def address(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        return f"nats://{_bracketed(self.host)}:{self.port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +124,7 @@ class RedisDestination:
 
     @property
     def address(self) -> str:
-        return f"redis://{self.host}:{self.port}/{self.db}"
+        return f"redis://{_bracketed(self.host)}:{self.port}/{self.db}"
 
 
 #: The highest Redis database number a server can have (its ``databases`` setting is at most 2^31 - 1).
@@ -140,6 +140,10 @@ def shown_in_error(url: str) -> str:
     ferry._check_url shows it the same."""
     cut = re.search(r"[?#]", url)
     return url if cut is None else url[: cut.start()] + "?…"
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def parse_nats(url: str) -> NatsDestination:

@@ -405,7 +405,7 @@ def tls_context(ca_file: str | None = None) -> ssl.SSLContext:
     return context
 
 
-def _tls_reason(exc: ssl.SSLError) -> str:
+def tls_reason(exc: ssl.SSLError) -> str:
     """What the TLS layer said, as precisely as it said it (CERTIFICATE_VERIFY_FAILED alone
     does not tell an untrusted CA from a wrong name or an expired certificate)."""
     if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
@@ -656,7 +656,7 @@ def _failure(  # noqa: PLR0911 - one return per way a request can end
     if isinstance(exc, ssl.SSLError):
         verify = isinstance(exc, ssl.SSLCertVerificationError)
         curl = "SSL peer certificate or SSH remote key was not OK" if verify else "SSL connect error"
-        return "tls", f"TLS error with {host}: {_tls_reason(exc)}", curl
+        return "tls", f"TLS error with {host}: {tls_reason(exc)}", curl
     if isinstance(exc, _Lost):
         curl = RECV_ERROR if exc.reset else PARTIAL if exc.got_status else NOTHING
         if exc.got_bytes:

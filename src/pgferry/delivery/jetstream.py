@@ -338,7 +338,8 @@ class JetStreamSink(Sink):
             if no_ack is None and _no_stream(outcome):
                 # the attempt is recorded for every event of the chunk: it names all of their subjects
                 failed = [x.subject for x, o in zip(messages, outcomes, strict=True) if _no_stream(o)]
-                no_ack = _no_stream_result(list(dict.fromkeys(failed)), outcome, dest, started)
+                enabled = _offers_jetstream(publisher)
+                no_ack = _no_stream_result(list(dict.fromkeys(failed)), outcome, dest, started, enabled=enabled)
             return no_ack if no_ack is not None else _explain(outcome, m, dest, max_payload, timeout, started)
         return HttpResult(None, None, None, None, (time.perf_counter() - started) * 1000)
 
@@ -423,9 +424,19 @@ def _no_stream(outcome: BaseException | None) -> bool:
 NO_STREAM_SUBJECTS_SHOWN = 5
 
 
-def _no_stream_result(subjects: Sequence[str], exc: BaseException, dest: NatsDestination, started: float) -> HttpResult:
+def _offers_jetstream(publisher: AckedPublisher) -> bool:
+    """Whether the server says it runs JetStream (its INFO's ``jetstream``, left out by a server
+    without it); True when this nats-py does not tell."""
+    info = getattr(publisher.client, "_server_info", None)
+    return not isinstance(info, dict) or bool(info.get("jetstream"))
+
+
+def _no_stream_result(
+    subjects: Sequence[str], exc: BaseException, dest: NatsDestination, started: float, *, enabled: bool = True
+) -> HttpResult:
     """A chunk no stream took: the attempt is recorded for each of its events, so it names every
-    subject that failed (the first alone named it for all: keys k2 and k0 showed 'nomatch.k1')."""
+    subject that failed (the first alone named it for all: keys k2 and k0 showed 'nomatch.k1').
+    A server without JetStream says so (it was "create one (nats stream add ...)")."""
     answered = "" if str(exc) == "no responders" else f"; {exc}"
     if len(subjects) == 1:
         what, it = f"subject {subjects[0]!r}", "it"
@@ -435,9 +446,14 @@ def _no_stream_result(subjects: Sequence[str], exc: BaseException, dest: NatsDes
             f" and {len(subjects) - NO_STREAM_SUBJECTS_SHOWN} more" if len(subjects) > NO_STREAM_SUBJECTS_SHOWN else ""
         )
         what, it = f"the subjects of this batch ({shown}{more})", "them"
-    error = (f"no JetStream stream captures {what} on {dest.address} (none, or none whose subjects match {it}); "
-             "create one (nats stream add --subjects ...) or add the subject to a stream's subjects "
-             f"(nats stream edit --subjects ...){answered}")  # fmt: skip
+    if not enabled:
+        error = (f"JetStream is not enabled on the NATS server at {dest.address} (its INFO does not offer it), and "
+                 f"nothing stored {what}; "
+                 f"enable it (nats-server -js, or a jetstream block in its configuration){answered}")  # fmt: skip
+    else:
+        error = (f"no JetStream stream captures {what} on {dest.address} (none, or none whose subjects match {it}); "
+                 "create one (nats stream add --subjects ...) or add the subject to a stream's subjects "
+                 f"(nats stream edit --subjects ...){answered}")  # fmt: skip
     return _failed("no_stream", error, started)
 
 
