@@ -249,3 +249,17 @@ def test_an_event_s_writer_sets_no_header_jetstream_acts_on_nor_one_pgferry_sets
             "nats-ttl": "1h", "x-app": "1", "webhook-id": "evt_7", "pgferry-stream": "public.orders",
             "nats-msg-id": "s/evt_7",
         }  # fmt: skip
+
+
+@pytest.mark.parametrize(("template", "stream", "key"), [("{stream}", "_INBOX.abc", "k"), ("{key}.x", "s", "_INBOX")])
+def test_a_template_rendering_a_reply_subject_of_the_server_is_refused_like_the_literal(
+    template: str, stream: str, key: str
+) -> None:
+    """`_INBOX.x` written in the URL is refused at subscribe; rendered from a stream or key it was
+    published to (outside probe): a bad_request dead letter with the reason, on both paths."""
+    sub = subscription(name="s")
+    dest = NatsDestination("127.0.0.1", 4222, Template(template))
+    event = OutEvent(7, stream, key, '{"n": 1}', None, NOW)
+    for make in (lambda e: message_of(sub, dest, e), _Messages(sub, dest)):
+        with pytest.raises(request.BadRequest, match="a subject of the NATS server itself"):
+            make(event)

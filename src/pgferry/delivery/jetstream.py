@@ -142,6 +142,10 @@ def message_of(sub: Subscription, dest: NatsDestination, event: OutEvent, instan
             headers["pgferry-key-encoding"] = "percent"
     headers["Nats-Msg-Id"] = f"{dedup_name(sub, instance)}/{webhook_id}"
     subject = dest.subject.render(event, subject=True)
+    if _inbox(subject):
+        error = (f"subject {subject!r} is a subject of the NATS server itself (replies), not one to publish events "
+                 "to; the subscription's template made it from the event's stream or key")  # fmt: skip
+        raise request.BadRequest(error)
     if not _sendable(subject):
         raise request.BadRequest(f"subject {subject!r} is empty or holds white space, which NATS does not allow")
     return Message(subject, event.payload.encode(), headers, header_block(headers))
@@ -196,8 +200,14 @@ def _reserved_for_writers(name: str) -> bool:
 
 
 def _sendable(subject: str) -> bool:
-    """Whether NATS takes ``subject`` (not empty, no white space)."""
-    return bool(subject) and not _SUBJECT_BREAK.search(subject)
+    """Whether NATS takes ``subject`` (not empty, no white space) and it is not a reply subject
+    of the server's (``_INBOX``, refused at subscribe when written, and rendered by a template from
+    a stream ``_INBOX.abc`` or a key ``_INBOX``: an outside probe's events went there)."""
+    return bool(subject) and not _SUBJECT_BREAK.search(subject) and not _inbox(subject)
+
+
+def _inbox(subject: str) -> bool:
+    return subject == "_INBOX" or subject.startswith("_INBOX.")
 
 
 #: Headers a subscription's own may not set (message_of leaves them out): those a webhook request
