@@ -20,13 +20,14 @@ and metrics stopped answering (outside probe). So each server here:
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import time
 from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
+
+from pgferry.relay.surface import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +51,7 @@ def is_loopback_name(host: str) -> bool:
     answers to: localhost or a loopback address literal (any of 127.0.0.0/8, ::1). A page of
     another name that reaches it (DNS rebinding) is refused; an address literal cannot be rebound.
     Listed names only refused the server's own --dashboard-host 127.0.0.2 (outside probe)."""
-    name = host.lower().removeprefix("[").removesuffix("]")
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
+    return is_loopback(host.lower().removeprefix("[").removesuffix("]"))
 
 
 class _Refusals:
