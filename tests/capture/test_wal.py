@@ -876,6 +876,12 @@ async def test_a_publication_narrowed_by_hand_is_named_with_what_it_loses_and_th
     assert [e.payload["table"] for e in await read_all(ferry, conn, "c")] == ["t"]
     await conn.execute("alter publication pgferry_wal set (publish_via_partition_root = true)")
     assert await problems() == {}
+    # Only the kinds a capture takes are lost (a second outside probe: an INSERT-only capture was
+    # told it lost its updates and deletes).
+    await ferry.capture_table("t", method="wal", operations=["insert"])
+    await conn.execute("alter publication pgferry_wal set (publish = 'insert, truncate')")
+    found = await problems()
+    assert list(found) == ["m"] and "does not publish update, delete any more" in found["m"], found
 
 
 # Every alias the generated statements use, as column names (a bare r named the column r).

@@ -42,7 +42,7 @@ returns table (tbl regclass, problem text)
 language sql stable as $$
     with parts as (
         select c.id, c.relid, c.key_columns, (c.condition is not null or c.changed_columns is not null) as needs_full,
-               p.relid as part
+               c.operations, p.relid as part
         from ferry.captures c
         cross join lateral (select c.relid union select t.relid from pg_partition_tree(c.relid) t
                             where t.level > 0 and t.relid in (select oid from pg_class where relkind in ('r', 'p'))) p(relid)
@@ -75,11 +75,12 @@ language sql stable as $$
                    as publication_exists,
                -- the table itself, not each of its partitions again
                case when p.part = p.relid then
-               (select array_to_string(array_remove(array[case when not pb.pubinsert then 'insert' end,
-                                                          case when not pb.pubupdate then 'update' end,
-                                                          case when not pb.pubdelete then 'delete' end,
-                                                          case when not pb.pubtruncate then 'truncate' end], null),
-                                       ', ')
+               -- (of the kinds its capture takes: TRUNCATE always, from the WAL)
+               (select array_to_string(array_remove(array[
+                           case when not pb.pubinsert and 'insert' = any (p.operations) then 'insert' end,
+                           case when not pb.pubupdate and 'update' = any (p.operations) then 'update' end,
+                           case when not pb.pubdelete and 'delete' = any (p.operations) then 'delete' end,
+                           case when not pb.pubtruncate then 'truncate' end], null), ', ')
                 from ferry.wal_slot w join pg_publication pb on pb.pubname = w.publication) end as unpublished_kinds,
                p.part = p.relid and k.relkind = 'p' and exists (
                    select 1 from ferry.wal_slot w join pg_publication pb on pb.pubname = w.publication
