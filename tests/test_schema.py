@@ -145,3 +145,16 @@ def test_serializable_on_a_standby_is_told_as_a_standby_not_with_postgresql_s_hi
     assert "this server is a standby (in recovery)" in said.value.message and "point pgferry at the primary" in (
         said.value.message
     )
+
+
+def test_a_statement_cancelled_by_the_database_s_timeout_says_how_to_lift_it_for_the_command() -> None:
+    """A second outside probe: `pgferry replay` under a database's statement_timeout of 50 ms ended
+    in "canceling statement due to statement timeout" and nothing else (a unit test: the error as
+    PostgreSQL raises it)."""
+
+    async def cancelled() -> None:
+        raise asyncpg.QueryCanceledError("canceling statement due to statement timeout")
+
+    with pytest.raises(click.ClickException) as said:
+        run_coroutine(cancelled())
+    assert "add ?statement_timeout=0&lock_timeout=0 to the database URL" in said.value.message

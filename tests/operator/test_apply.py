@@ -7,9 +7,11 @@ from pathlib import Path
 
 import asyncpg
 import orjson
+import pytest
 
 import pgferry
 from pgferry.delivery.signing import new_secret
+from pgferry.ops import apply as applying
 from tests.operator.conftest import cli
 
 FIRST = """
@@ -288,8 +290,32 @@ async def test_removals_say_what_goes_with_them_and_need_yes_when_retries_or_dea
         assert await conn.fetchval("select count(*) from ferry.subscriptions") == 10
         assert ("- remove race-x-2" in refused.stdout) == (not extra), refused.stdout  # the plan, then the refusal
 
+    # What an operator agreed to lose is a bound: one more parked retry since the question, and the
+    # removal is refused (a second outside probe: a yes to 11 parked retries removed 55).
+    agreed = {c["name"]: (c["parked_retries"], c["dead_letters"]) for c in plan["changes"]}
+    await conn.execute(
+        f"insert into ferry.retries ({columns}, next_attempt_at) values ('race-x-1', 4, 's', '{{}}', now(), 1, now())"
+    )
+    with pytest.raises(applying.RemovalsNotAllowed):
+        await applying.run(conn, applying.load(path), allow_losses=agreed)
+    assert await conn.fetchval("select count(*) from ferry.subscriptions") == 10
+    losses = losses.replace("2 parked", "3 parked")
+
     applied = await cli(pgferry_cmd, db_url, "apply", str(path), "--yes")
     assert applied.returncode == 0, applied.stderr
     assert applied.stdout.endswith(f"applied 10 change(s); removed {losses}\n"), applied.stdout
     assert await conn.fetchval("select count(*) from ferry.subscriptions") == 0
     assert await conn.fetchval("select count(*) from ferry.dead_letters") == 0
+
+
+async def test_a_stream_listed_twice_in_the_file_is_one_stream_and_a_second_apply_changes_nothing(
+    pgferry_cmd: list[str], db_url: str, tmp_path: Path
+) -> None:
+    """A second outside probe: ferry.subscribe keeps a stream listed twice once, and apply compared
+    the file's list as written, so every apply (and every --dry-run) rewrote the subscription."""
+    path = tmp_path / "pgferry.toml"
+    path.write_text('[subscriptions.twice]\nstreams = ["s", "t", "s"]\nurl = "http://127.0.0.1:9/twice"\n')
+    assert (await cli(pgferry_cmd, db_url, "apply", str(path))).returncode == 0
+    for extra in (["--dry-run"], []):
+        again = await cli(pgferry_cmd, db_url, "apply", str(path), *extra)
+        assert again.returncode == 0 and "= unchanged twice" in again.stdout, (again.stdout, again.stderr)

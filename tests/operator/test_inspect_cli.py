@@ -157,9 +157,11 @@ async def test_a_since_before_year_one_and_an_empty_database_url_are_refused_cle
     """Outside probe: `replay --since 99999999d` was an OverflowError traceback, and `run` with
     PGFERRY_DATABASE_URL set but empty started a throwaway demo database in the service's place."""
     await ferry.subscribe("hook", ["s"], "http://127.0.0.1:9/x")
-    for since in ("99999999d", "9999999999999999999999d"):
+    for since, says in (("99999999d", "reaches back before year 1"), ("9999999999999999999999d", "before year 1"),
+                        ("0001-01-01T00:00:00+01:00", "outside years 1-9999 in UTC"),
+                        ("9999-12-31T23:59:59-01:00", "outside years 1-9999 in UTC")):  # fmt: skip
         replay = await cli(pgferry_cmd, db_url, "replay", "hook", "--since", since, "--yes")
-        assert replay.returncode == 2 and "reaches back before year 1" in replay.stderr, replay.stderr
+        assert replay.returncode == 2 and says in replay.stderr, replay.stderr
         assert "Traceback" not in replay.stderr
     for env, args in (({"PGFERRY_DATABASE_URL": ""}, ()), ({}, ("--database-url", " "))):
         run = await cli(pgferry_cmd, db_url, "run", *args, "--exit-after", "1", env=env, timeout=20)

@@ -79,6 +79,14 @@ def run_coroutine(coro: Coroutine[Any, Any, Any], *, relay: bool = False, url: s
             said = f"{exc.message} (SQLSTATE {exc.sqlstate}): {db.READ_ONLY_FIX['standby']}"
         elif exc.sqlstate == "25006" or "recovery is in progress" in str(exc):  # a standby, or read-only sessions
             said += f": {db.READ_ONLY_FIX['standby']}; or, if it is not a standby, {db.READ_ONLY_FIX['read_only']}"
+        elif "statement timeout" in str(exc) or "lock timeout" in str(exc):
+            # A database's or role's statement_timeout cut an operator command (a replay of 100,000
+            # events under 50 ms) with no word of what to change (outside probe). A URL parameter
+            # asyncpg does not know goes to PostgreSQL as a setting for the session.
+            said += (
+                ": the database's or role's statement_timeout / lock_timeout cancelled it; for this command, "
+                "add ?statement_timeout=0&lock_timeout=0 to the database URL (&... if it has a query already)"
+            )
         raise click.ClickException(said) from None
 
 

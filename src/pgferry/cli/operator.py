@@ -302,7 +302,7 @@ def apply(database_url: str | None, path: Path, dry_run: bool, prune: bool, yes:
     except PgferryError as exc:
         raise click.ClickException(str(exc)) from exc
 
-    async def go(allow: bool | set[str]) -> tuple[list[applying.Change], bool]:
+    async def go(allow: bool | dict[str, tuple[int, int]]) -> tuple[list[applying.Change], bool]:
         """The plan, and whether it was carried out (False: refused for its removals; nothing done)."""
         async with pgferry.connect(url, pool_size=1) as f, f.pool.acquire() as conn:
 
@@ -328,10 +328,11 @@ def apply(database_url: str | None, path: Path, dry_run: bool, prune: bool, yes:
         if not click.confirm(f"remove {summary}?", default=False):
             raise click.Abort()
         shown = [c.as_dict() for c in changes]
-        confirmed = {c.name for c in changes if c.action == "remove"}
+        confirmed = {c.name: (c.parked, c.dead) for c in changes if c.action == "remove"}
         changes, done = run_coroutine(go(confirmed), url=url)
-        if not done:  # another apply or subscription changed it in the meantime
-            raise click.ClickException("the plan changed while you were asked (another apply?); nothing changed")
+        if not done:  # another apply, or events parked or dead since, changed it in the meantime
+            raise click.ClickException("the plan changed while you were asked (another apply, or more parked "
+                                       "retries or dead letters to remove); nothing changed: run it again")  # fmt: skip
     for change in changes:
         for stream in change.unwritten:
             click.echo(f"warning: {change.name}: {inspect.unwritten_warning(stream)}", err=True)

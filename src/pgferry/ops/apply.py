@@ -203,7 +203,9 @@ def _desired(path: Path, name: str, spec: Any, env: Mapping[str, str]) -> Desire
     settings = {key: spec.get(key, default) for key, default in DEFAULTS.items()}
     return Desired(
         name=name,
-        streams=list(spec["streams"]),
+        # a stream listed twice is one stream, as ferry.subscribe stores it: compared as written, the
+        # file never matched the database and every apply rewrote it (outside probe)
+        streams=list(dict.fromkeys(spec["streams"])),
         url=spec["url"],
         headers=headers,
         secret_headers=secret_headers,
@@ -245,22 +247,32 @@ async def run(
     *,
     prune: bool = False,
     dry_run: bool = False,
-    allow_losses: bool | Collection[str] = True,
+    allow_losses: bool | Collection[str] | Mapping[str, tuple[int, int]] = True,
 ) -> list[Change]:
     """Plan and carry out in one transaction that first takes apply's advisory lock: two applies
     at once planned before either wrote, and both "succeeded", leaving a state of neither file
     (outside verifier); now the second waits, then plans against what the first committed.
-    ``dry_run``: roll it all back. ``allow_losses``: True, or the names of the subscriptions whose
-    removal may delete parked retries or dead letters; another such removal raises
+    ``dry_run``: roll it all back. ``allow_losses``: True, or the subscriptions whose removal may
+    delete parked retries or dead letters: their names, or each name with the (parked, dead) counts
+    an operator agreed to lose, which the removal may not exceed (asked about 11 parked retries, an
+    operator's yes removed the 55 there were by then: outside probe); another such removal raises
     RemovalsNotAllowed (nothing changed). A dry run is never refused."""
     async with _transaction(conn, dry_run):
         changes = await plan(conn, desired, prune=prune)
-        if not dry_run and allow_losses is not True:
-            allowed = set() if allow_losses is False else set(allow_losses)
-            if any(c.action == "remove" and (c.parked or c.dead) and c.name not in allowed for c in changes):
-                raise RemovalsNotAllowed(changes)
+        losing = [c for c in changes if c.action == "remove" and (c.parked or c.dead)]
+        if not dry_run and not all(_may_lose(c, allow_losses) for c in losing):
+            raise RemovalsNotAllowed(changes)
         await _carry_out_all(conn, changes)
     return changes
+
+
+def _may_lose(change: Change, allowed: bool | Collection[str] | Mapping[str, tuple[int, int]]) -> bool:
+    if isinstance(allowed, bool):
+        return allowed
+    if isinstance(allowed, Mapping):
+        agreed = allowed.get(change.name)
+        return agreed is not None and change.parked <= agreed[0] and change.dead <= agreed[1]
+    return change.name in allowed
 
 
 async def plan(conn: asyncpg.Connection, desired: list[Desired], *, prune: bool = False) -> list[Change]:

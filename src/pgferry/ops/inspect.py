@@ -41,7 +41,10 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
         when = datetime.fromisoformat(text)
     except ValueError:
         raise ValueError(f"{text!r} is neither an ISO time (2026-11-30T10:00:00Z) nor a duration (15m, 2h)") from None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
+    try:  # in UTC, as the database takes it: 0001-01-01T00:00:00+01:00 is before year 1 (outside probe)
+        return when.astimezone(UTC) if when.tzinfo else when.replace(tzinfo=UTC)
+    except OverflowError:
+        raise ValueError(f"{text!r} is outside years 1-9999 in UTC; give a time within them") from None
 
 
 def _rows(records: list[asyncpg.Record]) -> list[dict[str, Any]]:
