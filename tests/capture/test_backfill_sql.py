@@ -8,7 +8,7 @@ import asyncpg
 import pytest
 
 import pgferry
-from pgferry import db
+from pgferry import db, sql
 from pgferry.errors import CaptureWarning
 from tests.helpers import eventually, read_all
 
@@ -414,6 +414,52 @@ async def test_a_second_backfill_of_a_table_for_the_same_readers_is_refused_whil
         assert f"--resume {running}" in (err.value.hint or "") and f"--cancel {running}" in (err.value.hint or "")
     await conn.execute("select ferry.backfill_cancel($1)", first)
     await conn.fetchval("select ferry.backfill('t')")
+
+
+async def test_one_active_backfill_per_table_and_readers_holds_for_repeatable_read_callers_and_resumes(
+    ferry: pgferry.Ferry, conn: asyncpg.Connection, db_url: str
+) -> None:
+    """A second outside probe: callers in REPEATABLE READ (a database defaulting to it) took their
+    snapshot before the lock, did not see each other's backfill, and both were made (10 of 10); and
+    a failed backfill resumed beside one started after it ran with it. Either sent every row twice."""
+    await conn.execute("create table t (id int primary key)")
+    await conn.execute("insert into t select generate_series(1, 10)")
+    await conn.execute("select ferry.capture_table('t')")
+    sessions = [await asyncpg.connect(db_url) for _ in range(2)]
+    try:
+        for s in sessions:  # each snapshot taken before either backfill commits
+            await s.execute("begin isolation level repeatable read")
+            await s.fetchval("select 1")
+        first = await sessions[0].fetchval("select ferry.backfill('t')")
+        second = asyncio.ensure_future(sessions[1].fetchval("select ferry.backfill('t')"))
+        await asyncio.sleep(0.2)  # waiting for the first one's lock
+        await sessions[0].execute("commit")
+        with pytest.raises(asyncpg.PostgresError, match="another backfill of t for every reader started at the same"):
+            await second
+        await sessions[1].execute("rollback")
+    finally:
+        for s in sessions:
+            await s.close()
+    assert await conn.fetchval("select count(*) from ferry.backfills where state in ('running', 'paused')") == 1
+    # A failed one resumed beside another of the same readers
+    await conn.execute("update ferry.backfills set state = 'failed', reason = 'test' where id = $1", first)
+    later = await conn.fetchval("select ferry.backfill('t')")
+    with pytest.raises(asyncpg.PostgresError, match=f"backfill {first} cannot run again now: another backfill"):
+        await conn.execute("select ferry.backfill_resume($1)", first)
+    await conn.execute("select ferry.backfill_cancel($1)", later)
+    assert await conn.fetchval("select ferry.backfill_resume($1)", first) == "running"
+    # Pairs made before migration 0041: the oldest stays active, the others failed, saying why.
+    await conn.execute("drop index ferry.backfills_one_active_idx")
+    extra = await conn.fetchval(
+        "insert into ferry.backfills (capture, relid, schema_name, table_name, chunk_size) "
+        "select capture, relid, schema_name, table_name, chunk_size from ferry.backfills where id = $1 returning id",
+        first,
+    )
+    (fix,) = [m for m in sql.migrations() if m.version == 41]
+    await conn.execute(fix.sql)
+    states = dict(await conn.fetch("select id, state from ferry.backfills where id in ($1, $2)", first, extra))
+    assert states == {first: "running", extra: "failed"}
+    assert "pgferry 0041" in await conn.fetchval("select reason from ferry.backfills where id = $1", extra)
 
 
 async def test_a_table_in_an_inheritance_tree_is_captured_with_a_warning_and_backfilled_without_its_children(

@@ -142,9 +142,19 @@ begin
     execute format('explain (format json) select 1 from %s%s', case when (select c.relkind from pg_class c
                                                                         where c.oid = tbl) = 'r' then 'only ' end, tbl)
         into v_plan;
-    insert into ferry.backfills (capture, relid, schema_name, table_name, target, condition, chunk_size, rows_estimate)
-    values (v_capture.id, tbl, v_capture.schema_name, v_capture.table_name, v_target, v_condition,
-            backfill.chunk_size, round((v_plan -> 0 -> 'Plan' ->> 'Plan Rows')::numeric)::bigint)
-    returning id into v_id;
+    begin
+        insert into ferry.backfills (capture, relid, schema_name, table_name, target, condition, chunk_size,
+                                     rows_estimate)
+        values (v_capture.id, tbl, v_capture.schema_name, v_capture.table_name, v_target, v_condition,
+                backfill.chunk_size, round((v_plan -> 0 -> 'Plan' ->> 'Plan Rows')::numeric)::bigint)
+        returning id into v_id;
+    exception when unique_violation or serialization_failure then
+        -- backfills_one_active_idx (migration 0041): one started at the same time, by a caller whose
+        -- snapshot (REPEATABLE READ) is older than the lock above, so the look did not see it
+        raise exception 'pgferry: another backfill of % for % started at the same time: another would send its rows '
+                        'to the same readers again', tbl, coalesce(quote_literal(coalesce(subscription, consumer)),
+                                                              'every reader')
+            using errcode = '55000', hint = 'See `pgferry backfill --list`; let it finish, or cancel it and start again.';
+    end;
     return v_id;
 end $$;
