@@ -58,13 +58,14 @@ async def test_only_the_ticker_notifies(conn: asyncpg.Connection) -> None:
     creates WAL capture's slot, ferry._skip_to when retention (housekeeping) or an operator's
     resume from now skips events of a consumer (its relay stops sending them), and
     ferry._set_subscription_state when an operator pauses a subscription or its endpoint's 410
-    disables it (its relay stops its workers at once)."""
+    disables it (its relay stops its workers at once), and ferry.subscribe when a subscription is
+    made or changed (the relays' next ownership round starts at once)."""
     notifying = await conn.fetch(
         """select p.proname from pg_proc p join pg_namespace n on n.oid = p.pronamespace
            where n.nspname = 'ferry' and p.prosrc ilike '%notify%' order by p.proname"""
     )
     assert [r["proname"] for r in notifying] == [
-        "_ensure_wal_slot", "_set_subscription_state", "_skip_to", "_tick_snapshot"
+        "_ensure_wal_slot", "_set_subscription_state", "_skip_to", "_tick_snapshot", "subscribe"
     ]  # fmt: skip
 
 

@@ -547,3 +547,22 @@ async def test_nothing_committed_after_a_pause_returns_is_delivered(
     assert received_ids(receiver) == [first]
     await ferry.resume("hook")
     await all_delivered(receiver, {first, *after})
+
+
+async def test_events_committed_after_a_subscription_s_url_changed_go_to_the_new_url(
+    relay: RunningRelay, conn: asyncpg.Connection, ferry: pgferry.Ferry, receiver_factory: MakeReceiver
+) -> None:
+    """A second outside probe: the relay took a changed URL at its next ownership round, up to 2 s
+    later, and events committed after `subscription add NAME --url NEW` returned (a replay too) went
+    to the old one; into Redis, whose duplicate marks then dropped the replay, recorded delivered.
+    ferry.subscribe notifies, and the relay's round starts at once."""
+    old, old_url = await receiver_factory()
+    new, new_url = await receiver_factory()
+    await ferry.subscribe("moving", ["s"], old_url)
+    first = await ferry.publish("s", {"n": 0})
+    await all_delivered(old, {first})  # a worker is delivering it
+    await asyncio.sleep(0.5)  # into the relay's round wait
+    await ferry.subscribe("moving", ["s"], new_url)
+    after = await ferry.publish_many([{"stream": "s", "payload": {"n": n}} for n in range(1, 21)])
+    await all_delivered(new, set(after))
+    assert received_ids(old) == [first]

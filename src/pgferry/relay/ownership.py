@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 
 #: ferry._set_subscription_state: a subscription paused or disabled (its name)
 PAUSED_CHANNEL = "pgferry_paused"
+#: ferry.subscribe: a subscription made or changed (its name): the next round starts now
+CHANGED_CHANNEL = "pgferry_changed"
 
 
 #: Seconds a relay leaves alone a partition it handed over to spread its subscription (so that
@@ -120,6 +122,8 @@ class Ownership:
         self.observe_round: Callable[[float], None] | None = None
         #: wakes the workers, with one query for all of them (delivery.watch)
         self.watch = LogWatch(ctx, lambda: [o.worker for o in self.owned.values()])
+        #: set by a subscription's change (CHANGED_CHANNEL): the round waiting starts at once
+        self._changed = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
         watch = asyncio.create_task(self.watch.run(stop), name="log watch")
@@ -147,6 +151,7 @@ class Ownership:
                 await conn.add_listener(TICK_CHANNEL, self._on_tick)
                 await conn.add_listener(MOVED_CHANNEL, self._on_moved)
                 await conn.add_listener(PAUSED_CHANNEL, self._on_paused)
+                await conn.add_listener(CHANGED_CHANNEL, lambda *_: self._changed.set())
                 conn.add_termination_listener(self._on_lost)
                 while not stop.is_set():
                     await self._round(conn)
@@ -184,16 +189,18 @@ class Ownership:
             self.ctx.instance = config["instance"]
 
     async def _pause(self, stop: asyncio.Event) -> None:
-        """Waits claim_interval between rounds, or until a hand-over is done: its lock goes back at once."""
-        if not self.leaving:
-            await wait_for_event(stop, self.settings.claim_interval)
-            return
+        """Waits claim_interval between rounds, or until a hand-over is done (its lock goes back at
+        once) or a subscription changed (its workers take the new settings at once)."""
         stopping = asyncio.ensure_future(stop.wait())
+        changed = asyncio.ensure_future(self._changed.wait())
         try:
             handed = [leaving.stopped for leaving in self.leaving.values()]
-            await asyncio.wait([stopping, *handed], timeout=self.settings.claim_interval, return_when="FIRST_COMPLETED")
+            await asyncio.wait([stopping, changed, *handed], timeout=self.settings.claim_interval,
+                               return_when="FIRST_COMPLETED")  # fmt: skip
         finally:
             stopping.cancel()
+            changed.cancel()
+        self._changed.clear()
 
     def _on_lost(self, *_: object) -> None:
         """The ownership connection is gone, and with it our locks: stop sending at once."""

@@ -36,7 +36,13 @@
 -- Calls:      ferry._check_url, ferry._check_headers_map, ferry._check_secret,
 --             ferry._check_filter, ferry._subscription_consumers, ferry._unknown_streams.
 -- Tables:     writes ferry.subscriptions, ferry.consumers; reads those of
---             ferry._unknown_streams.
+--             ferry._unknown_streams. NOTIFY pgferry_changed (its name): the
+--             relays start their next ownership round now, so a changed URL,
+--             filter or setting applies within milliseconds, not at the next
+--             round up to 2 s later (a Redis subscription moved to another
+--             stream and replayed at once sent the replay to the old stream,
+--             whose duplicate marks dropped it, recorded delivered: outside
+--             probe).
 -- Raises:     22023 on a bad argument (message says which, for a filter also
 --             why: not a jsonpath, not a predicate, an unknown variable); NOTICE 01PF1 per
 --             unwritten stream; 55000 when a change of partitions is still draining.
@@ -136,6 +142,7 @@ begin
         partitions = excluded.partitions,
         updated_at = now();
     perform ferry._subscription_consumers(subscribe.name, subscribe.streams, start_at, subscribe.partitions);
+    perform pg_notify('pgferry_changed', subscribe.name);
 
     -- Saved: now say which streams nothing has written yet (a typo sits idle forever).
     foreach v_stream in array ferry._unknown_streams(subscribe.streams) loop
