@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 # Loaded with the first JetStream subscription's sink, not by its first publish: importing
@@ -123,15 +124,15 @@ def message_of(sub: Subscription, dest: NatsDestination, event: OutEvent, instan
     own = {k: v for k, v in sub.headers.items() if k.lower() not in RESERVED}  # saved before subscribe refused them
     try:
         written = event.header_map()
-    except ValueError as exc:  # e.g. nested deeper than orjson decodes; stored fine by PostgreSQL
-        raise request.BadRequest(f"event headers cannot be read as a JSON object: {exc}") from None
-    mine = {k: v for k, v in written.items() if not _reserved_for_writers(k)}
-    headers = _framable({**own, **mine})
+        mine = {k: v for k, v in written.items() if not _reserved_for_writers(k)}
+        headers = _framable({**own, **mine})
+    except (ValueError, RecursionError) as exc:  # nested deeper than Python decodes; stored fine by PostgreSQL
+        raise request.BadRequest(f"event headers cannot be read as a JSON object: {exc!r}") from None
     encoded_names = [name for name, value in headers.items() if not _plain(value)]
     for name in encoded_names:  # raw UTF-8 (or control characters) in a header read as garbage by nats-py
         headers[name] = request.key_header(headers[name].strip())[0]
     if encoded_names:
-        headers[ENCODED_HEADERS] = ", ".join(encoded_names)
+        headers[ENCODED_HEADERS] = ",".join(encoded_names)
     headers["webhook-id"] = webhook_id
     headers["pgferry-stream"], encoded = request.key_header(event.stream)
     if encoded:
@@ -175,13 +176,27 @@ def _framable(headers: Mapping[str, Any]) -> dict[str, str]:
         elif isinstance(value, str):
             framed[name] = value
         else:
-            framed[name] = orjson.dumps(value).decode()
+            framed[name] = _json_text(value)
             as_json.append(name)
     if as_json:
-        framed[JSON_HEADERS] = ", ".join(as_json)
+        framed[JSON_HEADERS] = ",".join(as_json)
     if other:
-        framed[OTHER_HEADERS] = orjson.dumps(other).decode()
+        framed[OTHER_HEADERS] = _json_text(other)
     return framed
+
+
+def _json_text(value: Any) -> str:
+    """Compact JSON of a header value as ``OutEvent.header_map`` reads it, its numbers exactly as
+    written (a ``Decimal`` as its own digits; orjson has no such type)."""
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_json_text(str(k))}:{_json_text(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_json_text(v) for v in value) + "]"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # any size
+    return orjson.dumps(value).decode()
 
 
 def _plain(value: str) -> bool:
