@@ -238,6 +238,30 @@ async def test_a_range_that_is_one_huge_tick_is_read_in_parts_of_a_bounded_count
     assert [r.cut_after is not None for r in reads] == [True, True, True, False]
 
 
+async def test_large_events_of_one_tick_are_read_in_parts_without_rendering_the_rest_of_the_range(
+    conn: asyncpg.Connection,
+) -> None:
+    """An outside probe: 2,000 rows of 800 KB, 20 to a transaction, one range, arrived at ~0.7 rows/s:
+    each bounded read rendered every event left in its range before the bound stopped it. A read
+    renders now only while the stored size of the events before one is within 4 x the bound, and
+    keeps the first past it unrendered and not taken: it is cut there, nothing lost or repeated.
+    Incompressible payloads (random text): their stored size is about their size."""
+    await conn.execute("select ferry.register_consumer('c', null, 'beginning')")
+    await conn.execute(
+        """select ferry.publish_many(array_fill('s'::text, array[30]),
+                  array(select jsonb_build_object('n', g, 'p', (select string_agg(md5(random()::text || g || h), '')
+                                                                from generate_series(1, 600) h))
+                        from generate_series(1, 30) g))"""
+    )  # 30 events of ~19 KB in one transaction and one tick
+    await tick(conn)
+    ticks = await commit_ticks(conn)
+    bound = 40_000  # two events a read; past 160,000 stored bytes (8 events) nothing is rendered
+    reads = await drain(conn, bound)
+    order = check(reads, ticks, bound)
+    assert order == sorted(ticks) and len(order) == 30
+    assert [len(r.ids) for r in reads] == [2] * 15, [len(r.ids) for r in reads]
+
+
 async def ack_part(conn: asyncpg.Connection, consumer: str, read: Read) -> None:
     """Acknowledges a part the way the worker does (cursor stays at its start), with its progress."""
     await webhook_steps(

@@ -631,6 +631,11 @@ def filter_(database_url: str | None, rows: int, rounds: int) -> None:
     help="The relay's --max-batch-bytes; repeat for one run each (default: the relay's default).",
 )
 @click.option("--timeout", default=600.0, show_default=True, type=FiniteFloatRange(1), help="Seconds per run.")
+@click.option(
+    "--random-text",
+    is_flag=True,
+    help="Rows of text that does not compress, ticked once at the end: one range of the whole backlog.",
+)
 def memory(
     database_url: str | None,
     events: int,
@@ -638,6 +643,7 @@ def memory(
     per_transaction: int,
     max_batch_bytes: tuple[str, ...],
     timeout: float,
+    random_text: bool,
 ) -> None:
     """The relay's peak memory delivering a backlog of large events (VmHWM of `pgferry run`)."""
     from pgferry.bench.context import BenchSettings, scratch_database
@@ -647,7 +653,8 @@ def memory(
         results: list[MemoryResult] = []
         for bound in max_batch_bytes or (None,):
             async with scratch_database(BenchSettings(), admin_url) as ctx:
-                results.append(await run_memory_bench(ctx, events, event_kb, per_transaction, bound, timeout))
+                results.append(await run_memory_bench(ctx, events, event_kb, per_transaction, bound, timeout,
+                                                      random_text=random_text))  # fmt: skip
         print_table(results)
         return all(r.duplicates == 0 for r in results)
 

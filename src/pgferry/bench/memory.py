@@ -44,8 +44,16 @@ def _q(name: str) -> str:
 
 
 async def run_memory_bench(
-    ctx: BenchContext, events: int, event_kb: int, per_transaction: int, max_batch_bytes: str | None, timeout: float
+    ctx: BenchContext,
+    events: int,
+    event_kb: int,
+    per_transaction: int,
+    max_batch_bytes: str | None,
+    timeout: float,
+    *,
+    random_text: bool = False,
 ) -> MemoryResult:
+    """``random_text``: rows of text that does not compress, ticked once at the end (one range)."""
     seen: Counter[str] = Counter()
 
     def count(request: Received) -> Action:
@@ -59,12 +67,16 @@ async def run_memory_bench(
             await conn.execute(_q("create_table"))
             await conn.execute(_q("capture"))
             await conn.execute(_q("subscribe"), url)
-            ctx.progress(f"filling the log: {events} rows of {event_kb} KB, {per_transaction} a transaction")
+            ctx.progress(f"filling the log: {events} rows of {event_kb} KB, {per_transaction} a transaction"
+                         + (", random text, one tick" if random_text else ""))  # fmt: skip
             left = events
             while left > 0:
-                await conn.execute(_q("fill"), min(per_transaction, left), event_kb * 1024)
-                await conn.execute(_q("tick"))
+                await conn.execute(_q("fill_random" if random_text else "fill"), min(per_transaction, left),
+                                   event_kb * 1024)  # fmt: skip
+                if not random_text:
+                    await conn.execute(_q("tick"))
                 left -= per_transaction
+            await conn.execute(_q("tick"))
         args = [] if max_batch_bytes is None else ["--max-batch-bytes", max_batch_bytes]
         started = time.monotonic()
         async with running_relay(ctx.url, max_seconds=timeout, args=args) as proc:

@@ -17,6 +17,14 @@ insert into bench_large (doc)
 select jsonb_build_object('n', g, 'body', repeat(md5(g::text || random()::text), $2 / 32))
 from generate_series(1, $1) g
 
+-- name: fill_random
+-- The same, of text that does not compress (stored about as large as it is), as an outside probe's
+-- backlog was: its bounded reads rendered the rest of a one-tick range each time.
+insert into bench_large (doc)
+select jsonb_build_object('n', g, 'body', (select string_agg(md5(random()::text || g || h), '')
+                                            from generate_series(1, greatest(1, $2 / 32)) h))
+from generate_series(1, $1) g
+
 -- name: tick
 select ferry.tick(true)
 
