@@ -320,7 +320,7 @@ begin
             -- partition's read renders its own share of the range, not every event of it.
             -- Nor does it render events far past the bound: only while the stored size
             -- (pg_column_size, which does not detoast) of the events before one is within 4 x the
-            -- bound, keeping the first past it unrendered and not taken, so that the read knows it
+            -- bound; those past it are kept unrendered and not taken, so that the read knows it
             -- was cut. It rendered every event of the rest of its range, up to 4 x max_events:
             -- 400 rows of 800 KB of random text, 20 to a transaction, one tick, took 39.8 s to
             -- deliver, 6.0 s now (an outside probe's 2,000 arrived at ~0.7 rows/s, each read 4-10 s).
@@ -342,29 +342,25 @@ begin
                                                                                     z.schema_name, z.table_name) end
                                            as payload,
                                        case when z.wanted then z.headers::text end as headers
-                                from (select b.*, not b.beyond
-                                             and ferry._filter_match(g.filter::jsonpath, b.stream, b.key, b.headers,
-                                                                     ferry._envelope(b.op, b.payload, b.old_payload,
-                                                                                     b.schema_name, b.table_name))
-                                             and (g.parts <= 1 or ferry._partition_of(b.key, b.id, g.parts) = g.part)
+                                from (select e.*, not e.beyond
+                                             and ferry._filter_match(g.filter::jsonpath, e.stream, e.key, e.headers,
+                                                                     ferry._envelope(e.op, e.payload, e.old_payload,
+                                                                                     e.schema_name, e.table_name))
+                                             and (g.parts <= 1 or ferry._partition_of(e.key, e.id, g.parts) = g.part)
                                              as wanted
-                                      from (select a.*, count(*) filter (where a.beyond)
-                                                            over (order by a.id rows unbounded preceding) as past
-                                            from (select e.*,
-                                                         coalesce(sum(pg_column_size(e.payload)
-                                                                      + coalesce(pg_column_size(e.old_payload), 0)
-                                                                      + coalesce(pg_column_size(e.headers), 0))
-                                                                  over (order by e.id rows between unbounded preceding
-                                                                        and 1 preceding), 0) > v_render_bytes
-                                                         is true as beyond
-                                                  from ferry._batch_rows(g.v_start, g.v_end, v_streams, v_reader) e
-                                                  where e.id > coalesce(g.resume_after, 0)
-                                                    and (v_hi is null
-                                                         or (e.id <= v_hi
-                                                             and e.txid between v_hi_txid_min and v_hi_txid_max))
-                                                  order by e.id
-                                                  limit v_limit + 1) a) b
-                                      where b.past <= 1) z
+                                      from (select e.*,
+                                                   coalesce(sum(pg_column_size(e.payload)
+                                                                + coalesce(pg_column_size(e.old_payload), 0)
+                                                                + coalesce(pg_column_size(e.headers), 0))
+                                                            over (order by e.id rows between unbounded preceding
+                                                                  and 1 preceding), 0) > v_render_bytes
+                                                   is true as beyond
+                                            from ferry._batch_rows(g.v_start, g.v_end, v_streams, v_reader) e
+                                            where e.id > coalesce(g.resume_after, 0)
+                                              and (v_hi is null
+                                                   or (e.id <= v_hi and e.txid between v_hi_txid_min and v_hi_txid_max))
+                                            order by e.id
+                                            limit v_limit + 1) e) z  -- those past it: not rendered, not taken
                                 offset 0) y  -- not pulled up: the window would render each event twice
                           window w as (order by y.id rows unbounded preceding)) x
                 ), cut as (
