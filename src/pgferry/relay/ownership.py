@@ -202,9 +202,13 @@ class Ownership:
             changed.cancel()
         self._changed.clear()
 
+    def _all_owned(self) -> list[_Owned]:
+        """Every worker this relay runs: those it owns and those it is handing over."""
+        return [*self.owned.values(), *(leaving.owned for leaving in self.leaving.values())]
+
     def _on_lost(self, *_: object) -> None:
         """The ownership connection is gone, and with it our locks: stop sending at once."""
-        for owned in [*self.owned.values(), *(leaving.owned for leaving in self.leaving.values())]:
+        for owned in self._all_owned():
             owned.worker.stop()
             owned.task.cancel()
 
@@ -216,7 +220,7 @@ class Ownership:
         not delivered: they are a gap now. Its worker stops sending at once what it read before
         (finishing its round sent a slow subscription's events for seconds after they were counted
         lost); the next round lets it go, and claims it again if it is still active."""
-        for owned in [*self.owned.values(), *(leaving.owned for leaving in self.leaving.values())]:
+        for owned in self._all_owned():
             if owned.worker.sub.consumer == consumer and not owned.task.done():
                 log.warning("delivery: the cursor of %s was moved over events it had not delivered (ferry.gaps); "
                             "it stops sending what it had read", consumer)  # fmt: skip
@@ -227,7 +231,7 @@ class Ownership:
         """A subscription was paused (or disabled): its workers stop starting requests now, not at the
         next round (up to claim_interval later, while events committed after the pause went out;
         outside probe). Those on the wire finish; the next round lets the subscription go."""
-        for owned in [*self.owned.values(), *(leaving.owned for leaving in self.leaving.values())]:
+        for owned in self._all_owned():
             if owned.worker.sub.name == name and not owned.task.done():
                 owned.worker.stop()
 
