@@ -25,7 +25,7 @@ import contextlib
 import os
 import re
 import tomllib
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 from pathlib import Path
@@ -247,14 +247,14 @@ async def run(
     *,
     prune: bool = False,
     dry_run: bool = False,
-    allow_losses: bool | Collection[str] | Mapping[str, tuple[int, int]] = True,
+    allow_losses: bool | Mapping[str, tuple[int, int]] = True,
 ) -> list[Change]:
     """Plan and carry out in one transaction that first takes apply's advisory lock: two applies
     at once planned before either wrote, and both "succeeded", leaving a state of neither file
     (outside verifier); now the second waits, then plans against what the first committed.
     ``dry_run``: roll it all back. ``allow_losses``: True, or the subscriptions whose removal may
-    delete parked retries or dead letters: their names, or each name with the (parked, dead) counts
-    an operator agreed to lose, which the removal may not exceed (asked about 11 parked retries, an
+    delete parked retries or dead letters, each with the (parked, dead) counts an operator agreed
+    to lose, which the removal may not exceed (asked about 11 parked retries, an
     operator's yes removed the 55 there were by then: outside probe); another such removal raises
     RemovalsNotAllowed (nothing changed). A dry run is never refused."""
     async with _transaction(conn, dry_run):
@@ -266,13 +266,11 @@ async def run(
     return changes
 
 
-def _may_lose(change: Change, allowed: bool | Collection[str] | Mapping[str, tuple[int, int]]) -> bool:
+def _may_lose(change: Change, allowed: bool | Mapping[str, tuple[int, int]]) -> bool:
     if isinstance(allowed, bool):
         return allowed
-    if isinstance(allowed, Mapping):
-        agreed = allowed.get(change.name)
-        return agreed is not None and change.parked <= agreed[0] and change.dead <= agreed[1]
-    return change.name in allowed
+    agreed = allowed.get(change.name)
+    return agreed is not None and change.parked <= agreed[0] and change.dead <= agreed[1]
 
 
 async def plan(conn: asyncpg.Connection, desired: list[Desired], *, prune: bool = False) -> list[Change]:

@@ -275,11 +275,12 @@ class Supervisor:
             how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited ({code})"
             if code == 0:
                 # A clean stop (an operator's SIGTERM or SIGINT to that child alone) is no crash: it
-                # counted towards the crash-loop give-up (outside probe). It is restarted, at once.
+                # counted towards the crash-loop give-up (outside probe). It is started again: at once
+                # after a healthy run, after restart_base when it ran only briefly (no tight loop).
                 log.info("supervisor: relay process %d (pid %d) stopped cleanly after %.1f s; starting it again",
                          slot.number, slot.proc.pid, ran)  # fmt: skip
                 slot.crashes = 0
-                if ran < self.settings.healthy_after:  # not in a tight loop
+                if ran < self.settings.healthy_after:
                     await wait_for_event(stop, self.settings.restart_base)
                 if not stop.is_set():
                     self.counts.restarts += 1
