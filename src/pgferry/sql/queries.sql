@@ -495,9 +495,9 @@ where r.heartbeat_at > now() - interval '15 seconds'
 -- hour before was listed delivering partitions removed since; outside probe).
 select r.id, r.hostname, r.pid, r.started_at, r.heartbeat_at,
        extract(epoch from now() - r.heartbeat_at)::float8 as heartbeat_age_s,
-       r.heartbeat_at > now() - interval '15 seconds' as live,
-       case when r.heartbeat_at > now() - interval '15 seconds' then r.owned else '{}' end as owned
+       h.live, case when h.live then r.owned else '{}' end as owned
 from ferry.relays r
+cross join lateral (select r.heartbeat_at > now() - interval '15 seconds' as live) h
 order by r.started_at
 
 -- name: captures_current
